@@ -1,0 +1,172 @@
+//! The one narrow trait every sealdisk layer implements, and the basic devices.
+//!
+//! ```text
+//!   nbd server ──► Arc<dyn BlockDevice>
+//!                     │
+//!            CryptTarget<D: BlockDevice>      (crates/targets)
+//!                     │
+//!     Slice<D> / Checked<D> / FileDevice / MemDevice   (this crate)
+//! ```
+//!
+//! Every method takes `&self`: a device serves many requests in flight at once, from as many
+//! threads as the caller likes. Implementations do their own (fine-grained) locking; requests
+//! to disjoint ranges must never wait for each other.
+#![warn(missing_docs)]
+
+mod error;
+mod mem;
+
+pub use error::{BlockError, BlockErrorKind, BlockResult};
+pub use mem::MemDevice;
+
+use std::fmt::Debug;
+
+bitflags::bitflags! {
+    /// Optional operations a device supports natively.
+    ///
+    /// Capabilities narrow as layers stack: a layer advertises only what it can honour itself
+    /// (a crypt layer advertises `DISCARD` only with `allow_discards`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Caps: u32 {
+        /// `flush` makes every completed write durable (the device has a volatile cache).
+        const FLUSH = 1 << 0;
+        /// `WriteFlags::FUA` is honoured natively (otherwise it is emulated with a flush).
+        const FUA = 1 << 1;
+        /// `discard` releases the range; afterwards it reads as zeroes or as stale data.
+        const DISCARD = 1 << 2;
+        /// `write_zeroes` is efficient (no zero buffer is written).
+        const WRITE_ZEROES = 1 << 3;
+        /// The device rejects every write (`BlockErrorKind::ReadOnly`).
+        const READ_ONLY = 1 << 4;
+    }
+}
+
+bitflags::bitflags! {
+    /// Per-write flags.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WriteFlags: u32 {
+        /// Force Unit Access: the write is durable when it completes.
+        const FUA = 1 << 0;
+    }
+}
+
+bitflags::bitflags! {
+    /// Flags of `write_zeroes`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct ZeroFlags: u32 {
+        /// Durable on completion, as `WriteFlags::FUA`.
+        const FUA = 1 << 0;
+        /// The device may deallocate (punch a hole) instead of writing zeroes, as long as
+        /// the range reads back as zeroes.
+        const MAY_UNMAP = 1 << 1;
+    }
+}
+
+/// Size and block sizes of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    /// Size in bytes; a multiple of `logical_block`.
+    pub size: u64,
+    /// Smallest addressable unit in bytes (512..=4096, a power of two). Every offset and
+    /// length passed to a device is a multiple of it.
+    pub logical_block: u32,
+    /// Preferred write granularity in bytes (a multiple of `logical_block`).
+    pub physical_block: u32,
+}
+
+impl Geometry {
+    /// A geometry with equal logical and physical block sizes.
+    pub fn new(size: u64, block: u32) -> Self {
+        Geometry { size, logical_block: block, physical_block: block }
+    }
+
+    /// Checks that `[off, off+len)` lies inside the device and is block-aligned.
+    pub fn check_range(&self, off: u64, len: u64) -> BlockResult<()> {
+        let bs = u64::from(self.logical_block);
+        if off % bs != 0 || len % bs != 0 {
+            return Err(BlockError::misaligned(off, len, self.logical_block));
+        }
+        match off.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(BlockError::out_of_range(off, len, self.size)),
+        }
+    }
+}
+
+/// Sector-addressed storage.
+///
+/// # Contract
+/// * Offsets and lengths are multiples of `geometry().logical_block` and the range lies in
+///   `[0, geometry().size)`; otherwise the call fails with `Misaligned` or `OutOfRange` and
+///   touches nothing.
+/// * A zero-length call succeeds and does nothing.
+/// * Calls may come concurrently from many threads. Overlapping concurrent writes land in
+///   some order, whole blocks at a time (no torn logical block). A read concurrent with an
+///   overlapping write sees, per block, the old or the new content.
+/// * A write is visible to reads once it returns. It is durable after a later `flush`
+///   returns, or on return when it carried `WriteFlags::FUA`.
+/// * On error the call's range is in an unspecified state (old, new, or a mix per block),
+///   never garbage produced by this layer; every error carries a kind.
+/// * Integrity and authentication failures are `BlockErrorKind::IntegrityMismatch` and fail
+///   only the request that met them.
+pub trait BlockDevice: Send + Sync + Debug {
+    /// Size and block sizes. Constant for the life of the device.
+    fn geometry(&self) -> Geometry;
+
+    /// Optional operations this device supports natively.
+    fn caps(&self) -> Caps {
+        Caps::empty()
+    }
+
+    /// Reads `buf.len()` bytes at `off`.
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()>;
+
+    /// Writes `buf` at `off`. With `WriteFlags::FUA` the data is durable on return.
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()>;
+
+    /// Makes every write that completed before this call durable.
+    fn flush(&self) -> BlockResult<()>;
+
+    /// Releases `[off, off+len)`. Afterwards the range reads as zeroes or as the old data
+    /// (callers must not rely on either). Only callable when `caps()` has `DISCARD`.
+    fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
+        let _ = (off, len);
+        Err(BlockError::unsupported("discard"))
+    }
+
+    /// Makes `[off, off+len)` read as zeroes.
+    ///
+    /// The default writes zero buffers through `write_at` in chunks of at most 1 MiB.
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
+        self.geometry().check_range(off, len)?;
+        const CHUNK: u64 = 1 << 20;
+        let zeroes = vec![0u8; CHUNK.min(len) as usize];
+        let wflags = if flags.contains(ZeroFlags::FUA) { WriteFlags::FUA } else { WriteFlags::empty() };
+        let mut pos = off;
+        while pos < off + len {
+            let n = CHUNK.min(off + len - pos);
+            self.write_at(pos, &zeroes[..n as usize], wflags)?;
+            pos += n;
+        }
+        Ok(())
+    }
+}
+
+macro_rules! forward_block_device {
+    ($($ptr:ty),*) => {$(
+        impl<D: BlockDevice + ?Sized> BlockDevice for $ptr {
+            fn geometry(&self) -> Geometry { (**self).geometry() }
+            fn caps(&self) -> Caps { (**self).caps() }
+            fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> { (**self).read_at(off, buf) }
+            fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
+                (**self).write_at(off, buf, flags)
+            }
+            fn flush(&self) -> BlockResult<()> { (**self).flush() }
+            fn discard(&self, off: u64, len: u64) -> BlockResult<()> { (**self).discard(off, len) }
+            fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
+                (**self).write_zeroes(off, len, flags)
+            }
+        }
+    )*};
+}
+forward_block_device!(std::sync::Arc<D>, Box<D>, &D);

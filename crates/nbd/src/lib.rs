@@ -1,0 +1,2 @@
+//! NBD server (fixed newstyle) over `Arc<dyn BlockDevice>`.
+#![forbid(unsafe_code)]

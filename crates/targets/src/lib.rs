@@ -1,0 +1,2 @@
+//! Device-mapper targets as `BlockDevice` layers.
+#![forbid(unsafe_code)]

@@ -1,0 +1,1 @@
+//! Test machinery shared by every crate: conformance suite, model tests, fault devices.

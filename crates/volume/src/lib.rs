@@ -1,0 +1,2 @@
+//! Probe, unlock, assemble.
+#![forbid(unsafe_code)]
