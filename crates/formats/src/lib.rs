@@ -1,2 +1,7 @@
 //! Sans-IO codecs: bytes in, structs out, and back.
+//!
+//! * [`dm`]: device-mapper table lines (`dmsetup table` format) for the crypt target.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod dm;
