@@ -227,16 +227,30 @@ impl CryptTable {
         let device = f[6].to_string();
         let offset = parse_u64("offset", f[7])?;
         let options = Self::parse_options(&f[8..])?;
+        let table = CryptTable { len, cipher, key, iv_offset, device, offset, options };
+        table.validate()?;
+        Ok(table)
+    }
 
-        let ss = options.sector_size();
+    /// The kernel's consistency checks, for tables built in code rather than parsed:
+    /// positive length, `sector_size` a power of two in 512..=4096, and `iv_offset` and
+    /// `len` multiples of the sector size.
+    pub fn validate(&self) -> Result<(), TableError> {
+        if self.len == 0 {
+            return Err(TableError::ZeroLength);
+        }
+        let ss = self.options.sector_size();
+        if !(512..=4096).contains(&ss) || !ss.is_power_of_two() {
+            return Err(TableError::BadSectorSize(ss.to_string()));
+        }
         let per = u64::from(ss / 512);
-        if iv_offset % per != 0 {
-            return Err(TableError::MisalignedIvOffset { iv_offset, sector_size: ss });
+        if self.iv_offset % per != 0 {
+            return Err(TableError::MisalignedIvOffset { iv_offset: self.iv_offset, sector_size: ss });
         }
-        if len % per != 0 {
-            return Err(TableError::MisalignedLength { len, sector_size: ss });
+        if self.len % per != 0 {
+            return Err(TableError::MisalignedLength { len: self.len, sector_size: ss });
         }
-        Ok(CryptTable { len, cipher, key, iv_offset, device, offset, options })
+        Ok(())
     }
 
     fn parse_options(rest: &[&str]) -> Result<CryptOptions, TableError> {
