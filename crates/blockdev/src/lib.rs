@@ -11,13 +11,32 @@
 //! Every method takes `&self`: a device serves many requests in flight at once, from as many
 //! threads as the caller likes. Implementations do their own (fine-grained) locking; requests
 //! to disjoint ranges must never wait for each other.
+//!
+//! The devices here:
+//! * [`MemDevice`]: memory, for tests and benchmarks of the layers above.
+//! * [`FileDevice`]: a regular file or a block device, `pread`/`pwrite`, optional `O_DIRECT`
+//!   (through [`AlignedBuf`] bounce buffers when the caller's buffer is not aligned).
+//! * [`Slice`]: an offset/length window of another device.
+//! * [`Checked`]: asserts the contract on both sides of a boundary, for tests.
+//!
+//! This crate has no `unsafe` code: the aligned buffer over-allocates instead, and the
+//! system calls go through `rustix`'s safe wrappers.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod aligned;
+mod checked;
 mod error;
+mod file;
 mod mem;
+mod slice;
 
+pub use aligned::AlignedBuf;
+pub use checked::{CheckMode, Checked};
 pub use error::{BlockError, BlockErrorKind, BlockResult};
+pub use file::{BackingKind, FileDevice, FileOptions};
 pub use mem::MemDevice;
+pub use slice::Slice;
 
 use std::fmt::Debug;
 

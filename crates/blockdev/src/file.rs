@@ -1,0 +1,398 @@
+//! A device backed by a regular file or a block device, using positional I/O.
+//!
+//! ```text
+//!   read_at / write_at ──► pread / pwrite (FileExt::read_exact_at / write_all_at)
+//!                             │  O_DIRECT and the caller's buffer not 4096-aligned?
+//!                             └─► copy through a per-thread AlignedBuf, 1 MiB at a time
+//!   write_at + FUA     ──► pwrite, then fdatasync         (Caps::FUA is not advertised)
+//!   flush              ──► fdatasync
+//!   discard            ──► fallocate(PUNCH_HOLE | KEEP_SIZE)      a no-op where unsupported
+//!   write_zeroes       ──► fallocate(ZERO_RANGE | KEEP_SIZE)      (PUNCH_HOLE with MAY_UNMAP)
+//!                             └─► EOPNOTSUPP: pwrite zero buffers
+//! ```
+//!
+//! No lock is taken: `pread`/`pwrite` carry their own offset, so requests from many threads
+//! proceed in parallel and the kernel orders overlapping ones.
+//!
+//! # Geometry
+//! * A regular file's size is its length when opened, **rounded down to the block size**: a
+//!   trailing partial block is not addressable (it is neither read nor changed). The block size
+//!   is `FileOptions::block_size`, or 512, or with `direct` the filesystem's direct-I/O offset
+//!   alignment (`statx` `STATX_DIOALIGN`, 4096 when the kernel does not say).
+//! * A block device's size comes from seeking to its end (the kernel answers with the same
+//!   value as the `BLKGETSIZE64` ioctl, without `unsafe`); its logical and physical block sizes
+//!   from `BLKSSZGET`/`BLKPBSZGET`. The block size may be raised above the logical block size
+//!   (e.g. 4096 on a 512-byte disk) but never lowered below it.
+//! * The geometry is fixed at open. If the file shrinks afterwards, reads past its new end fail
+//!   with `Io` ("short read") rather than returning zeroes or short data.
+//!
+//! # Discard on block devices
+//! There is no safe wrapper for `BLKDISCARD`, so a block device is discarded with
+//! `fallocate(PUNCH_HOLE | KEEP_SIZE)`, which the kernel turns into a write-zeroes request that
+//! may unmap and never falls back to writing zero pages. Where the device cannot do that, the
+//! discard is a successful no-op — the contract allows discarded blocks to keep their data.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FallocateFlags, StatxFlags};
+use rustix::io::Errno;
+
+use crate::aligned::{is_aligned, AlignedBuf, DIRECT_IO_ALIGN};
+use crate::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags, ZeroFlags};
+
+/// Largest piece copied through the bounce buffer (and written per zero-filling `pwrite`).
+const BOUNCE_CHUNK: usize = 1 << 20;
+
+thread_local! {
+    /// One bounce buffer per thread, kept between requests so that the O_DIRECT path with
+    /// unaligned caller buffers does not allocate per request.
+    static BOUNCE: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's `BOUNCE_CHUNK`-byte aligned buffer.
+fn with_bounce<R>(f: impl FnOnce(&mut AlignedBuf) -> R) -> R {
+    // Taken out of the cell for the duration, so a nested call (a FileDevice stacked over
+    // another FileDevice's file, say) simply allocates its own.
+    let mut buf = BOUNCE
+        .with(|cell| cell.borrow_mut().take())
+        .unwrap_or_else(|| AlignedBuf::for_direct_io(BOUNCE_CHUNK));
+    let r = f(&mut buf);
+    BOUNCE.with(|cell| *cell.borrow_mut() = Some(buf));
+    r
+}
+
+/// How to open a [`FileDevice`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Open `O_RDONLY`; the device advertises `Caps::READ_ONLY` and refuses every write,
+    /// discard and write-zeroes with `BlockErrorKind::ReadOnly`.
+    pub read_only: bool,
+    /// Open with `O_DIRECT` (bypass the page cache). Opening fails with
+    /// `BlockErrorKind::Unsupported` where the filesystem refuses direct I/O (e.g. old tmpfs).
+    pub direct: bool,
+    /// Logical block size to expose: a power of two in 512..=4096, at least the device's own
+    /// logical block size (and, with `direct`, its direct-I/O alignment). `None` picks the
+    /// smallest that works (see the module docs).
+    pub block_size: Option<u32>,
+}
+
+/// What backs a [`FileDevice`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackingKind {
+    /// A regular file (an image).
+    RegularFile,
+    /// A block device node such as `/dev/sdb1` or `/dev/loop0`.
+    BlockDevice,
+}
+
+/// A [`BlockDevice`] over a regular file or a block device node.
+#[derive(Debug)]
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    geometry: Geometry,
+    backing: BackingKind,
+    options: FileOptions,
+}
+
+impl FileDevice {
+    /// Opens `path` (a regular file or a block device) as a device.
+    ///
+    /// Errors: `InvalidArgument` for other file types or a bad `block_size`; `Unsupported` when
+    /// `direct` is asked on a filesystem without direct I/O; otherwise the OS error's kind
+    /// (`Io`, or `ReadOnly` for `EROFS`/`EACCES`/`EPERM`). Messages name the path.
+    pub fn open(path: impl AsRef<Path>, options: FileOptions) -> BlockResult<Self> {
+        let path = path.as_ref();
+        let mut oo = OpenOptions::new();
+        oo.read(true).write(!options.read_only);
+        if options.direct {
+            oo.custom_flags(libc::O_DIRECT);
+        }
+        let file = oo.open(path).map_err(|e| {
+            if options.direct && e.raw_os_error() == Some(libc::EINVAL) {
+                BlockError::new(
+                    BlockErrorKind::Unsupported,
+                    format!(
+                        "opening {} with O_DIRECT: the filesystem does not support direct I/O",
+                        path.display()
+                    ),
+                )
+                .with_source(e)
+            } else {
+                BlockError::io(format!("opening {}", path.display()), e)
+            }
+        })?;
+        Self::from_open_file(file, path.to_path_buf(), options)
+    }
+
+    /// Creates (or truncates) a sparse regular file of `size` bytes at `path` and opens it.
+    ///
+    /// `size` is rounded down to the block size as in [`FileDevice::open`].
+    pub fn create(path: impl AsRef<Path>, size: u64, options: FileOptions) -> BlockResult<Self> {
+        let path = path.as_ref();
+        let ctx = || format!("creating {} ({size} bytes)", path.display());
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| BlockError::io(ctx(), e))?;
+        f.set_len(size).map_err(|e| BlockError::io(ctx(), e))?;
+        drop(f);
+        Self::open(path, options)
+    }
+
+    fn from_open_file(mut file: File, path: PathBuf, options: FileOptions) -> BlockResult<Self> {
+        let at = |what: &str| format!("{what} {}", path.display());
+        let meta = file.metadata().map_err(|e| BlockError::io(at("stat"), e))?;
+        let file_type = meta.file_type();
+        let (backing, raw_size, block, physical) = if file_type.is_block_device() {
+            // Seeking to the end of a block device yields its size in bytes (the same value
+            // as BLKGETSIZE64). The file position is never used for I/O.
+            let size =
+                file.seek(SeekFrom::End(0)).map_err(|e| BlockError::io(at("seeking to the end of"), e))?;
+            let logical = rustix::fs::ioctl_blksszget(&file)
+                .map_err(|e| BlockError::io(at("BLKSSZGET on"), e.into()))?
+                .max(512);
+            let physical = rustix::fs::ioctl_blkpbszget(&file).unwrap_or(logical).max(logical);
+            let block = options.block_size.unwrap_or(logical);
+            check_block_size(block, &path)?;
+            if block < logical {
+                return Err(BlockError::new(
+                    BlockErrorKind::InvalidArgument,
+                    format!(
+                        "block size {block} of {} is below the device's logical block size {logical}",
+                        path.display()
+                    ),
+                ));
+            }
+            (BackingKind::BlockDevice, size, block, physical.max(block))
+        } else if file_type.is_file() {
+            let dio_align = if options.direct { dio_offset_align(&file) } else { None };
+            let default = if options.direct { dio_align.unwrap_or(4096).max(512) } else { 512 };
+            let block = options.block_size.unwrap_or(default);
+            check_block_size(block, &path)?;
+            if let Some(align) = dio_align.filter(|&a| block < a) {
+                return Err(BlockError::new(
+                    BlockErrorKind::InvalidArgument,
+                    format!(
+                        "block size {block} of {} is below its filesystem's direct-I/O alignment {align}",
+                        path.display()
+                    ),
+                ));
+            }
+            // Page-sized writes avoid read-modify-write in the page cache.
+            (BackingKind::RegularFile, meta.len(), block, block.max(4096))
+        } else {
+            return Err(BlockError::new(
+                BlockErrorKind::InvalidArgument,
+                format!("{} is neither a regular file nor a block device", path.display()),
+            ));
+        };
+        let size = raw_size - raw_size % u64::from(block);
+        let geometry = Geometry { size, logical_block: block, physical_block: physical };
+        Ok(FileDevice { file, path, geometry, backing, options })
+    }
+
+    /// The path this device was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a regular file or a block device backs this device.
+    pub fn backing(&self) -> BackingKind {
+        self.backing
+    }
+
+    /// The options it was opened with (`block_size` as given, not as chosen; see `geometry`).
+    pub fn options(&self) -> FileOptions {
+        self.options
+    }
+
+    fn op_error(&self, op: &str, off: u64, len: u64, err: io::Error) -> BlockError {
+        if err.kind() == io::ErrorKind::UnexpectedEof {
+            return BlockError::new(
+                BlockErrorKind::Io,
+                format!(
+                    "short {op} of {} at {off} length {len}: the file ends before its size when opened \
+                     ({} bytes); was it truncated?",
+                    self.path.display(),
+                    self.geometry.size
+                ),
+            )
+            .with_source(err);
+        }
+        BlockError::io(format!("{op} {} at {off} length {len}", self.path.display()), err)
+    }
+
+    fn refuse_if_read_only(&self, op: &str) -> BlockResult<()> {
+        if self.options.read_only {
+            return Err(BlockError::new(
+                BlockErrorKind::ReadOnly,
+                format!("{op} {}: opened read-only", self.path.display()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn pread(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
+        self.file.read_exact_at(buf, off).map_err(|e| self.op_error("pread", off, buf.len() as u64, e))
+    }
+
+    fn pwrite(&self, off: u64, buf: &[u8]) -> BlockResult<()> {
+        self.file.write_all_at(buf, off).map_err(|e| self.op_error("pwrite", off, buf.len() as u64, e))
+    }
+
+    fn sync(&self, op: &str, off: u64, len: u64) -> BlockResult<()> {
+        self.file.sync_data().map_err(|e| self.op_error(&format!("fdatasync after {op}"), off, len, e))
+    }
+
+    /// `fallocate`, with `Ok(false)` when the filesystem or device does not support `mode`.
+    fn fallocate(&self, mode: FallocateFlags, off: u64, len: u64) -> BlockResult<bool> {
+        match rustix::fs::fallocate(&self.file, mode, off, len) {
+            Ok(()) => Ok(true),
+            Err(Errno::OPNOTSUPP) => Ok(false),
+            Err(e) => Err(self.op_error(&format!("fallocate({mode:?})"), off, len, e.into())),
+        }
+    }
+
+    /// Writes zeroes with `pwrite` from an aligned buffer (valid with and without O_DIRECT).
+    fn write_zero_buffers(&self, off: u64, len: u64) -> BlockResult<()> {
+        let chunk = (BOUNCE_CHUNK as u64).min(len) as usize;
+        let zeroes = AlignedBuf::for_direct_io(chunk);
+        let mut pos = off;
+        while pos < off + len {
+            let n = (chunk as u64).min(off + len - pos) as usize;
+            self.pwrite(pos, &zeroes.as_slice()[..n])?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn needs_bounce(&self, buf: &[u8]) -> bool {
+        self.options.direct && !is_aligned(buf, DIRECT_IO_ALIGN)
+    }
+}
+
+/// The filesystem's O_DIRECT offset alignment, where the kernel reports it (Linux 6.1+).
+fn dio_offset_align(file: &File) -> Option<u32> {
+    let st = rustix::fs::statx(file, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN).ok()?;
+    let reported = StatxFlags::from_bits_retain(st.stx_mask).contains(StatxFlags::DIOALIGN);
+    (reported && st.stx_dio_offset_align != 0).then_some(st.stx_dio_offset_align)
+}
+
+fn check_block_size(block: u32, path: &Path) -> BlockResult<()> {
+    if !block.is_power_of_two() || !(512..=4096).contains(&block) {
+        return Err(BlockError::new(
+            BlockErrorKind::InvalidArgument,
+            format!("block size {block} for {} is not a power of two in 512..=4096", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+impl BlockDevice for FileDevice {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn caps(&self) -> Caps {
+        if self.options.read_only {
+            Caps::READ_ONLY
+        } else {
+            // No FUA: it is emulated with fdatasync after the write.
+            Caps::FLUSH | Caps::DISCARD | Caps::WRITE_ZEROES
+        }
+    }
+
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
+        self.geometry.check_range(off, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if !self.needs_bounce(buf) {
+            return self.pread(off, buf);
+        }
+        with_bounce(|bounce| {
+            let mut pos = off;
+            for piece in buf.chunks_mut(BOUNCE_CHUNK) {
+                let aligned = &mut bounce.as_mut_slice()[..piece.len()];
+                self.pread(pos, aligned)?;
+                piece.copy_from_slice(aligned);
+                pos += piece.len() as u64;
+            }
+            Ok(())
+        })
+    }
+
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
+        self.geometry.check_range(off, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.refuse_if_read_only("writing")?;
+        if self.needs_bounce(buf) {
+            with_bounce(|bounce| {
+                let mut pos = off;
+                for piece in buf.chunks(BOUNCE_CHUNK) {
+                    let aligned = &mut bounce.as_mut_slice()[..piece.len()];
+                    aligned.copy_from_slice(piece);
+                    self.pwrite(pos, aligned)?;
+                    pos += piece.len() as u64;
+                }
+                Ok(())
+            })?;
+        } else {
+            self.pwrite(off, buf)?;
+        }
+        if flags.contains(WriteFlags::FUA) {
+            self.sync("FUA write", off, buf.len() as u64)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        if self.options.read_only {
+            return Ok(());
+        }
+        self.sync("flush", 0, self.geometry.size)
+    }
+
+    fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
+        self.geometry.check_range(off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.refuse_if_read_only("discarding")?;
+        // Unsupported: a discard that keeps the old data is still a valid discard.
+        self.fallocate(FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, off, len)?;
+        Ok(())
+    }
+
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
+        self.geometry.check_range(off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.refuse_if_read_only("writing zeroes to")?;
+        let keep = FallocateFlags::KEEP_SIZE;
+        let mut done = false;
+        if flags.contains(ZeroFlags::MAY_UNMAP) {
+            done = self.fallocate(FallocateFlags::PUNCH_HOLE | keep, off, len)?;
+        }
+        if !done {
+            done = self.fallocate(FallocateFlags::ZERO_RANGE | keep, off, len)?;
+        }
+        if !done {
+            self.write_zero_buffers(off, len)?;
+        }
+        if flags.contains(ZeroFlags::FUA) {
+            self.sync("FUA write-zeroes", off, len)?;
+        }
+        Ok(())
+    }
+}

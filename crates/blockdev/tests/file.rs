@@ -1,0 +1,228 @@
+//! FileDevice behaviour that the generic conformance suite (crates/testkit) cannot see:
+//! geometry from files, error messages, holes, O_DIRECT bounce buffers, short reads.
+//! The trait contract itself is exercised by `testkit`'s conformance suite over FileDevice.
+
+use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use blockdev::{
+    BackingKind, BlockDevice, BlockErrorKind, Caps, FileDevice, FileOptions, WriteFlags, ZeroFlags,
+};
+
+/// A scratch directory on the target directory's filesystem (a real disk filesystem, where
+/// O_DIRECT and fallocate work; /tmp may be tmpfs).
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn image(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, content).unwrap();
+    p
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Opens with O_DIRECT, or says loudly why the test cannot run here.
+fn open_direct(path: &Path, block_size: Option<u32>) -> Option<FileDevice> {
+    match FileDevice::open(path, FileOptions { direct: true, block_size, ..Default::default() }) {
+        Ok(d) => Some(d),
+        Err(e) if e.kind() == BlockErrorKind::Unsupported => {
+            eprintln!("SKIPPED: O_DIRECT is not supported under {}: {e}", path.display());
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn geometry_is_rounded_down_when_file_size_is_unaligned() {
+    let dir = scratch();
+    let p = image(dir.path(), "odd.img", &pattern(4096 + 700, 1));
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    let g = d.geometry();
+    assert_eq!((g.size, g.logical_block), (4096 + 512, 512));
+    assert_eq!(g.physical_block, 4096);
+    assert_eq!(d.backing(), BackingKind::RegularFile);
+    let d4k = FileDevice::open(&p, FileOptions { block_size: Some(4096), ..Default::default() }).unwrap();
+    assert_eq!(d4k.geometry().size, 4096);
+    // The trailing partial block is neither addressable nor touched.
+    assert_eq!(
+        d.write_at(4608, &[0u8; 512], WriteFlags::empty()).unwrap_err().kind(),
+        BlockErrorKind::OutOfRange
+    );
+    d.write_zeroes(0, 4608, ZeroFlags::empty()).unwrap();
+    assert_eq!(fs::read(&p).unwrap()[4608..], pattern(4096 + 700, 1)[4608..]);
+}
+
+#[test]
+fn open_fails_when_block_size_is_invalid() {
+    let dir = scratch();
+    let p = image(dir.path(), "a.img", &[0u8; 8192]);
+    for bs in [0, 256, 1000, 8192] {
+        let e = FileDevice::open(&p, FileOptions { block_size: Some(bs), ..Default::default() }).unwrap_err();
+        assert_eq!(e.kind(), BlockErrorKind::InvalidArgument, "{bs}");
+        assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+    }
+}
+
+#[test]
+fn open_fails_when_path_is_not_a_file_or_block_device() {
+    let dir = scratch();
+    let e = FileDevice::open(dir.path(), FileOptions { read_only: true, ..Default::default() }).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::InvalidArgument);
+    let e = FileDevice::open("/dev/null", FileOptions { read_only: true, ..Default::default() }).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("/dev/null"), "{e}");
+}
+
+#[test]
+fn open_error_names_path_when_file_is_missing() {
+    let dir = scratch();
+    let p = dir.path().join("missing.img");
+    let e = FileDevice::open(&p, FileOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io);
+    assert!(e.to_string().contains("opening") && e.to_string().contains("missing.img"), "{e}");
+}
+
+#[test]
+fn writes_fail_with_read_only_when_opened_read_only() {
+    let dir = scratch();
+    let p = image(dir.path(), "ro.img", &pattern(8192, 2));
+    let d = FileDevice::open(&p, FileOptions { read_only: true, ..Default::default() }).unwrap();
+    assert_eq!(d.caps(), Caps::READ_ONLY);
+    let e = d.write_at(0, &[0u8; 512], WriteFlags::empty()).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::ReadOnly);
+    assert!(e.to_string().contains("ro.img") && e.to_string().contains("writing"), "{e}");
+    assert_eq!(d.write_zeroes(0, 512, ZeroFlags::MAY_UNMAP).unwrap_err().kind(), BlockErrorKind::ReadOnly);
+    assert_eq!(d.discard(0, 512).unwrap_err().kind(), BlockErrorKind::ReadOnly);
+    d.flush().unwrap();
+    let mut buf = vec![0u8; 8192];
+    d.read_at(0, &mut buf).unwrap();
+    assert_eq!(buf, pattern(8192, 2));
+    assert_eq!(fs::read(&p).unwrap(), pattern(8192, 2));
+}
+
+#[test]
+fn discard_releases_blocks_when_backed_by_regular_file() {
+    let dir = scratch();
+    let p = dir.path().join("holes.img");
+    let d = FileDevice::create(&p, 4 << 20, FileOptions::default()).unwrap();
+    d.write_at(0, &pattern(4 << 20, 3), WriteFlags::empty()).unwrap();
+    d.flush().unwrap();
+    let before = fs::metadata(&p).unwrap().blocks();
+    d.discard(1 << 20, 2 << 20).unwrap();
+    let after = fs::metadata(&p).unwrap().blocks();
+    assert!(after < before, "blocks {before} -> {after}");
+    assert_eq!(fs::metadata(&p).unwrap().len(), 4 << 20, "KEEP_SIZE");
+    let mut buf = vec![1u8; 2 << 20];
+    d.read_at(1 << 20, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "punched range reads as zeroes on a regular file");
+}
+
+#[test]
+fn write_zeroes_reads_zero_when_filesystem_lacks_zero_range() {
+    // tmpfs punches holes but has no FALLOC_FL_ZERO_RANGE, so this takes the pwrite fallback
+    // (and PUNCH_HOLE with MAY_UNMAP).
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("SKIPPED: no /dev/shm to exercise the write_zeroes fallback");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let p = dir.path().join("z.img");
+    let d = FileDevice::create(&p, 3 << 20, FileOptions::default()).unwrap();
+    for flags in [ZeroFlags::empty(), ZeroFlags::FUA, ZeroFlags::MAY_UNMAP] {
+        d.write_at(0, &pattern(3 << 20, 4), WriteFlags::empty()).unwrap();
+        d.write_zeroes(512, (3 << 20) - 1024, flags).unwrap();
+        let back = fs::read(&p).unwrap();
+        assert_eq!(back[..512], pattern(512, 4)[..], "{flags:?}");
+        assert!(back[512..(3 << 20) - 512].iter().all(|&b| b == 0), "{flags:?}");
+        assert_eq!(back[(3 << 20) - 512..], pattern(3 << 20, 4)[(3 << 20) - 512..], "{flags:?}");
+    }
+}
+
+#[test]
+fn read_fails_with_io_when_file_shrank_after_open() {
+    let dir = scratch();
+    let p = image(dir.path(), "shrink.img", &pattern(8192, 5));
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    File::options().write(true).open(&p).unwrap().set_len(4096 + 100).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = d.read_at(4096, &mut buf).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io);
+    assert!(e.to_string().contains("short pread") && e.to_string().contains("shrink.img"), "{e}");
+    d.read_at(0, &mut buf).unwrap();
+}
+
+#[test]
+fn direct_io_roundtrips_when_caller_buffer_is_unaligned() {
+    let dir = scratch();
+    let p = dir.path().join("direct.img");
+    FileDevice::create(&p, 4 << 20, FileOptions::default()).unwrap();
+    let Some(d) = open_direct(&p, None) else { return };
+    let bs = d.geometry().logical_block as usize;
+    // 2.5 MiB, copied through the 1 MiB bounce buffer in three pieces, from an odd address.
+    let len = (5 << 19) / bs * bs;
+    let mut src = vec![0u8; len + 1];
+    src[1..].copy_from_slice(&pattern(len, 6));
+    d.write_at(bs as u64, &src[1..], WriteFlags::FUA).unwrap();
+    let mut dst = vec![0u8; len + 3];
+    d.read_at(bs as u64, &mut dst[3..]).unwrap();
+    assert_eq!(dst[3..], pattern(len, 6)[..]);
+    assert_eq!(fs::read(&p).unwrap()[bs..bs + len], pattern(len, 6)[..]);
+    d.write_zeroes(0, 4 << 20, ZeroFlags::empty()).unwrap();
+    assert!(fs::read(&p).unwrap().iter().all(|&b| b == 0));
+}
+
+#[test]
+fn direct_open_fails_when_block_size_is_below_filesystem_alignment() {
+    let dir = scratch();
+    let p = image(dir.path(), "small.img", &[0u8; 8192]);
+    let Some(d) = open_direct(&p, None) else { return };
+    let chosen = d.geometry().logical_block;
+    if chosen == 512 {
+        eprintln!("SKIPPED: this filesystem accepts 512-byte direct I/O; nothing below it to reject");
+        return;
+    }
+    let e = FileDevice::open(&p, FileOptions { direct: true, block_size: Some(512), ..Default::default() })
+        .unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::InvalidArgument, "{e}");
+}
+
+/// Attaches a loop device over a file for the test's duration.
+struct Loop(String);
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+#[test]
+#[ignore = "needs root + losetup (a loop device)"]
+fn block_device_geometry_comes_from_ioctls() {
+    let dir = scratch();
+    let p = dir.path().join("loop.img");
+    File::create(&p).unwrap().set_len(8 << 20).unwrap();
+    let out = Command::new("losetup").args(["--show", "-f", "-b", "4096"]).arg(&p).output().unwrap();
+    assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+    let lo = Loop(String::from_utf8(out.stdout).unwrap().trim().to_string());
+    let d = FileDevice::open(&lo.0, FileOptions::default()).unwrap();
+    assert_eq!(d.backing(), BackingKind::BlockDevice);
+    let g = d.geometry();
+    assert_eq!((g.size, g.logical_block), (8 << 20, 4096));
+    assert!(g.physical_block >= 4096);
+    let e = FileDevice::open(&lo.0, FileOptions { block_size: Some(512), ..Default::default() }).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::InvalidArgument);
+    d.write_at(4096, &pattern(8192, 7), WriteFlags::FUA).unwrap();
+    d.discard(4096, 4096).unwrap();
+    d.write_zeroes(8192, 4096, ZeroFlags::MAY_UNMAP).unwrap();
+    let mut buf = vec![1u8; 4096];
+    d.read_at(8192, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    d.flush().unwrap();
+}
