@@ -1,0 +1,158 @@
+//! Fixed-newstyle negotiation: greeting, client flags, then options until the client
+//! selects an export (`NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`) or gives up.
+
+use std::io::{self, Read, Write};
+
+use log::{debug, warn};
+
+use crate::server::{ExportParams, Shared};
+use crate::wire::{self, handshake_flag, info, opt, rep, InfoRequest, OptionHeader};
+
+/// The outcome of a successful negotiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// Index into `Shared::exports`.
+    pub(crate) export: usize,
+    /// `NBD_OPT_STRUCTURED_REPLY` was acknowledged.
+    pub(crate) structured: bool,
+}
+
+/// Option data the server reads and parses; names are at most 4 KiB by the spec, so this
+/// leaves ample room.
+const MAX_OPTION_DATA: u32 = 64 * 1024;
+/// Larger option data than `MAX_OPTION_DATA` is read and dropped (answered with
+/// `NBD_REP_ERR_TOO_BIG`) up to this size; beyond it the client is disconnected.
+const MAX_OPTION_SKIP: u32 = 16 << 20;
+
+/// Runs the negotiation. `Ok(None)`: the client aborted, or broke the protocol and was
+/// dropped (logged here); `Err`: the socket failed.
+pub(crate) fn negotiate(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    shared: &Shared,
+    peer: &str,
+) -> io::Result<Option<Session>> {
+    w.write_all(&wire::encode_greeting(handshake_flag::FIXED_NEWSTYLE | handshake_flag::NO_ZEROES))?;
+    let mut b4 = [0u8; 4];
+    r.read_exact(&mut b4)?;
+    let client_flags = u32::from_be_bytes(b4);
+    let known = u32::from(handshake_flag::FIXED_NEWSTYLE | handshake_flag::NO_ZEROES);
+    if client_flags & !known != 0 {
+        warn!("{peer}: unknown client flags {client_flags:#x}, disconnecting");
+        return Ok(None);
+    }
+    if client_flags & u32::from(handshake_flag::FIXED_NEWSTYLE) == 0 {
+        warn!("{peer}: client does not speak fixed newstyle, disconnecting");
+        return Ok(None);
+    }
+    let no_zeroes = client_flags & u32::from(handshake_flag::NO_ZEROES) != 0;
+
+    let mut structured = false;
+    let mut data = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        let mut hb = [0u8; OptionHeader::SIZE];
+        r.read_exact(&mut hb)?;
+        let hdr = match OptionHeader::decode(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                warn!("{peer}: {e}, disconnecting");
+                return Ok(None);
+            }
+        };
+        out.clear();
+        if hdr.length > MAX_OPTION_DATA {
+            if hdr.length > MAX_OPTION_SKIP {
+                warn!("{peer}: option {} with {} bytes of data, disconnecting", hdr.option, hdr.length);
+                return Ok(None);
+            }
+            io::copy(&mut r.by_ref().take(u64::from(hdr.length)), &mut io::sink())?;
+            error_reply(&mut out, hdr.option, rep::ERR_TOO_BIG, "option data too large");
+            w.write_all(&out)?;
+            continue;
+        }
+        data.resize(hdr.length as usize, 0);
+        r.read_exact(&mut data)?;
+        debug!("{peer}: option {} ({} bytes)", hdr.option, data.len());
+
+        match hdr.option {
+            opt::EXPORT_NAME => {
+                // No error reply exists for this option: an unknown name ends the connection.
+                let Some(i) = shared.find_export(&data) else {
+                    warn!("{peer}: unknown export {:?}, disconnecting", String::from_utf8_lossy(&data));
+                    return Ok(None);
+                };
+                let p = ExportParams::new(&shared.exports[i], &shared.config);
+                w.write_all(&wire::encode_export_name_reply(p.size, p.tflags(structured), no_zeroes))?;
+                return Ok(Some(Session { export: i, structured }));
+            }
+            opt::ABORT => {
+                wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
+                // The client may already have gone; its ACK is a courtesy.
+                let _ = w.write_all(&out);
+                return Ok(None);
+            }
+            opt::LIST => {
+                if !data.is_empty() {
+                    error_reply(&mut out, hdr.option, rep::ERR_INVALID, "NBD_OPT_LIST takes no data");
+                } else {
+                    for e in &shared.exports {
+                        let d = wire::encode_rep_server(&e.name, &e.description);
+                        wire::encode_option_reply(&mut out, hdr.option, rep::SERVER, &d);
+                    }
+                    wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
+                }
+            }
+            opt::STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    error_reply(&mut out, hdr.option, rep::ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
+                } else {
+                    structured = true;
+                    wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
+                }
+            }
+            opt::INFO | opt::GO => match InfoRequest::decode(&data) {
+                Err(e) => {
+                    debug!("{peer}: bad NBD_OPT_INFO/GO data: {e}");
+                    error_reply(&mut out, hdr.option, rep::ERR_INVALID, "malformed option data");
+                }
+                Ok(req) => match shared.find_export(req.name) {
+                    None => error_reply(&mut out, hdr.option, rep::ERR_UNKNOWN, "no such export"),
+                    Some(i) => {
+                        info_replies(&mut out, hdr.option, shared, i, &req.requests, structured);
+                        if hdr.option == opt::GO {
+                            w.write_all(&out)?;
+                            return Ok(Some(Session { export: i, structured }));
+                        }
+                    }
+                },
+            },
+            // STARTTLS, meta contexts, extended headers and anything newer.
+            _ => error_reply(&mut out, hdr.option, rep::ERR_UNSUP, "option not supported"),
+        }
+        w.write_all(&out)?;
+    }
+}
+
+fn error_reply(out: &mut Vec<u8>, option: u32, reply_type: u32, message: &str) {
+    wire::encode_option_reply(out, option, reply_type, message.as_bytes());
+}
+
+/// The `NBD_REP_INFO` replies for export `i` and the final ACK. `NBD_INFO_EXPORT` and
+/// `NBD_INFO_BLOCK_SIZE` are always sent: the device's alignment is enforced whether or not
+/// the client asked for it.
+fn info_replies(out: &mut Vec<u8>, option: u32, shared: &Shared, i: usize, requests: &[u16], structured: bool) {
+    let export = &shared.exports[i];
+    let p = ExportParams::new(export, &shared.config);
+    wire::encode_option_reply(out, option, rep::INFO, &wire::encode_info_export(p.size, p.tflags(structured)));
+    if requests.contains(&info::NAME) {
+        wire::encode_option_reply(out, option, rep::INFO, &wire::encode_info_string(info::NAME, &export.name));
+    }
+    if requests.contains(&info::DESCRIPTION) && !export.description.is_empty() {
+        let d = wire::encode_info_string(info::DESCRIPTION, &export.description);
+        wire::encode_option_reply(out, option, rep::INFO, &d);
+    }
+    let bs = wire::encode_info_block_size(p.min_block, p.preferred_block, p.max_request);
+    wire::encode_option_reply(out, option, rep::INFO, &bs);
+    wire::encode_option_reply(out, option, rep::ACK, &[]);
+}
