@@ -1,15 +1,46 @@
 //! dm-crypt compatible sector encryption.
 //!
-//! API CONTRACT (implemented by the sector-crypto work; signatures are fixed):
-//! * `CipherSpec`: `FromStr`/`Display`, parsed once.
-//! * `VolumeKey`: zeroizing key bytes with a redacted `Debug`.
-//! * `SectorCipher::new(&spec, &key, SectorParams)`, `encrypt(sector, data)`, `decrypt(sector, data)`.
-#![forbid(unsafe_code)]
+//! ```text
+//!   "aes-xts-plain64" ──FromStr──► CipherSpec ─┐
+//!   VolumeKey (zeroizing) ─────────────────────┼──► SectorCipher::new ──► encrypt/decrypt(sector, data)
+//!   SectorParams {sector_size, iv_offset, ...} ┘        │
+//!                                                        ├─ IvGen      iv.rs      (plain, plain64, essiv, ...)
+//!                                                        └─ SectorMode provider/  (aws-lc | RustCrypto)
+//! ```
+//!
+//! Semantics are the Linux kernel's dm-crypt (`drivers/md/dm-crypt.c`, `crypt_convert` and
+//! `crypt_convert_block_skcipher`): for the crypto sector at target-relative 512-byte sector
+//! `s` (a multiple of `sector_size / 512`),
+//!
+//! ```text
+//!   cc_sector = s + iv_offset                       (u64, wrapping)
+//!   iv_sector = cc_sector >> log2(sector_size/512)  if iv_large_sectors, else cc_sector
+//!   IV        = ivgen(iv_sector)                    see [`IvMode`]
+//!   data      = mode(key, IV, sector_size bytes)    one cipher operation per crypto sector
+//! ```
+//!
+//! `iv_offset` must be a multiple of `sector_size / 512` (the kernel's "Invalid iv_offset
+//! sector"), so the shift is exact. A [`SectorCipher`] is `Send + Sync`; threads share it
+//! without locks (see `provider` for how).
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::fmt;
-use std::str::FromStr;
 
 use zeroize::Zeroizing;
+
+mod iv;
+mod provider;
+mod spec;
+
+pub use provider::Provider;
+pub use spec::{ChainMode, Cipher, CipherSpec, EssivHash, IvMode};
+
+use iv::IvGen;
+use provider::{Block, SectorMode};
+
+/// Sectors whose IVs are computed per batch (16 bytes each, on the stack).
+const IV_BATCH: usize = 32;
 
 /// Errors of cipher setup and sector encryption.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +53,14 @@ pub enum CryptoError {
         spec: String,
         /// What is unsupported, naming the part.
         part: String,
+    },
+    /// The specification is malformed: the kernel would refuse it too.
+    #[error("invalid cipher specification {spec:?}: {reason}")]
+    InvalidSpec {
+        /// The whole specification.
+        spec: String,
+        /// What is wrong.
+        reason: String,
     },
     /// The key length does not fit the cipher.
     #[error("invalid key size {bits} bits for {spec} (expected {expected})")]
@@ -36,25 +75,22 @@ pub enum CryptoError {
     /// Bad sector parameters.
     #[error("invalid sector parameters: {0}")]
     InvalidParams(String),
-}
-
-/// A parsed dm-crypt cipher specification such as `aes-xts-plain64`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CipherSpec {
-    text: String,
-}
-
-impl FromStr for CipherSpec {
-    type Err = CryptoError;
-    fn from_str(s: &str) -> Result<Self, CryptoError> {
-        Ok(CipherSpec { text: s.to_string() })
-    }
-}
-
-impl fmt::Display for CipherSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
+    /// An encrypt/decrypt call whose start sector or length is not aligned to the sector size.
+    #[error("misaligned request: sector {sector}, {len} bytes, sector size {sector_size}")]
+    Misaligned {
+        /// Start sector (512-byte units).
+        sector: u64,
+        /// Length in bytes.
+        len: usize,
+        /// The cipher's sector size in bytes.
+        sector_size: u32,
+    },
+    /// The crypto provider failed where it should not (an internal error).
+    #[error("crypto provider failure: {op}")]
+    Provider {
+        /// What failed.
+        op: &'static str,
+    },
 }
 
 /// Key material, wiped on drop, never printed.
@@ -98,16 +134,78 @@ pub struct SectorParams {
 }
 
 /// A keyed sector cipher. `Send + Sync`: use it from many threads at once.
-#[derive(Debug)]
 pub struct SectorCipher {
+    spec: CipherSpec,
     params: SectorParams,
+    /// log2(sector_size / 512).
+    sector_shift: u32,
+    mode: Box<dyn SectorMode>,
+    iv: IvGen,
+}
+
+impl fmt::Debug for SectorCipher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SectorCipher")
+            .field("spec", &self.spec.to_string())
+            .field("params", &self.params)
+            .field("implementation", &self.mode.name())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SectorCipher {
-    /// Keys `spec` with `key`.
+    /// Keys `spec` with `key`, using the fastest available provider.
     pub fn new(spec: &CipherSpec, key: &VolumeKey, params: SectorParams) -> Result<Self, CryptoError> {
-        let _ = (spec, key);
-        Ok(SectorCipher { params })
+        Self::with_provider(spec, key, params, Provider::Auto)
+    }
+
+    /// Keys `spec` with `key` using the given provider.
+    pub fn with_provider(
+        spec: &CipherSpec,
+        key: &VolumeKey,
+        params: SectorParams,
+        provider: Provider,
+    ) -> Result<Self, CryptoError> {
+        let sector_shift = match params.sector_size {
+            512 => 0,
+            1024 => 1,
+            2048 => 2,
+            4096 => 3,
+            n => {
+                return Err(CryptoError::InvalidParams(format!(
+                    "sector_size {n} is not one of 512, 1024, 2048, 4096"
+                )))
+            }
+        };
+        let step = 1u64 << sector_shift;
+        if params.iv_offset % step != 0 {
+            return Err(CryptoError::InvalidParams(format!(
+                "iv_offset {} is not a multiple of sector_size/512 = {step}",
+                params.iv_offset
+            )));
+        }
+        let key_bytes = key.as_bytes();
+        let valid = spec.valid_key_sizes();
+        if !valid.contains(&key_bytes.len()) {
+            let expected: Vec<String> = valid.iter().map(|b| (b * 8).to_string()).collect();
+            let mut expected = format!("{} bits", expected.join(" or "));
+            if spec.cipher() == Cipher::CipherNull {
+                expected.push_str("; cipher_null takes no key (cryptsetup passes '-')");
+            }
+            return Err(CryptoError::InvalidKeySize {
+                spec: spec.to_string(),
+                bits: key_bytes.len() * 8,
+                expected,
+            });
+        }
+        let mode = match (spec.cipher(), spec.mode()) {
+            (Cipher::CipherNull, _) => provider::null_mode(),
+            (Cipher::Aes, ChainMode::Xts) => provider::aes_xts(provider, key_bytes)?,
+            (Cipher::Aes, ChainMode::Cbc) => provider::aes_cbc(provider, key_bytes)?,
+            (Cipher::Aes, ChainMode::Ecb) => provider::aes_ecb(provider, key_bytes)?,
+        };
+        let iv = IvGen::new(spec.effective_iv_mode(), key_bytes, params.sector_size)?;
+        Ok(SectorCipher { spec: spec.clone(), params, sector_shift, mode, iv })
     }
 
     /// The encryption sector size in bytes.
@@ -115,16 +213,64 @@ impl SectorCipher {
         self.params.sector_size
     }
 
+    /// The parameters this cipher was built with.
+    pub fn params(&self) -> SectorParams {
+        self.params
+    }
+
+    /// The specification this cipher was built from.
+    pub fn spec(&self) -> &CipherSpec {
+        &self.spec
+    }
+
+    /// Which implementation runs the data path, e.g. `aws-lc xts(aes256)` (like the kernel's
+    /// `cra_driver_name` debug line).
+    pub fn implementation(&self) -> &'static str {
+        self.mode.name()
+    }
+
     /// Encrypts `data` in place. `sector` is the target-relative 512-byte sector of `data[0]`
     /// (a multiple of `sector_size / 512`); `data.len()` is a multiple of `sector_size`.
     pub fn encrypt(&self, sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
-        let _ = (sector, data);
-        Ok(())
+        self.convert(sector, data, true)
     }
 
     /// Decrypts `data` in place; arguments as for `encrypt`.
     pub fn decrypt(&self, sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
-        let _ = (sector, data);
+        self.convert(sector, data, false)
+    }
+
+    /// The kernel's `crypt_convert`: one cipher operation per crypto sector, IV from
+    /// `cc_sector`, which advances by `sector_size >> 9`.
+    fn convert(&self, sector: u64, data: &mut [u8], encrypt: bool) -> Result<(), CryptoError> {
+        let sector_size = self.params.sector_size as usize;
+        let step = 1u64 << self.sector_shift;
+        if data.len() % sector_size != 0 || sector % step != 0 {
+            return Err(CryptoError::Misaligned {
+                sector,
+                len: data.len(),
+                sector_size: self.params.sector_size,
+            });
+        }
+        let mut cc_sector = sector.wrapping_add(self.params.iv_offset);
+        let mut iv_sectors = [0u64; IV_BATCH];
+        let mut ivs: [Block; IV_BATCH] = [[0; 16]; IV_BATCH];
+        for chunk in data.chunks_mut(sector_size * IV_BATCH) {
+            let n = chunk.len() / sector_size;
+            for s in &mut iv_sectors[..n] {
+                *s = if self.params.iv_large_sectors { cc_sector >> self.sector_shift } else { cc_sector };
+                cc_sector = cc_sector.wrapping_add(step);
+            }
+            self.iv.fill(&iv_sectors[..n], &mut ivs[..n], self.mode.as_ref())?;
+            if encrypt {
+                self.mode.encrypt(chunk, sector_size, &ivs[..n])?;
+            } else {
+                self.mode.decrypt(chunk, sector_size, &ivs[..n])?;
+            }
+        }
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,241 @@
+//! aws-lc provider: all of this crate's `unsafe` code lives in this file.
+//!
+//! ```text
+//!   Xts256 ── key (zeroizing) ──► fresh EVP_CIPHER_CTX on demand (pool empty)
+//!      └── enc pool ─┐  ArrayQueue<CipherCtx>: pop → set IV per sector → EVP_Cipher → push
+//!      └── dec pool ─┘  (lock-free; a context is used by one thread at a time)
+//!   Cbc ── AES_KEY enc + AES_KEY dec, immutable after setup ──► AES_cbc_encrypt(ivec = local copy)
+//! ```
+//!
+//! Why a pool: an `EVP_CIPHER_CTX` carries the IV and a "data unit processed" flag, so it
+//! cannot be shared between threads; re-keying one per sector would cost two key expansions.
+//! A context keyed once and re-armed with `EVP_CipherInit_ex(ctx, NULL, NULL, NULL, iv, -1)`
+//! per sector is what makes aws-lc's XTS fast. CBC needs no context at all: `AES_cbc_encrypt`
+//! takes a `const AES_KEY *` and a caller-owned IV buffer.
+//!
+//! aws-lc only has AES-256-XTS (`EVP_aes_256_xts`), and refuses XTS keys whose halves are
+//! equal (FIPS 140 IG A.9); [`Xts256::new`] returns `None` for those and the caller falls back.
+
+use std::os::raw::{c_int, c_uint};
+use std::ptr::{self, NonNull};
+
+use aws_lc_sys as ffi;
+use crossbeam_queue::ArrayQueue;
+use zeroize::{Zeroize, Zeroizing};
+
+use super::{Block, SectorMode};
+use crate::CryptoError;
+
+/// Owns one `EVP_CIPHER_CTX`, freed (and its key schedule cleansed by aws-lc's
+/// `OPENSSL_free`) on drop.
+struct CipherCtx(NonNull<ffi::EVP_CIPHER_CTX>);
+
+// SAFETY: an EVP_CIPHER_CTX has no thread affinity (no thread-local state is referenced from
+// it); `CipherCtx` is its unique owner and is only used through `&mut self`, so moving it to
+// another thread cannot create shared access.
+unsafe impl Send for CipherCtx {}
+
+impl CipherCtx {
+    /// A context keyed for AES-256-XTS in one direction; `None` if aws-lc refuses the key.
+    fn xts256(key: &[u8; 64], encrypt: bool) -> Option<Self> {
+        // SAFETY: EVP_CIPHER_CTX_new has no preconditions; it returns null only on allocation
+        // failure, which NonNull::new turns into None.
+        let ctx = CipherCtx(NonNull::new(unsafe { ffi::EVP_CIPHER_CTX_new() })?);
+        // SAFETY: `ctx` is a valid context owned by us; EVP_aes_256_xts returns a pointer to a
+        // static cipher whose key length is 64, and `key` points to 64 readable bytes; a null
+        // engine and IV are allowed. On failure `ctx` is dropped (freed) below.
+        let ok = unsafe {
+            ffi::EVP_CipherInit_ex(
+                ctx.0.as_ptr(),
+                ffi::EVP_aes_256_xts(),
+                ptr::null_mut(),
+                key.as_ptr(),
+                ptr::null(),
+                c_int::from(encrypt),
+            )
+        };
+        if ok != 1 {
+            clear_errors();
+            return None;
+        }
+        Some(ctx)
+    }
+
+    /// Runs one XTS data unit in place with tweak `iv`.
+    fn xts_unit(&mut self, iv: &Block, data: &mut [u8]) -> bool {
+        // SAFETY: the context is valid and keyed (constructor invariant) and exclusively
+        // borrowed; `iv` points to 16 readable bytes, the IV length of AES-XTS; null cipher,
+        // engine and key keep the cipher and key; -1 keeps the direction.
+        let ok = unsafe {
+            ffi::EVP_CipherInit_ex(
+                self.0.as_ptr(),
+                ptr::null(),
+                ptr::null_mut(),
+                ptr::null(),
+                iv.as_ptr(),
+                -1,
+            )
+        };
+        if ok != 1 {
+            clear_errors();
+            return false;
+        }
+        let p = data.as_mut_ptr();
+        // SAFETY: `p` is valid for reads and writes of `data.len()` bytes for the duration of the
+        // call (we hold the only borrow of `data`); aws-lc's XTS supports in == out; the
+        // context is armed with a fresh IV, so exactly one data unit may be processed.
+        let ok = unsafe { ffi::EVP_Cipher(self.0.as_ptr(), p, p, data.len()) };
+        if ok != 1 {
+            clear_errors();
+            return false;
+        }
+        true
+    }
+}
+
+impl Drop for CipherCtx {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from EVP_CIPHER_CTX_new and is freed exactly once, here.
+        unsafe { ffi::EVP_CIPHER_CTX_free(self.0.as_ptr()) }
+    }
+}
+
+/// Discards aws-lc's thread-local error queue after a failed call (we report our own error).
+fn clear_errors() {
+    // SAFETY: ERR_clear_error has no preconditions; it only touches this thread's error queue.
+    unsafe { ffi::ERR_clear_error() }
+}
+
+/// How many idle contexts per direction to keep: enough for every core to hold one, with
+/// slack for threads that are preempted while holding one.
+fn pool_capacity() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(2, 128) * 2
+}
+
+/// AES-256-XTS (64-byte key) over pooled `EVP_CIPHER_CTX`s.
+pub(crate) struct Xts256 {
+    key: Zeroizing<[u8; 64]>,
+    enc: ArrayQueue<CipherCtx>,
+    dec: ArrayQueue<CipherCtx>,
+}
+
+impl Xts256 {
+    /// `None` unless `key` is 64 bytes that aws-lc accepts (its halves differ).
+    pub(crate) fn new(key: &[u8]) -> Option<Self> {
+        let key: [u8; 64] = key.try_into().ok()?;
+        let key = Zeroizing::new(key);
+        let cap = pool_capacity();
+        let enc = ArrayQueue::new(cap);
+        let dec = ArrayQueue::new(cap);
+        // Key once now: validates the key and warms the pool.
+        let _ = enc.push(CipherCtx::xts256(&key, true)?);
+        let _ = dec.push(CipherCtx::xts256(&key, false)?);
+        Some(Xts256 { key, enc, dec })
+    }
+
+    fn run(&self, data: &mut [u8], unit: usize, ivs: &[Block], encrypt: bool) -> Result<(), CryptoError> {
+        if unit < 16 || unit % 16 != 0 || data.len() % unit != 0 || ivs.len() < data.len() / unit {
+            return Err(CryptoError::Provider { op: "mode called with a malformed unit layout" });
+        }
+        let pool = if encrypt { &self.enc } else { &self.dec };
+        let mut ctx = match pool.pop() {
+            Some(c) => c,
+            None => CipherCtx::xts256(&self.key, encrypt)
+                .ok_or(CryptoError::Provider { op: "aws-lc: keying an XTS context" })?,
+        };
+        let mut ok = true;
+        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
+            if !ctx.xts_unit(iv, u) {
+                ok = false;
+                break;
+            }
+        }
+        // A full pool drops the surplus context.
+        let _ = pool.push(ctx);
+        if ok {
+            Ok(())
+        } else {
+            Err(CryptoError::Provider { op: "aws-lc: EVP_Cipher(aes-256-xts)" })
+        }
+    }
+}
+
+impl SectorMode for Xts256 {
+    fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.run(data, unit, ivs, true)
+    }
+    fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.run(data, unit, ivs, false)
+    }
+    fn name(&self) -> &'static str {
+        "aws-lc xts(aes256)"
+    }
+}
+
+/// AES-CBC with immutable expanded keys (encrypt and decrypt schedules).
+pub(crate) struct Cbc {
+    enc: Box<ffi::AES_KEY>,
+    dec: Box<ffi::AES_KEY>,
+    name: &'static str,
+}
+
+impl Cbc {
+    /// `None` unless `key` is 16, 24 or 32 bytes.
+    pub(crate) fn new(key: &[u8]) -> Option<Self> {
+        let name = match key.len() {
+            16 => "aws-lc cbc(aes128)",
+            24 => "aws-lc cbc(aes192)",
+            32 => "aws-lc cbc(aes256)",
+            _ => return None,
+        };
+        let bits = c_uint::try_from(key.len() * 8).ok()?;
+        let mut enc = Box::new(ffi::AES_KEY { rd_key: [0; 60], rounds: 0 });
+        let mut dec = Box::new(ffi::AES_KEY { rd_key: [0; 60], rounds: 0 });
+        // SAFETY: `key` points to `bits / 8` readable bytes; `enc` and `dec` are valid,
+        // exclusively borrowed AES_KEY structs for the call to write.
+        let (e, d) = unsafe {
+            (
+                ffi::AES_set_encrypt_key(key.as_ptr(), bits, &mut *enc),
+                ffi::AES_set_decrypt_key(key.as_ptr(), bits, &mut *dec),
+            )
+        };
+        let cbc = Cbc { enc, dec, name };
+        (e == 0 && d == 0).then_some(cbc)
+    }
+
+    fn run(&self, data: &mut [u8], unit: usize, ivs: &[Block], encrypt: bool) -> Result<(), CryptoError> {
+        if unit < 16 || unit % 16 != 0 || data.len() % unit != 0 || ivs.len() < data.len() / unit {
+            return Err(CryptoError::Provider { op: "mode called with a malformed unit layout" });
+        }
+        let (key, enc): (&ffi::AES_KEY, c_int) =
+            if encrypt { (&self.enc, ffi::AES_ENCRYPT) } else { (&self.dec, ffi::AES_DECRYPT) };
+        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
+            let mut ivec = *iv;
+            let p = u.as_mut_ptr();
+            // SAFETY: `p` is valid for reads and writes of `u.len()` bytes (a multiple of 16)
+            // and aws-lc's CBC supports in == out; `key` is an initialised schedule that is only
+            // read; `ivec` is a 16-byte buffer owned by this frame that the call may update.
+            unsafe { ffi::AES_cbc_encrypt(p, p, u.len(), key, ivec.as_mut_ptr(), enc) };
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cbc {
+    fn drop(&mut self) {
+        self.enc.rd_key.zeroize();
+        self.dec.rd_key.zeroize();
+    }
+}
+
+impl SectorMode for Cbc {
+    fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.run(data, unit, ivs, true)
+    }
+    fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.run(data, unit, ivs, false)
+    }
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}

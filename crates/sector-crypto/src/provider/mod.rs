@@ -1,0 +1,116 @@
+//! Crypto providers behind one small trait.
+//!
+//! ```text
+//!   SectorCipher ──(ivs per sector)──► dyn SectorMode ─┬─ awslc::Xts256   EVP_aes_256_xts, pooled ctxs
+//!        │                                             ├─ awslc::Cbc      AES_cbc_encrypt, immutable AES_KEYs
+//!        │                                             ├─ rustcrypto::Xts  AES-128/192/256, batched tweaks
+//!        │                                             ├─ rustcrypto::Cbc / Ecb
+//!        │                                             └─ rustcrypto::Null (cipher_null)
+//!        └──(ESSIV salt cipher)──► dyn BlockEncrypt ─── rustcrypto::AesBlocks
+//! ```
+//!
+//! A [`SectorMode`] is keyed once and then immutable from the caller's point of view: it is
+//! `Send + Sync` and any number of threads may call it at once. Providers that need mutable
+//! native state (an `EVP_CIPHER_CTX` holds the IV) keep a lock-free pool of contexts.
+//!
+//! [`Provider::Auto`] prefers aws-lc and falls back to RustCrypto where aws-lc lacks the
+//! primitive: AES-128/192-XTS (aws-lc only has `EVP_aes_256_xts`), XTS keys whose two halves
+//! are equal (aws-lc refuses them as FIPS requires; the non-FIPS kernel accepts them), and
+//! ECB.
+
+use crate::CryptoError;
+
+#[allow(unsafe_code)]
+mod awslc;
+mod rustcrypto;
+
+/// One 16-byte cipher block (also an AES IV or XTS tweak).
+pub(crate) type Block = [u8; 16];
+
+/// A keyed length-preserving mode over whole data units (dm-crypt sectors).
+///
+/// Contract: `data.len()` is a non-zero multiple of `unit`, `unit` is a non-zero multiple of
+/// 16, and `ivs` has one IV per unit (ignored by modes without an IV, which accept an empty
+/// slice). Unit `i` is processed independently with `ivs[i]`, in place.
+pub(crate) trait SectorMode: Send + Sync {
+    /// Encrypts every unit of `data` in place.
+    fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError>;
+    /// Decrypts every unit of `data` in place.
+    fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError>;
+    /// Implementation name, e.g. `aws-lc xts(aes256)`, for logs and benchmarks.
+    fn name(&self) -> &'static str;
+}
+
+/// A keyed block cipher encrypting independent blocks (ECB), used for IV generation.
+pub(crate) trait BlockEncrypt: Send + Sync {
+    /// Encrypts each block in place.
+    fn encrypt_blocks(&self, blocks: &mut [Block]);
+}
+
+/// Which implementation of the primitives to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Provider {
+    /// aws-lc where it has the primitive, RustCrypto otherwise (the default).
+    #[default]
+    Auto,
+    /// aws-lc only: fails with [`CryptoError::Unsupported`] where it lacks the primitive.
+    AwsLc,
+    /// RustCrypto only (pure Rust).
+    RustCrypto,
+}
+
+/// Unsupported-by-provider error.
+fn lacks(provider: &str, what: &str) -> CryptoError {
+    CryptoError::Unsupported {
+        spec: what.to_string(),
+        part: format!("provider {provider} does not implement {what} for this key"),
+    }
+}
+
+/// AES in XTS mode with a 32, 48 or 64-byte key (two AES keys).
+pub(crate) fn aes_xts(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMode>, CryptoError> {
+    if provider != Provider::RustCrypto {
+        if let Some(m) = awslc::Xts256::new(key) {
+            return Ok(Box::new(m));
+        }
+        if provider == Provider::AwsLc {
+            return Err(lacks("aws-lc", "xts(aes)"));
+        }
+    }
+    rustcrypto::xts(key).ok_or_else(|| lacks("rustcrypto", "xts(aes)"))
+}
+
+/// AES in CBC mode with a 16, 24 or 32-byte key.
+pub(crate) fn aes_cbc(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMode>, CryptoError> {
+    if provider != Provider::RustCrypto {
+        if let Some(m) = awslc::Cbc::new(key) {
+            return Ok(Box::new(m));
+        }
+        if provider == Provider::AwsLc {
+            return Err(lacks("aws-lc", "cbc(aes)"));
+        }
+    }
+    rustcrypto::cbc(key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)"))
+}
+
+/// AES in ECB mode with a 16, 24 or 32-byte key.
+pub(crate) fn aes_ecb(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMode>, CryptoError> {
+    if provider == Provider::AwsLc {
+        return Err(lacks("aws-lc", "ecb(aes)"));
+    }
+    rustcrypto::ecb(key).ok_or_else(|| lacks("rustcrypto", "ecb(aes)"))
+}
+
+/// The kernel's `ecb(cipher_null)`: identity.
+pub(crate) fn null_mode() -> Box<dyn SectorMode> {
+    Box::new(rustcrypto::Null)
+}
+
+/// An AES block encryptor (for ESSIV) with a 16, 24 or 32-byte key.
+pub(crate) fn aes_blocks(key: &[u8]) -> Option<Box<dyn BlockEncrypt>> {
+    rustcrypto::aes_blocks(key)
+}
+
+#[cfg(test)]
+mod tests;
