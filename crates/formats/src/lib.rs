@@ -5,3 +5,5 @@
 #![warn(missing_docs)]
 
 pub mod dm;
+pub mod luks1;
+pub mod luks2;
