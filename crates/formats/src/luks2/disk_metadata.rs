@@ -477,13 +477,24 @@ pub fn choose(
 pub fn load(image: &[u8]) -> Result<Selected, Luks2Error> {
     let at = |off: u64| image.get(usize::try_from(off).unwrap_or(usize::MAX)..).unwrap_or(&[]);
     let primary = decode_copy(image, 0);
-    let mut secondary = Err(Luks2Error::Truncated { offset: 0, need: 0, got: 0 });
+    let mut secondary = None;
     for off in secondary_offsets(&primary) {
-        secondary = decode_copy(at(off), off);
-        if secondary.is_ok() || secondary.as_ref().is_err_and(Luks2Error::failed_in_json) {
+        let candidate = decode_copy(at(off), off);
+        let found = candidate.is_ok() || candidate.as_ref().is_err_and(Luks2Error::failed_in_json);
+        // While scanning, report the most telling failure: a header that was there but bad
+        // rather than an offset where there was nothing.
+        let telling = |r: &Result<DecodedCopy, Luks2Error>| {
+            !matches!(r, Err(Luks2Error::BadMagic { .. } | Luks2Error::Truncated { .. }))
+        };
+        if found || secondary.is_none() || (telling(&candidate) && !secondary.as_ref().is_some_and(telling)) {
+            secondary = Some(candidate);
+        }
+        if found {
             break;
         }
     }
+    let secondary =
+        secondary.unwrap_or(Err(Luks2Error::Truncated { offset: 0, need: BINARY_HEADER_SIZE, got: 0 }));
     choose(primary, secondary)
 }
 
