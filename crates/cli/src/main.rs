@@ -1,1 +1,72 @@
-fn main() {}
+//! `sealdisk`: a cryptsetup-shaped CLI over the volume, nbd (and later bench) crates.
+//!
+//! Thin by design: each action parses its arguments, calls a library, and prints. Errors
+//! print their whole cause chain, one level per line, and map to cryptsetup's exit codes.
+#![forbid(unsafe_code)]
+
+mod actions;
+mod keys;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Userspace dm-crypt / dm-integrity / LUKS, served over NBD.
+#[derive(Debug, Parser)]
+#[command(name = "sealdisk", version, about, long_about = None)]
+struct Cli {
+    /// More logging (repeat for more); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, Subcommand)]
+enum Action {
+    /// Open a volume and serve it over NBD until SIGINT/SIGTERM.
+    Open(actions::open::OpenArgs),
+    /// Build-and-run check: a temporary plain volume, served over NBD, written and read
+    /// back by a real NBD client, with a short summary.
+    Demo(actions::demo::DemoArgs),
+}
+
+/// cryptsetup's exit codes (src/utils_tools.c translate_errno).
+pub mod exit {
+    /// Wrong parameters.
+    pub const BAD_ARGS: u8 = 1;
+    /// No permission, or bad passphrase/key.
+    pub const PERMISSION: u8 = 2;
+    /// Device does not exist or access denied.
+    pub const DEVICE: u8 = 4;
+    /// Unexpected failure.
+    pub const FAILURE: u8 = 1;
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_timestamp_millis()
+        .init();
+    let result = match cli.action {
+        Action::Open(a) => actions::open::run(a),
+        Action::Demo(a) => actions::demo::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sealdisk: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(actions::exit_code(&e))
+        }
+    }
+}

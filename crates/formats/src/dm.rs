@@ -191,7 +191,7 @@ fn parse_key(s: &str) -> Result<Zeroizing<Vec<u8>>, TableError> {
     if s.starts_with(':') {
         return Err(TableError::KeyringKey);
     }
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(TableError::BadKey(s.len()));
     }
     let mut key = Zeroizing::new(vec![0u8; s.len() / 2]);
@@ -244,10 +244,10 @@ impl CryptTable {
             return Err(TableError::BadSectorSize(ss.to_string()));
         }
         let per = u64::from(ss / 512);
-        if self.iv_offset % per != 0 {
+        if !self.iv_offset.is_multiple_of(per) {
             return Err(TableError::MisalignedIvOffset { iv_offset: self.iv_offset, sector_size: ss });
         }
-        if self.len % per != 0 {
+        if !self.len.is_multiple_of(per) {
             return Err(TableError::MisalignedLength { len: self.len, sector_size: ss });
         }
         Ok(())

@@ -156,7 +156,7 @@ impl<D: BlockDevice> CryptTarget<D> {
     pub fn new(next: D, cipher: SectorCipher, cfg: CryptConfig) -> Result<Self, CryptError> {
         let below = next.geometry();
         let sector_size = cipher.sector_size();
-        if cfg.offset % u64::from(below.logical_block) != 0 {
+        if !cfg.offset.is_multiple_of(u64::from(below.logical_block)) {
             return Err(CryptError::MisalignedOffset { offset: cfg.offset, block: below.logical_block });
         }
         let available = below.size.saturating_sub(cfg.offset);

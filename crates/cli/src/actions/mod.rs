@@ -1,0 +1,41 @@
+//! One module per action: parse → call a library → print.
+
+pub mod demo;
+pub mod open;
+
+use blockdev::BlockErrorKind;
+use volume::VolumeError;
+
+use crate::exit;
+
+/// A usage error (exit code 1), e.g. conflicting options.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Maps an error chain to cryptsetup's exit codes.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.downcast_ref::<UsageError>().is_some() {
+            return exit::BAD_ARGS;
+        }
+        if let Some(v) = cause.downcast_ref::<VolumeError>() {
+            return match v {
+                VolumeError::Device { source, .. } => match source.kind() {
+                    BlockErrorKind::ReadOnly => exit::PERMISSION,
+                    _ => exit::DEVICE,
+                },
+                VolumeError::Layout { .. } => exit::DEVICE,
+                _ => exit::BAD_ARGS,
+            };
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::NotFound => exit::DEVICE,
+                std::io::ErrorKind::PermissionDenied => exit::PERMISSION,
+                _ => continue,
+            };
+        }
+    }
+    exit::FAILURE
+}

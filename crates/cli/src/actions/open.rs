@@ -1,0 +1,169 @@
+//! `sealdisk open`: plain dm-crypt (cryptsetup options) or a dm table line, served over NBD.
+
+use std::io::Read;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use formats::dm::{CryptOptions, CryptTable};
+use volume::plain::PlainParams;
+use volume::OpenOptions;
+use zeroize::Zeroizing;
+
+use super::UsageError;
+use crate::keys::{read_key, KeySource};
+use crate::serve::{serve, ServeArgs};
+
+/// Arguments of `sealdisk open`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  sealdisk open --type plain --cipher aes-xts-plain64 --key-size 512 --key-file key \\
+      --sector-size 4096 disk.img vol --listen unix:/tmp/vol.sock
+  dmsetup table --showkeys vol | sealdisk open --table-file - vol --listen tcp:127.0.0.1:10809")]
+pub struct OpenArgs {
+    /// Device type; only `plain` so far (`--table-file` needs none).
+    #[arg(long = "type", short = 'M', default_value = "plain")]
+    pub kind: String,
+    /// Read a dm-crypt table line from FILE (`-` for stdin) instead of plain options.
+    #[arg(long, value_name = "FILE")]
+    pub table_file: Option<String>,
+    /// Cipher specification.
+    #[arg(long, short = 'c', default_value = "aes-cbc-essiv:sha256")]
+    pub cipher: String,
+    /// Key size in bits.
+    #[arg(long, short = 's', default_value_t = 256)]
+    pub key_size: usize,
+    /// Read the key from FILE (`-` for stdin).
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<String>,
+    /// Skip this many bytes of the key file.
+    #[arg(long, default_value_t = 0)]
+    pub keyfile_offset: u64,
+    /// Read at most this many bytes of the key file.
+    #[arg(long, short = 'l')]
+    pub keyfile_size: Option<usize>,
+    /// Encryption sector size in bytes (512, 1024, 2048, 4096).
+    #[arg(long, default_value_t = 512)]
+    pub sector_size: u32,
+    /// Start of the ciphertext on the device, in 512-byte sectors.
+    #[arg(long, short = 'o', default_value_t = 0)]
+    pub offset: u64,
+    /// IV offset, in 512-byte sectors.
+    #[arg(long, short = 'p', default_value_t = 0)]
+    pub skip: u64,
+    /// Size of the volume in 512-byte sectors (default: to the end of the device).
+    #[arg(long, short = 'b')]
+    pub size: Option<u64>,
+    /// IVs count in --sector-size units instead of 512-byte sectors.
+    #[arg(long)]
+    pub iv_large_sectors: bool,
+    /// Pass discards (NBD TRIM) to the device: punches holes in a backing file.
+    #[arg(long)]
+    pub allow_discards: bool,
+    /// Keep each request's crypto on one pool thread.
+    #[arg(long = "perf-same_cpu_crypt")]
+    pub perf_same_cpu_crypt: bool,
+    /// Accepted for compatibility (writes are always submitted by the crypto thread).
+    #[arg(long = "perf-submit_from_crypt_cpus")]
+    pub perf_submit_from_crypt_cpus: bool,
+    /// Decrypt on the request's thread, not the crypto pool.
+    #[arg(long = "perf-no_read_workqueue")]
+    pub perf_no_read_workqueue: bool,
+    /// Encrypt on the request's thread, not the crypto pool.
+    #[arg(long = "perf-no_write_workqueue")]
+    pub perf_no_write_workqueue: bool,
+    /// Serve read-only.
+    #[arg(long, short = 'r')]
+    pub readonly: bool,
+    /// Print the table line of the opened volume (key masked unless --showkeys).
+    #[arg(long)]
+    pub print_table: bool,
+    /// With --print-table: show the key.
+    #[arg(long)]
+    pub showkeys: bool,
+    /// DEVICE NAME for plain mode, or just NAME with --table-file.
+    #[arg(value_name = "DEVICE NAME", required = true, num_args = 1..=2)]
+    pub positional: Vec<String>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Runs `sealdisk open`.
+pub fn run(a: OpenArgs) -> Result<()> {
+    let opts = OpenOptions { read_only: a.readonly, direct: a.serve.direct };
+    let (table, name) = match &a.table_file {
+        Some(file) => {
+            let [name] = a.positional.as_slice() else {
+                bail!(UsageError("with --table-file give only the export NAME".into()));
+            };
+            (read_table(file)?, name.clone())
+        }
+        None => {
+            if a.kind != "plain" {
+                bail!(UsageError(format!(
+                    "device type {:?} is not supported yet (supported: plain, or --table-file)",
+                    a.kind
+                )));
+            }
+            let [device, name] = a.positional.as_slice() else {
+                bail!(UsageError("plain mode needs DEVICE and NAME".into()));
+            };
+            (plain_table(&a, device, &opts)?, name.clone())
+        }
+    };
+    let vol = volume::open_crypt_table(&table, &opts)
+        .with_context(|| format!("opening {} as dm-crypt", table.device))?;
+    if a.print_table {
+        println!("{}", if a.showkeys { table.to_string() } else { masked(&table) });
+    }
+    serve(&name, vol.device, &a.serve, a.readonly)
+}
+
+fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTable> {
+    if a.key_size % 8 != 0 {
+        bail!(UsageError(format!("--key-size {} is not a multiple of 8 bits", a.key_size)));
+    }
+    let Some(key_file) = &a.key_file else {
+        bail!(UsageError(
+            "plain mode needs --key-file FILE (or - for stdin); keys are never taken from arguments".into()
+        ));
+    };
+    let no_key = a.cipher.starts_with("cipher_null");
+    let key = if no_key {
+        sector_crypto::VolumeKey::new(Vec::new())
+    } else {
+        let src = KeySource { path: key_file.clone(), offset: a.keyfile_offset, size: a.keyfile_size };
+        read_key(&src, a.key_size / 8)?
+    };
+    let options = CryptOptions {
+        allow_discards: a.allow_discards,
+        same_cpu_crypt: a.perf_same_cpu_crypt,
+        submit_from_crypt_cpus: a.perf_submit_from_crypt_cpus,
+        no_read_workqueue: a.perf_no_read_workqueue,
+        no_write_workqueue: a.perf_no_write_workqueue,
+        high_priority: false,
+        sector_size: (a.sector_size != 512).then_some(a.sector_size),
+        iv_large_sectors: a.iv_large_sectors,
+    };
+    let params =
+        PlainParams { cipher: a.cipher.clone(), key, offset: a.offset, skip: a.skip, size: a.size, options };
+    Ok(volume::plain::table(device, &params, opts)?)
+}
+
+fn read_table(file: &str) -> Result<CryptTable> {
+    let mut text = Zeroizing::new(String::new());
+    if file == "-" {
+        std::io::stdin().read_to_string(&mut text).context("reading the table line from stdin")?;
+    } else {
+        let mut f = std::fs::File::open(file).with_context(|| format!("opening table file {file}"))?;
+        f.read_to_string(&mut text).with_context(|| format!("reading table file {file}"))?;
+    }
+    CryptTable::parse(&text).map_err(volume::VolumeError::Table).context("parsing the table line")
+}
+
+/// The table line with the key replaced by zeroes, as `dmsetup table` without --showkeys.
+fn masked(t: &CryptTable) -> String {
+    let mut m = t.clone();
+    m.key.iter_mut().for_each(|b| *b = 0);
+    m.to_string()
+}
