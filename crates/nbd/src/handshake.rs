@@ -105,7 +105,12 @@ pub(crate) fn negotiate(
             }
             opt::STRUCTURED_REPLY => {
                 if !data.is_empty() {
-                    error_reply(&mut out, hdr.option, rep::ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
+                    error_reply(
+                        &mut out,
+                        hdr.option,
+                        rep::ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
                 } else {
                     structured = true;
                     wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
@@ -141,12 +146,29 @@ fn error_reply(out: &mut Vec<u8>, option: u32, reply_type: u32, message: &str) {
 /// The `NBD_REP_INFO` replies for export `i` and the final ACK. `NBD_INFO_EXPORT` and
 /// `NBD_INFO_BLOCK_SIZE` are always sent: the device's alignment is enforced whether or not
 /// the client asked for it.
-fn info_replies(out: &mut Vec<u8>, option: u32, shared: &Shared, i: usize, requests: &[u16], structured: bool) {
+fn info_replies(
+    out: &mut Vec<u8>,
+    option: u32,
+    shared: &Shared,
+    i: usize,
+    requests: &[u16],
+    structured: bool,
+) {
     let export = &shared.exports[i];
     let p = ExportParams::new(export, &shared.config);
-    wire::encode_option_reply(out, option, rep::INFO, &wire::encode_info_export(p.size, p.tflags(structured)));
+    wire::encode_option_reply(
+        out,
+        option,
+        rep::INFO,
+        &wire::encode_info_export(p.size, p.tflags(structured)),
+    );
     if requests.contains(&info::NAME) {
-        wire::encode_option_reply(out, option, rep::INFO, &wire::encode_info_string(info::NAME, &export.name));
+        wire::encode_option_reply(
+            out,
+            option,
+            rep::INFO,
+            &wire::encode_info_string(info::NAME, &export.name),
+        );
     }
     if requests.contains(&info::DESCRIPTION) && !export.description.is_empty() {
         let d = wire::encode_info_string(info::DESCRIPTION, &export.description);

@@ -161,7 +161,9 @@ impl Server {
     pub fn new(exports: Vec<Export>, config: ServerConfig) -> Self {
         for e in &exports {
             let g = e.device.geometry();
-            if g.logical_block == 0 || !g.logical_block.is_power_of_two() || g.size % u64::from(g.logical_block.max(1)) != 0
+            if g.logical_block == 0
+                || !g.logical_block.is_power_of_two()
+                || g.size % u64::from(g.logical_block.max(1)) != 0
             {
                 warn!("export {:?}: unusual geometry {g:?}; clients may be unable to reach its end", e.name);
             }
@@ -206,7 +208,8 @@ impl Server {
 fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     match UnixListener::bind(path) {
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            let is_socket = std::fs::symlink_metadata(path).map(|m| m.file_type().is_socket()).unwrap_or(false);
+            let is_socket =
+                std::fs::symlink_metadata(path).map(|m| m.file_type().is_socket()).unwrap_or(false);
             if is_socket && UnixStream::connect(path).is_err() {
                 warn!("removing stale socket {}", path.display());
                 std::fs::remove_file(path)?;
@@ -404,7 +407,11 @@ impl BoundServer {
     }
 }
 
-fn start_connection(stream: Stream, shared: &Arc<Shared>, state: &Arc<ShutdownState>) -> Option<JoinHandle<()>> {
+fn start_connection(
+    stream: Stream,
+    shared: &Arc<Shared>,
+    state: &Arc<ShutdownState>,
+) -> Option<JoinHandle<()>> {
     let peer = stream.peer();
     let ctl = match stream.try_clone() {
         Ok(c) => c,

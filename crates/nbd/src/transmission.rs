@@ -157,7 +157,13 @@ impl<'a> Conn<'a> {
             let req = match next {
                 Ok(Next::Run(req)) => req,
                 Ok(Next::Reject(req, err, msg)) => {
-                    debug!("{}: {} at {}+{} rejected: {msg}", self.peer, cmd_name(req.typ), req.offset, req.length);
+                    debug!(
+                        "{}: {} at {}+{} rejected: {msg}",
+                        self.peer,
+                        cmd_name(req.typ),
+                        req.offset,
+                        req.length
+                    );
                     self.send_error(&req, err, msg);
                     continue;
                 }
@@ -194,7 +200,8 @@ impl<'a> Conn<'a> {
         if self.workers.compare_exchange(n, n + 1, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             return; // another worker is spawning right now
         }
-        let spawned = thread::Builder::new().name("nbd-worker".into()).spawn_scoped(scope, move || self.worker(scope));
+        let spawned =
+            thread::Builder::new().name("nbd-worker".into()).spawn_scoped(scope, move || self.worker(scope));
         if let Err(e) = spawned {
             self.workers.fetch_sub(1, Ordering::SeqCst);
             info!("{}: cannot start another worker ({e}); continuing with {n}", self.peer);
@@ -277,7 +284,8 @@ impl<'a> Conn<'a> {
         }
         let in_range = req.offset.checked_add(u64::from(req.length)).is_some_and(|end| end <= p.size);
         if !in_range {
-            let e = if matches!(req.typ, cmd::WRITE | cmd::WRITE_ZEROES) { errno::ENOSPC } else { errno::EINVAL };
+            let e =
+                if matches!(req.typ, cmd::WRITE | cmd::WRITE_ZEROES) { errno::ENOSPC } else { errno::EINVAL };
             return Err((e, "request beyond the end of the export"));
         }
         let bs = u64::from(p.min_block);

@@ -524,12 +524,8 @@ pub fn encode_error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &
         end -= 1;
     }
     let msg = &message.as_bytes()[..end];
-    let hdr = ChunkHeader {
-        flags: reply::FLAG_DONE,
-        typ: reply::TYPE_ERROR,
-        cookie,
-        length: 6 + msg.len() as u32,
-    };
+    let hdr =
+        ChunkHeader { flags: reply::FLAG_DONE, typ: reply::TYPE_ERROR, cookie, length: 6 + msg.len() as u32 };
     out.extend_from_slice(&hdr.encode());
     out.extend_from_slice(&error.to_be_bytes());
     out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
@@ -539,12 +535,8 @@ pub fn encode_error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &
 /// The header of a final `NBD_REPLY_TYPE_OFFSET_DATA` chunk (chunk header and offset) for
 /// `data_len` bytes of data, which follow it. `data_len` must be at most `u32::MAX - 8`.
 pub fn encode_offset_data_header(cookie: u64, offset: u64, data_len: u32) -> [u8; 28] {
-    let hdr = ChunkHeader {
-        flags: reply::FLAG_DONE,
-        typ: reply::TYPE_OFFSET_DATA,
-        cookie,
-        length: data_len + 8,
-    };
+    let hdr =
+        ChunkHeader { flags: reply::FLAG_DONE, typ: reply::TYPE_OFFSET_DATA, cookie, length: data_len + 8 };
     let mut b = [0u8; 28];
     b[..20].copy_from_slice(&hdr.encode());
     b[20..28].copy_from_slice(&offset.to_be_bytes());
@@ -674,7 +666,10 @@ mod tests {
     fn structured_chunks_layout() {
         let b = encode_offset_data_header(7, 4096, 512);
         let h = ChunkHeader::decode(b[..20].try_into().unwrap()).unwrap();
-        assert_eq!(h, ChunkHeader { flags: reply::FLAG_DONE, typ: reply::TYPE_OFFSET_DATA, cookie: 7, length: 520 });
+        assert_eq!(
+            h,
+            ChunkHeader { flags: reply::FLAG_DONE, typ: reply::TYPE_OFFSET_DATA, cookie: 7, length: 520 }
+        );
         assert_eq!(&b[20..], &4096u64.to_be_bytes());
 
         let n = encode_none_chunk(9);

@@ -272,7 +272,10 @@ fn fua_is_emulated_with_flush_and_caps_narrow_the_flags() {
     let (srv, dev) = test_device_server(d, ServerConfig::default());
     let mut c = srv.connect();
     let info = c.go("t", false);
-    assert_eq!(info.flags & (NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_FLUSH), NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_FLUSH);
+    assert_eq!(
+        info.flags & (NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_FLUSH),
+        NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_FLUSH
+    );
     assert_eq!(info.flags & NBD_FLAG_SEND_TRIM, 0, "no DISCARD, no TRIM");
     c.write(0, &[3; 1024], NBD_CMD_FLAG_FUA).unwrap();
     c.cmd(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_FUA, 0, 512).unwrap();

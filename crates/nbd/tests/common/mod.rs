@@ -454,7 +454,8 @@ fn read_reply(s: &mut Sock, pending: &mut HashMap<u64, (u16, u64, u32)>) -> Repl
         0x668e_33ef => {
             let mut first = true;
             let mut magic_read = true;
-            let mut reply = Reply { cookie: 0, error: 0, data: Vec::new(), structured: true, message: String::new() };
+            let mut reply =
+                Reply { cookie: 0, error: 0, data: Vec::new(), structured: true, message: String::new() };
             loop {
                 if !magic_read {
                     assert_eq!(be32(&read_n(s, 4)), 0x668e_33ef);
