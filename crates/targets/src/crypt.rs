@@ -166,7 +166,7 @@ impl<D: BlockDevice> CryptTarget<D> {
                 if needed > below.size {
                     return Err(CryptError::DeviceTooSmall { size: below.size, needed, offset: cfg.offset });
                 }
-                if len % u64::from(sector_size) != 0 {
+                if !len.is_multiple_of(u64::from(sector_size)) {
                     return Err(CryptError::MisalignedLength { len, sector_size });
                 }
                 len

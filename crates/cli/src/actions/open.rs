@@ -120,7 +120,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
 }
 
 fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTable> {
-    if a.key_size % 8 != 0 {
+    if !a.key_size.is_multiple_of(8) {
         bail!(UsageError(format!("--key-size {} is not a multiple of 8 bits", a.key_size)));
     }
     let Some(key_file) = &a.key_file else {
