@@ -83,6 +83,14 @@ pub enum TableError {
         /// Sector size in bytes.
         sector_size: u32,
     },
+    /// `offset` not a multiple of the sector size.
+    #[error("offset {offset} sectors is not a multiple of the sector size ({sector_size} bytes)")]
+    MisalignedOffset {
+        /// Given offset in 512-byte sectors.
+        offset: u64,
+        /// Sector size in bytes.
+        sector_size: u32,
+    },
     /// `len` not a multiple of the sector size.
     #[error("device length {len} sectors is not a multiple of the sector size ({sector_size} bytes)")]
     MisalignedLength {
@@ -250,6 +258,11 @@ impl CryptTable {
         if !self.len.is_multiple_of(per) {
             return Err(TableError::MisalignedLength { len: self.len, sector_size: ss });
         }
+        // Not dm-crypt's own check but device-mapper's: the target's logical block is the
+        // sector size, and its start on the device below must be aligned to it.
+        if !self.offset.is_multiple_of(per) {
+            return Err(TableError::MisalignedOffset { offset: self.offset, sector_size: ss });
+        }
         Ok(())
     }
 
@@ -394,6 +407,9 @@ mod tests {
             }),
             ("0 12 crypt c 00 0 /dev/x 0 1 sector_size:4096", |e| {
                 matches!(e, TableError::MisalignedLength { len: 12, .. })
+            }),
+            ("0 8 crypt c 00 0 /dev/x 3 1 sector_size:4096", |e| {
+                matches!(e, TableError::MisalignedOffset { offset: 3, sector_size: 4096 })
             }),
             ("0 8 crypt c 00 0 /dev/x 0 1 integrity:28:aead", |e| matches!(e, TableError::UnsupportedOpt(..))),
             ("0 8 crypt c 00 0 /dev/x 0\n0 8 crypt c 00 0 /dev/x 0", |e| {

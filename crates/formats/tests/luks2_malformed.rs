@@ -253,7 +253,7 @@ fn correct_full_json0_is_accepted() {
     let a = area(&full_json(0), HDR_16K - 4096);
     assert_eq!(*a.last().unwrap(), 0);
     let sel = recovers(&image(HDR_16K, Some(&a), None));
-    assert_eq!(sel.header.metadata.extra["X"].as_str().unwrap().len() > 1000, true);
+    assert!(sel.header.metadata.extra["X"].as_str().unwrap().len() > 1000);
 }
 
 #[test]

@@ -11,9 +11,7 @@ use formats::luks1::{self, KeyslotState, Luks1Header};
 use formats::luks2::{self, CopyKind, Kdf, SegmentSize};
 
 fn testdata(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/luks")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/luks").join(name)
 }
 
 /// `cryptsetup luksDump` text as `section/item/key → values` (a key may repeat, e.g. a
@@ -32,9 +30,7 @@ fn parse_dump(text: &str) -> BTreeMap<String, Vec<String>> {
                 let (id, state) = rest.split_once(": ").unwrap();
                 section = "Key Slot".into();
                 item = id.into();
-                map.entry(format!("{section}/{item}/state"))
-                    .or_default()
-                    .push(state.trim().into());
+                map.entry(format!("{section}/{item}/state")).or_default().push(state.trim().into());
                 continue;
             }
             match line.split_once(':') {
@@ -56,9 +52,7 @@ fn parse_dump(text: &str) -> BTreeMap<String, Vec<String>> {
             if let Some((id, t)) = line.trim().split_once(": ") {
                 if id.bytes().all(|c| c.is_ascii_digit()) {
                     item = id.into();
-                    map.entry(format!("{section}/{item}/type"))
-                        .or_default()
-                        .push(t.trim().into());
+                    map.entry(format!("{section}/{item}/type")).or_default().push(t.trim().into());
                     continue;
                 }
             }
@@ -98,10 +92,7 @@ fn check_luks2_dump(sel: &luks2::Selected, d: &BTreeMap<String, Vec<String>>) {
     assert_eq!(one(d, "//Version"), "2");
     assert_eq!(one(d, "//Epoch"), h.seqid.to_string());
     assert_eq!(one(d, "//Metadata area"), format!("{} [bytes]", h.hdr_size));
-    assert_eq!(
-        one(d, "//Keyslots area"),
-        format!("{} [bytes]", m.config.keyslots_size)
-    );
+    assert_eq!(one(d, "//Keyslots area"), format!("{} [bytes]", m.config.keyslots_size));
     assert_eq!(one(d, "//UUID"), h.uuid);
     let or = |s: &str, none: &str| if s.is_empty() { none.to_owned() } else { s.to_owned() };
     assert_eq!(one(d, "//Label"), or(&h.label, "(no label)"));
@@ -122,10 +113,7 @@ fn check_luks2_dump(sel: &luks2::Selected, d: &BTreeMap<String, Vec<String>>) {
         assert_eq!(one(d, &k("cipher")), c.encryption);
         assert_eq!(one(d, &k("sector")), format!("{} [bytes]", c.sector_size));
     }
-    let dumped: Vec<_> = d
-        .keys()
-        .filter(|k| k.starts_with("Keyslots/") && k.ends_with("/type"))
-        .collect();
+    let dumped: Vec<_> = d.keys().filter(|k| k.starts_with("Keyslots/") && k.ends_with("/type")).collect();
     assert_eq!(dumped.len(), m.keyslots.len());
     for (id, ks) in &m.keyslots {
         let k = |f: &str| format!("Keyslots/{id}/{f}");
@@ -138,29 +126,16 @@ fn check_luks2_dump(sel: &luks2::Selected, d: &BTreeMap<String, Vec<String>>) {
         };
         assert_eq!(one(d, &k("Priority")), prio);
         assert_eq!(one(d, &k("Cipher")), ks.area.encryption.as_deref().unwrap());
-        assert_eq!(
-            one(d, &k("Cipher key")),
-            format!("{} bits", ks.area.key_size.unwrap() * 8)
-        );
+        assert_eq!(one(d, &k("Cipher key")), format!("{} bits", ks.area.key_size.unwrap() * 8));
         let kdf = ks.kdf.as_ref().unwrap();
         assert_eq!(one(d, &k("PBKDF")), kdf.type_name());
         match kdf {
-            Kdf::Pbkdf2 {
-                hash,
-                iterations,
-                salt,
-            } => {
+            Kdf::Pbkdf2 { hash, iterations, salt } => {
                 assert_eq!(one(d, &k("Hash")), hash);
                 assert_eq!(one(d, &k("Iterations")), iterations.to_string());
                 assert_eq!(hex_of(one(d, &k("Salt"))), hex::encode(salt));
             }
-            Kdf::Argon2 {
-                time,
-                memory,
-                cpus,
-                salt,
-                ..
-            } => {
+            Kdf::Argon2 { time, memory, cpus, salt, .. } => {
                 assert_eq!(one(d, &k("Time cost")), time.to_string());
                 assert_eq!(one(d, &k("Memory")), memory.to_string());
                 assert_eq!(one(d, &k("Threads")), cpus.to_string());
@@ -173,10 +148,7 @@ fn check_luks2_dump(sel: &luks2::Selected, d: &BTreeMap<String, Vec<String>>) {
         assert_eq!(one(d, &k("AF hash")), af.hash);
         assert_eq!(one(d, &k("Area offset")), format!("{} [bytes]", ks.area.offset));
         assert_eq!(one(d, &k("Area length")), format!("{} [bytes]", ks.area.size));
-        assert_eq!(
-            one(d, &k("Digest ID")),
-            m.keyslot_digest(*id).unwrap().to_string()
-        );
+        assert_eq!(one(d, &k("Digest ID")), m.keyslot_digest(*id).unwrap().to_string());
     }
     for (id, t) in &m.tokens {
         assert_eq!(one(d, &format!("Tokens/{id}/type")), t.type_name);
@@ -212,10 +184,7 @@ fn check_luks1_dump(h: &Luks1Header, d: &BTreeMap<String, Vec<String>>) {
                 assert_eq!(one(d, &k("state")), "ENABLED");
                 assert_eq!(one(d, &k("Iterations")), ks.iterations.to_string());
                 assert_eq!(hex_of(one(d, &k("Salt"))), hex::encode(ks.salt));
-                assert_eq!(
-                    one(d, &k("Key material offset")),
-                    ks.key_material_offset.to_string()
-                );
+                assert_eq!(one(d, &k("Key material offset")), ks.key_material_offset.to_string());
                 assert_eq!(one(d, &k("AF stripes")), ks.stripes.to_string());
             }
             KeyslotState::Disabled => assert_eq!(one(d, &k("state")), "DISABLED"),
@@ -237,25 +206,13 @@ fn live_dump(name: &str, hdr: &[u8], size: u64) -> Option<String> {
     std::fs::write(&path, hdr).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.set_len(size).unwrap();
-    let out = Command::new("cryptsetup")
-        .arg("luksDump")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = Command::new("cryptsetup").arg("luksDump").arg(&path).output().unwrap();
     std::fs::remove_file(&path).ok();
-    assert!(
-        out.status.success(),
-        "cryptsetup luksDump {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "cryptsetup luksDump {name}: {}", String::from_utf8_lossy(&out.stderr));
     Some(String::from_utf8(out.stdout).unwrap())
 }
 
-const LUKS2_GOLDEN: &[&str] = &[
-    "luks2-pbkdf2-xts512",
-    "luks2-argon2id-4k-64k",
-    "luks2-cbc-essiv",
-];
+const LUKS2_GOLDEN: &[&str] = &["luks2-pbkdf2-xts512", "luks2-argon2id-4k-64k", "luks2-cbc-essiv"];
 const LUKS1_GOLDEN: &[&str] = &["luks1-xts512", "luks1-cbc-essiv-sha1"];
 
 #[test]

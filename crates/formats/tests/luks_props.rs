@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use formats::luks1::{self, KeyslotState, Luks1Header};
 use formats::luks2::{
-    self, Af, Area, Config, CryptParams, Digest, DigestPbkdf2, HeaderSalts, Kdf, Keyslot,
-    Luks2Header, Luks2Metadata, Segment, SegmentSize, Token, WriteStep,
+    self, Af, Area, Config, CryptParams, Digest, DigestPbkdf2, HeaderSalts, Kdf, Keyslot, Luks2Header,
+    Luks2Metadata, Segment, SegmentSize, Token, WriteStep,
 };
 use proptest::prelude::*;
 use serde_json::{json, Map};
@@ -38,11 +38,7 @@ fn arb_luks1() -> impl Strategy<Value = Luks1Header> {
                 mk_digest_iterations: it,
                 uuid: "0d1a6a5b-4f3c-4a8e-9f49-9a1b7d2d7e11".into(),
                 keyslots: std::array::from_fn(|i| luks1::Keyslot {
-                    state: if slots[i].0 {
-                        KeyslotState::Enabled
-                    } else {
-                        KeyslotState::Disabled
-                    },
+                    state: if slots[i].0 { KeyslotState::Enabled } else { KeyslotState::Disabled },
                     iterations: slots[i].1,
                     salt: slots[i].2,
                     key_material_offset: offsets[i],
@@ -59,25 +55,9 @@ fn arb_kdf() -> impl Strategy<Value = Kdf> {
             1u32..,
             prop::collection::vec(any::<u8>(), 1..64)
         )
-            .prop_map(|(h, iterations, salt)| Kdf::Pbkdf2 {
-                hash: h.into(),
-                iterations,
-                salt
-            }),
-        (
-            any::<bool>(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>(),
-            prop::collection::vec(any::<u8>(), 1..64)
-        )
-            .prop_map(|(id, time, memory, cpus, salt)| Kdf::Argon2 {
-                id,
-                time,
-                memory,
-                cpus,
-                salt
-            }),
+            .prop_map(|(h, iterations, salt)| Kdf::Pbkdf2 { hash: h.into(), iterations, salt }),
+        (any::<bool>(), any::<u32>(), any::<u32>(), any::<u32>(), prop::collection::vec(any::<u8>(), 1..64))
+            .prop_map(|(id, time, memory, cpus, salt)| Kdf::Argon2 { id, time, memory, cpus, salt }),
     ]
 }
 
@@ -97,146 +77,126 @@ fn arb_luks2() -> impl Strategy<Value = Luks2Header> {
         any::<u64>(),
         prop::collection::btree_map(0u32..32, ("[a-z0-9-]{1,20}", any::<i64>()), 0..3),
     )
-        .prop_map(
-            |(size_i, slots, sector, iv_tweak, two_segs, flags, reqs, label, sub, seqid, toks)| {
-                let hdr_size = luks2::METADATA_SIZES[size_i];
-                let area_size = 258_048u64;
-                let keyslots_size = 4u64 << 20;
-                let data = 2 * hdr_size + keyslots_size + 4096 * 16;
-                let mut keyslots = BTreeMap::new();
-                for (i, (kdf, priority, ks)) in slots.into_iter().enumerate() {
-                    keyslots.insert(
-                        i as u32 * 3,
-                        Keyslot {
-                            type_name: "luks2".into(),
-                            key_size: ks,
-                            priority,
-                            af: Some(Af {
-                                type_name: "luks1".into(),
-                                stripes: 4000,
-                                hash: "sha256".into(),
-                                extra: Map::new(),
-                            }),
-                            area: Area {
-                                type_name: "raw".into(),
-                                offset: 2 * hdr_size + i as u64 * area_size,
-                                size: area_size,
-                                encryption: Some("aes-xts-plain64".into()),
-                                key_size: Some(ks),
-                                extra: Map::new(),
-                            },
-                            kdf: Some(kdf),
+        .prop_map(|(size_i, slots, sector, iv_tweak, two_segs, flags, reqs, label, sub, seqid, toks)| {
+            let hdr_size = luks2::METADATA_SIZES[size_i];
+            let area_size = 258_048u64;
+            let keyslots_size = 4u64 << 20;
+            let data = 2 * hdr_size + keyslots_size + 4096 * 16;
+            let mut keyslots = BTreeMap::new();
+            for (i, (kdf, priority, ks)) in slots.into_iter().enumerate() {
+                keyslots.insert(
+                    i as u32 * 3,
+                    Keyslot {
+                        type_name: "luks2".into(),
+                        key_size: ks,
+                        priority,
+                        af: Some(Af {
+                            type_name: "luks1".into(),
+                            stripes: 4000,
+                            hash: "sha256".into(),
+                            extra: Map::new(),
+                        }),
+                        area: Area {
+                            type_name: "raw".into(),
+                            offset: 2 * hdr_size + i as u64 * area_size,
+                            size: area_size,
+                            encryption: Some("aes-xts-plain64".into()),
+                            key_size: Some(ks),
                             extra: Map::new(),
                         },
-                    );
-                }
-                let first_size = u64::from(sector) * 1024;
-                let mut segments = BTreeMap::new();
+                        kdf: Some(kdf),
+                        extra: Map::new(),
+                    },
+                );
+            }
+            let first_size = u64::from(sector) * 1024;
+            let mut segments = BTreeMap::new();
+            segments.insert(
+                0,
+                Segment {
+                    type_name: "crypt".into(),
+                    offset: data,
+                    size: if two_segs { SegmentSize::Bytes(first_size) } else { SegmentSize::Dynamic },
+                    crypt: Some(CryptParams {
+                        iv_tweak: iv_tweak >> 1,
+                        encryption: "aes-xts-plain64".into(),
+                        sector_size: sector,
+                        integrity: None,
+                    }),
+                    opal: None,
+                    flags: None,
+                    extra: Map::new(),
+                },
+            );
+            if two_segs {
                 segments.insert(
-                    0,
+                    1,
                     Segment {
-                        type_name: "crypt".into(),
-                        offset: data,
-                        size: if two_segs {
-                            SegmentSize::Bytes(first_size)
-                        } else {
-                            SegmentSize::Dynamic
-                        },
-                        crypt: Some(CryptParams {
-                            iv_tweak: iv_tweak >> 1,
-                            encryption: "aes-xts-plain64".into(),
-                            sector_size: sector,
-                            integrity: None,
-                        }),
+                        type_name: "linear".into(),
+                        offset: data + first_size,
+                        size: SegmentSize::Dynamic,
+                        crypt: None,
                         opal: None,
                         flags: None,
                         extra: Map::new(),
                     },
                 );
-                if two_segs {
-                    segments.insert(
-                        1,
-                        Segment {
-                            type_name: "linear".into(),
-                            offset: data + first_size,
-                            size: SegmentSize::Dynamic,
-                            crypt: None,
-                            opal: None,
-                            flags: None,
-                            extra: Map::new(),
-                        },
-                    );
-                }
-                let slot_ids: Vec<u32> = keyslots.keys().copied().collect();
-                let mut digests = BTreeMap::new();
-                digests.insert(
-                    0,
-                    Digest {
-                        type_name: "pbkdf2".into(),
-                        keyslots: slot_ids.clone(),
-                        segments: vec![0],
-                        pbkdf2: Some(DigestPbkdf2 {
-                            hash: "sha256".into(),
-                            iterations: 1000,
-                            salt: vec![1; 32],
-                            digest: vec![2; 32],
-                        }),
-                        extra: Map::new(),
-                    },
-                );
-                let tokens = toks
-                    .into_iter()
-                    .map(|(id, (t, x))| {
-                        let mut extra = Map::new();
-                        extra.insert("x".into(), json!({"n": x, "l": [x, "s"]}));
-                        (
-                            id,
-                            Token {
-                                type_name: t,
-                                keyslots: slot_ids[..1].to_vec(),
-                                extra,
-                            },
-                        )
-                    })
-                    .collect();
-                let requirements = reqs.map(|m| luks2::Requirements {
-                    mandatory: Some(
-                        m.into_iter()
-                            .filter(|r| !r.starts_with("online-reencrypt"))
-                            .collect(),
-                    ),
+            }
+            let slot_ids: Vec<u32> = keyslots.keys().copied().collect();
+            let mut digests = BTreeMap::new();
+            digests.insert(
+                0,
+                Digest {
+                    type_name: "pbkdf2".into(),
+                    keyslots: slot_ids.clone(),
+                    segments: vec![0],
+                    pbkdf2: Some(DigestPbkdf2 {
+                        hash: "sha256".into(),
+                        iterations: 1000,
+                        salt: vec![1; 32],
+                        digest: vec![2; 32],
+                    }),
                     extra: Map::new(),
-                });
-                Luks2Header {
-                    hdr_size,
-                    seqid,
-                    label: label.trim_end_matches('\0').into(),
-                    subsystem: sub,
-                    checksum_alg: "sha256".into(),
-                    uuid: "6b2f4a52-0c5e-4d36-9a36-1f3d5f3e0a01".into(),
-                    metadata: Luks2Metadata {
-                        keyslots,
-                        tokens,
-                        segments,
-                        digests,
-                        config: Config {
-                            json_size: hdr_size - 4096,
-                            keyslots_size,
-                            flags,
-                            requirements,
-                            extra: Map::new(),
-                        },
+                },
+            );
+            let tokens = toks
+                .into_iter()
+                .map(|(id, (t, x))| {
+                    let mut extra = Map::new();
+                    extra.insert("x".into(), json!({"n": x, "l": [x, "s"]}));
+                    (id, Token { type_name: t, keyslots: slot_ids[..1].to_vec(), extra })
+                })
+                .collect();
+            let requirements = reqs.map(|m| luks2::Requirements {
+                mandatory: Some(m.into_iter().filter(|r| !r.starts_with("online-reencrypt")).collect()),
+                extra: Map::new(),
+            });
+            Luks2Header {
+                hdr_size,
+                seqid,
+                label: label.trim_end_matches('\0').into(),
+                subsystem: sub,
+                checksum_alg: "sha256".into(),
+                uuid: "6b2f4a52-0c5e-4d36-9a36-1f3d5f3e0a01".into(),
+                metadata: Luks2Metadata {
+                    keyslots,
+                    tokens,
+                    segments,
+                    digests,
+                    config: Config {
+                        json_size: hdr_size - 4096,
+                        keyslots_size,
+                        flags,
+                        requirements,
                         extra: Map::new(),
                     },
-                }
-            },
-        )
+                    extra: Map::new(),
+                },
+            }
+        })
 }
 
-const SALTS: HeaderSalts = HeaderSalts {
-    primary: [0xa5; 64],
-    secondary: [0x5a; 64],
-};
+const SALTS: HeaderSalts = HeaderSalts { primary: [0xa5; 64], secondary: [0x5a; 64] };
 
 fn image_of(h: &Luks2Header) -> Vec<u8> {
     let (mut p, s) = h.encode(h.seqid, &SALTS).unwrap();

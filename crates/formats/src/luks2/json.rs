@@ -647,7 +647,7 @@ impl Luks2Metadata {
             .checked_add(BINARY_HEADER_SIZE)
             .filter(|m| METADATA_SIZES.contains(m))
             .ok_or(MetadataError::BadJsonSize(c.json_size))?;
-        if c.keyslots_size % 4096 != 0 {
+        if !c.keyslots_size.is_multiple_of(4096) {
             return Err(MetadataError::KeyslotsSizeMisaligned(c.keyslots_size));
         }
         if c.keyslots_size > MAX_KEYSLOTS_SIZE {

@@ -146,14 +146,14 @@ impl Segment {
                 n => SegmentSize::Bytes(n),
             }
         };
-        if offset % SECTOR_SIZE != 0 {
+        if !offset.is_multiple_of(SECTOR_SIZE) {
             return Err(MetadataError::MisalignedSegment { segment: id, field: "offset", value: offset });
         }
         let size_bytes = match size {
             SegmentSize::Dynamic => 0,
             SegmentSize::Bytes(b) => b,
         };
-        if size_bytes % SECTOR_SIZE != 0 {
+        if !size_bytes.is_multiple_of(SECTOR_SIZE) {
             return Err(MetadataError::MisalignedSegment { segment: id, field: "size", value: size_bytes });
         }
         let flags = take_opt_str_array(&mut o, &what, "flags")?;
@@ -243,11 +243,11 @@ impl CryptParams {
         } else {
             None
         };
-        if sector_size == 0 || u64::from(sector_size) % SECTOR_SIZE != 0 {
+        if sector_size == 0 || !u64::from(sector_size).is_multiple_of(SECTOR_SIZE) {
             return Err(MetadataError::BadSectorSize { segment: id, sector_size });
         }
         let iv_tweak = internal::parse_u64_str(&iv_tweak_s, what, "iv_tweak")?;
-        if size_bytes % u64::from(sector_size) != 0 {
+        if !size_bytes.is_multiple_of(u64::from(sector_size)) {
             return Err(MetadataError::SizeNotMultipleOfSectorSize {
                 segment: id,
                 size: size_bytes,
