@@ -12,7 +12,16 @@
 //! ```
 //!
 //! No lock is taken: `pread`/`pwrite` carry their own offset, so requests from many threads
-//! proceed in parallel and the kernel orders overlapping ones.
+//! proceed in parallel and the kernel orders overlapping writes.
+//!
+//! # Concurrent overlapping reads and writes
+//! With buffered I/O (no `direct`), Linux copies data into and out of the page cache without
+//! locking the page for readers (ext4's `filemap_read`), so a read racing an overlapping
+//! write can return a block that is half old, half new — measured here in about half of 300
+//! runs of the conformance case `concurrent_reads_see_whole_blocks`. That breaks the trait's
+//! "old or new per block" for such races. Wrap the device in [`crate::RangeLocked`] when the
+//! layer above needs it (a torn ciphertext block decrypts to garbage); O_DIRECT requests go to
+//! the disk whole and did not tear in the same test.
 //!
 //! # Geometry
 //! * A regular file's size is its length when opened, **rounded down to the block size**: a

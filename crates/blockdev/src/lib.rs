@@ -18,6 +18,8 @@
 //!   (through [`AlignedBuf`] bounce buffers when the caller's buffer is not aligned).
 //! * [`Slice`]: an offset/length window of another device.
 //! * [`Checked`]: asserts the contract on both sides of a boundary, for tests.
+//! * [`RangeLocked`]: orders overlapping requests with a [`RangeLock`] (disjoint ones never
+//!   wait), for devices that do not keep blocks whole under concurrency by themselves.
 //!
 //! This crate has no `unsafe` code: the aligned buffer over-allocates instead, and the
 //! system calls go through `rustix`'s safe wrappers.
@@ -29,6 +31,7 @@ mod checked;
 mod error;
 mod file;
 mod mem;
+mod range_lock;
 mod slice;
 
 pub use aligned::AlignedBuf;
@@ -36,6 +39,7 @@ pub use checked::{CheckMode, Checked};
 pub use error::{BlockError, BlockErrorKind, BlockResult};
 pub use file::{BackingKind, FileDevice, FileOptions};
 pub use mem::MemDevice;
+pub use range_lock::{RangeGuard, RangeLock, RangeLocked};
 pub use slice::Slice;
 
 use std::fmt::Debug;

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, Checked, FileOptions, MemDevice, Slice};
+use blockdev::{BlockDevice, Checked, FileOptions, MemDevice, RangeLocked, Slice};
 use common::{direct, read_only, Images};
 use testkit::conformance::{self, Conformance};
 use testkit::{CrashDevice, FaultDevice, TraceDevice};
@@ -14,7 +14,7 @@ const MIB: u64 = 1 << 20;
 
 /// Linux buffered I/O copies into and out of the page cache without locking the page for
 /// reads (ext4 `filemap_read`), so a read racing an overlapping buffered write can see a
-/// partly copied block. `FileDevice` takes no locks of its own.
+/// partly copied block. `FileDevice` takes no locks of its own; `RangeLocked` fixes it.
 const BUFFERED_TORN_READS: &str =
     "buffered FileDevice: the page cache does not make reads atomic against writes";
 
@@ -56,6 +56,16 @@ fn file_device_conforms_when_buffered() {
         .label("file")
         .skip("concurrent_reads_see_whole_blocks", BUFFERED_TORN_READS)
         .run();
+}
+
+#[test]
+fn range_locked_file_device_conforms_when_buffered() {
+    let images = Images::new();
+    Conformance::new(|| {
+        Arc::new(RangeLocked::new(images.create(8 * MIB, FileOptions::default()))) as Arc<dyn BlockDevice>
+    })
+    .label("range-locked∘file")
+    .run();
 }
 
 #[test]
