@@ -60,6 +60,15 @@
 //! `DISC`. Invalid requests are answered with the error the spec names and the connection
 //! goes on; only a request that cannot be resynchronised (bad magic, a broken socket)
 //! closes its own connection. See [`wire`] for the byte layouts.
+//!
+//! # Known gaps
+//!
+//! * No TLS (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP`), no `NBD_CMD_BLOCK_STATUS` /
+//!   meta contexts, no extended headers, no `NBD_CMD_CACHE`, no fast zero.
+//! * Memory is bounded per connection (`threads_per_connection × max_request`, 512 MiB with
+//!   the defaults, only when a client keeps that many maximum-size requests in flight) and
+//!   by `max_connections`, but there is no server-wide budget. nbdkit has the same exposure.
+//! * A connection that never finishes its handshake holds a thread until shutdown.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

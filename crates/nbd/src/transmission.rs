@@ -124,7 +124,11 @@ fn ensure_len(buf: &mut Vec<u8>, len: usize) {
 }
 
 fn read_stop(e: io::Error, what: &'static str) -> Stop {
-    if e.kind() == io::ErrorKind::UnexpectedEof {
+    // A client killed mid-request resets the connection: as unremarkable as a plain EOF.
+    if matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+    ) {
         Stop::Eof(what)
     } else {
         Stop::Fatal(format!("reading {what}: {e}"))

@@ -190,8 +190,11 @@ fn fio_random_read_write_verifies() {
         return;
     }
     let (srv, _) = server_with("disk", 32 * MIB, 512);
+    // fio leaves verify state files in its working directory.
+    let dir = temp_dir("fio");
     let out = check(
-        Command::new(&fio).args([
+        Command::new(&fio).current_dir(&dir).args([
+            "--verify_state_save=0",
             "--name=verify",
             "--ioengine=nbd",
             &format!("--uri={}", srv.uri("disk")),
@@ -207,4 +210,5 @@ fn fio_random_read_write_verifies() {
         Duration::from_secs(60),
     );
     assert!(out.contains("err= 0"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -607,6 +607,8 @@ fn tcp_listener_on_port_zero_reports_its_port() {
     let mut c = srv.connect();
     c.go("d", false);
     assert!(c.read(0, 512).is_ok());
+    drop(c);
+    srv.stop().unwrap();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -714,4 +716,22 @@ fn connections_beyond_the_limit_are_closed() {
         assert!(Instant::now() < deadline, "slot never freed");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn shutdown_cuts_clients_that_stop_reading_after_the_grace_period() {
+    let (e, _) = mem_export("d", 8 * MIB, 512);
+    let cfg = ServerConfig { shutdown_grace: Duration::from_millis(300), ..Default::default() };
+    let srv = TestServer::start_with(vec![e], cfg);
+    let mut c = srv.connect();
+    c.go("d", false);
+    // 64 MiB of replies that are never read: workers block in writev.
+    for i in 0..64u64 {
+        c.send(0, NBD_CMD_READ, i, (i % 8) * MIB, MIB as u32, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    srv.stop().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    drop(c);
 }
