@@ -115,7 +115,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_buffer_is_empty() {
+    fn buffer_is_empty_when_created_with_zero_length() {
         let mut b = AlignedBuf::for_direct_io(0);
         assert!(b.is_empty());
         assert!(b.as_mut_slice().is_empty());
@@ -128,7 +128,7 @@ mod tests {
     }
 
     #[test]
-    fn debug_omits_contents() {
+    fn debug_omits_contents_when_buffer_holds_data() {
         let mut b = AlignedBuf::new(4, 8);
         b.as_mut_slice().copy_from_slice(b"key!");
         let s = format!("{b:?}");

@@ -159,7 +159,7 @@ mod tests {
     }
 
     #[test]
-    fn io_lands_at_translated_offsets() {
+    fn io_lands_at_translated_offsets_when_window_is_inside() {
         let s = Slice::new(mem(), 4096, 8192).unwrap();
         s.write_at(512, &[7u8; 1024], WriteFlags::empty()).unwrap();
         s.write_zeroes(0, 512, ZeroFlags::empty()).unwrap();
@@ -194,7 +194,7 @@ mod tests {
     }
 
     #[test]
-    fn caps_and_block_size_come_from_device_below() {
+    fn caps_and_block_size_come_from_device_below_when_offset_is_aligned() {
         let s = Slice::new(MemDevice::new(1 << 20, 4096), 8192, 4096).unwrap();
         assert_eq!(s.caps(), MemDevice::new(4096, 4096).caps());
         assert_eq!(s.geometry(), Geometry::new(4096, 4096));
