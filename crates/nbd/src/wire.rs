@@ -721,3 +721,46 @@ mod tests {
         assert_eq!(nbd_errno(K::Poisoned.errno()), errno::EIO);
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn request_round_trips(flags: u16, typ: u16, cookie: u64, offset: u64, length: u32) {
+            let r = Request { flags, typ, cookie, offset, length };
+            prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
+        }
+
+        #[test]
+        fn option_header_round_trips(option: u32, length: u32) {
+            let h = OptionHeader { option, length };
+            prop_assert_eq!(OptionHeader::decode(&h.encode()), Ok(h));
+        }
+
+        #[test]
+        fn info_request_round_trips(name in proptest::collection::vec(any::<u8>(), 0..64),
+                                    requests in proptest::collection::vec(any::<u16>(), 0..16)) {
+            let r = InfoRequest { name: &name, requests };
+            let bytes = r.encode();
+            prop_assert_eq!(InfoRequest::decode(&bytes), Ok(r));
+        }
+
+        /// Whatever the bytes, decoding returns; and whatever it accepts re-encodes to them.
+        #[test]
+        fn info_request_decode_is_total_and_exact(data in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(r) = InfoRequest::decode(&data) {
+                prop_assert_eq!(r.encode(), data);
+            }
+        }
+
+        #[test]
+        fn chunk_header_round_trips(flags: u16, typ: u16, cookie: u64, length: u32) {
+            let h = ChunkHeader { flags, typ, cookie, length };
+            prop_assert_eq!(ChunkHeader::decode(&h.encode()), Some(h));
+        }
+    }
+}

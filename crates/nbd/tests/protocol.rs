@@ -735,3 +735,73 @@ fn shutdown_cuts_clients_that_stop_reading_after_the_grace_period() {
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     drop(c);
 }
+
+/// A tiny deterministic generator, so failures replay.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn random_requests_never_break_the_server() {
+    let (srv, _) = one_disk();
+    let mut rng = XorShift(0x5eed_1234_abcd_0001);
+    let mut watcher = srv.connect();
+    watcher.go("disk", true);
+    for round in 0..60 {
+        let mut c = srv.connect();
+        if round % 3 == 0 {
+            // Garbage during negotiation.
+            c.greet(3);
+            let junk: Vec<u8> = (0..rng.next() % 200).map(|_| rng.next() as u8).collect();
+            let _ = std::io::Write::write_all(&mut c.s, &junk);
+            drop(c);
+            continue;
+        }
+        c.go("disk", round % 2 == 0);
+        // Requests with a valid magic and random fields (biased towards real commands and
+        // plausible offsets), then sometimes raw junk.
+        let mut bytes = Vec::new();
+        for _ in 0..20 {
+            let typ = if rng.next() % 4 == 0 { rng.next() as u16 } else { (rng.next() % 8) as u16 };
+            let flags = if rng.next() % 2 == 0 { 0 } else { rng.next() as u16 };
+            let offset = match rng.next() % 3 {
+                0 => rng.next(),
+                1 => (rng.next() % 16) * MIB / 2,
+                _ => rng.next() % (16 * MIB),
+            };
+            let len = match rng.next() % 3 {
+                0 => rng.next() as u32,
+                _ => (rng.next() % 64 * 512) as u32,
+            };
+            if typ == NBD_CMD_DISC {
+                continue;
+            }
+            bytes.extend_from_slice(&RawClient::request_bytes(flags, typ, rng.next(), offset, len));
+            if typ == NBD_CMD_WRITE {
+                // Up to the whole payload: a short one leaves the server waiting mid-payload
+                // until we close.
+                let n = (len as u64).min(rng.next() % (64 * 1024)) as usize;
+                bytes.extend((0..n).map(|_| rng.next() as u8));
+            }
+        }
+        if rng.next() % 2 == 0 {
+            bytes.extend((0..rng.next() % 100).map(|_| rng.next() as u8));
+        }
+        let _ = std::io::Write::write_all(&mut c.s, &bytes);
+        drop(c);
+        // The watcher's connection and fresh connections keep working throughout.
+        assert!(watcher.read(0, 4096).is_ok(), "round {round}");
+    }
+    let mut fresh = srv.connect();
+    fresh.go("disk", false);
+    fresh.write(0, &[6; 512], 0).unwrap();
+    assert_eq!(fresh.read(0, 512).unwrap(), vec![6; 512]);
+    srv.stop().unwrap();
+}
