@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark of sealdisk against its NBD peers, with fio's libnbd engine.
+#
+# Variants (each a server on a unix socket, each over its own preallocated backing file):
+#   nbdkit-file     nbdkit's file plugin, no filter, no encryption (the unencrypted baseline)
+#   nbdkit-luks     nbdkit's file plugin + luks filter, LUKS1 aes-xts-plain64, 512-bit key
+#   qemu-nbd-luks   qemu-nbd's luks driver over the same kind of LUKS1 image
+#   sealdisk-pool   sealdisk plain aes-xts-plain64, 512-bit key, 4096-byte sectors, crypto pool
+#   sealdisk-inline the same with --perf-no_read_workqueue --perf-no_write_workqueue
+# Every variant runs the same fio jobs in the same run; repetitions are interleaved
+# (A B C A B C) and the report gives medians. Method and caveats: BENCHMARKING.md.
+#
+# Usage: scripts/bench-peers.sh            (knobs in the environment, see BENCHMARKING.md)
+#   SIZE=1G RUNTIME=10 RAMP=2 REPS=1 CACHE=buffered|direct
+#   VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-pool sealdisk-inline"
+#   JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
+#   SEALDISK_BIN=path (skip the cargo build)  QEMU_AIO=threads|io_uring|native
+#   BENCH_DIR=target/bench-tmp (backing files)  OUT_DIR=target/bench-results/<stamp>
+#   KEEP_TMP=1 (keep the backing files; reports, fio JSON and server logs always stay in OUT_DIR)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LIB="$ROOT/scripts/bench-lib"
+CMDLINE="$(printf '%q ' "$0" "$@")"
+
+SIZE="${SIZE:-1G}"
+RUNTIME="${RUNTIME:-10}"
+RAMP="${RAMP:-2}"
+REPS="${REPS:-1}"
+CACHE="${CACHE:-buffered}"
+ALL_VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-pool sealdisk-inline"
+ALL_JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
+VARIANTS="$(echo "${VARIANTS:-$ALL_VARIANTS}" | tr ',' ' ')"
+JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
+BENCH_DIR="${BENCH_DIR:-$ROOT/target/bench-tmp}"
+STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+OUT_DIR="${OUT_DIR:-$ROOT/target/bench-results/$STAMP}"
+EXPORT=bench
+PASSPHRASE=sealdisk-bench   # a benchmark secret; it only ever lives in a 0600 file
+
+die() { echo "bench-peers: $*" >&2; exit 1; }
+log() { echo "bench-peers: $*" >&2; }
+
+# ---------------------------------------------------------------- arguments and knobs
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) die "no arguments are taken; the knobs are environment variables (see --help)" ;;
+esac
+for v in $VARIANTS; do
+  [[ " $ALL_VARIANTS " == *" $v "* ]] || die "unknown variant '$v' (known: $ALL_VARIANTS)"
+done
+for j in $JOBS; do
+  [[ " $ALL_JOBS " == *" $j "* ]] || die "unknown job '$j' (known: $ALL_JOBS)"
+done
+[[ "$CACHE" == buffered || "$CACHE" == direct ]] || die "CACHE must be buffered or direct, not '$CACHE'"
+[[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer"
+[[ "$RUNTIME" =~ ^[1-9][0-9]*$ ]] || die "RUNTIME must be a positive number of seconds"
+[[ "$RAMP" =~ ^[0-9]+$ ]] || die "RAMP must be a number of seconds"
+size_iec="${SIZE%B}"; size_iec="${size_iec%i}"   # 1G, 1GB and 1GiB all mean 2^30
+SIZE_BYTES="$(numfmt --from=iec "$size_iec" 2>/dev/null)" || die "SIZE '$SIZE' is not a size like 64M or 1G"
+(( SIZE_BYTES >= 16 * 1024 * 1024 && SIZE_BYTES % (1024 * 1024) == 0 )) ||
+  die "SIZE must be a whole number of MiB, at least 16M"
+if [[ "$CACHE" == direct ]]; then QEMU_AIO="${QEMU_AIO:-native}"; else QEMU_AIO="${QEMU_AIO:-threads}"; fi
+
+wants() { [[ " $VARIANTS " == *" $1"* ]]; }   # wants nbdkit / qemu / sealdisk (prefix match)
+
+# ---------------------------------------------------------------- tools (installs nothing)
+missing=()
+need() { # need PACKAGE WHY COMMAND...
+  local pkg="$1" why="$2"; shift 2
+  if ! "$@" >/dev/null 2>&1; then missing+=("$pkg: $why"); fi
+}
+need fio "fio" command -v fio
+need fio "fio's nbd ioengine (fio built with libnbd)" fio --enghelp=nbd
+need libnbd-bin "nbdinfo" command -v nbdinfo
+need python3 "python3 (parses fio's JSON)" command -v python3
+need coreutils "numfmt, sync" command -v sync
+if wants nbdkit; then
+  need nbdkit "nbdkit" command -v nbdkit
+  need nbdkit "nbdkit's file plugin" nbdkit file --dump-plugin
+fi
+if wants nbdkit-luks; then
+  need nbdkit "nbdkit's luks filter (nbdkit >= 1.32)" nbdkit --filter=luks null --dump-plugin
+fi
+if wants nbdkit-luks || wants qemu; then
+  need qemu-utils "qemu-img (creates the LUKS1 image)" command -v qemu-img
+fi
+if wants qemu; then
+  need qemu-utils "qemu-nbd" command -v qemu-nbd
+fi
+if wants sealdisk && [[ -z "${SEALDISK_BIN:-}" ]]; then
+  need "rustup/cargo (not a Debian package here)" "cargo, to build sealdisk (or set SEALDISK_BIN)" command -v cargo
+fi
+if (( ${#missing[@]} )); then
+  echo "bench-peers: missing tools; install the Debian packages named below:" >&2
+  printf '  %s\n' "${missing[@]}" >&2
+  pkgs="$(printf '%s\n' "${missing[@]}" | cut -d: -f1 | grep -v ' ' | sort -u | tr '\n' ' ')"
+  [[ -n "$pkgs" ]] && echo "  e.g.: apt-get install $pkgs" >&2
+  exit 2
+fi
+
+# ---------------------------------------------------------------- build sealdisk
+if wants sealdisk; then
+  if [[ -n "${SEALDISK_BIN:-}" ]]; then
+    [[ -x "$SEALDISK_BIN" ]] || die "SEALDISK_BIN=$SEALDISK_BIN is not an executable"
+  else
+    log "building sealdisk (release)"
+    (cd "$ROOT" && cargo build --release -p sealdisk) >&2 || die "cargo build --release -p sealdisk failed"
+    target_dir="$(cd "$ROOT" && cargo metadata --no-deps --format-version 1 |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+    SEALDISK_BIN="$target_dir/release/sealdisk"
+  fi
+  SEALDISK_BIN="$(cd "$(dirname "$SEALDISK_BIN")" && pwd)/$(basename "$SEALDISK_BIN")"
+fi
+
+# ---------------------------------------------------------------- scratch space and cleanup
+mkdir -p "$BENCH_DIR" "$OUT_DIR"
+WORK="$(mktemp -d "$BENCH_DIR/run.XXXXXX")"
+SOCKDIR="$(mktemp -d /tmp/sealdisk-bench.XXXXXX)"   # short path: sun_path is 108 bytes
+SERVER_PID=""
+FIO_PID=""
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [[ -n "$FIO_PID" ]]; then
+    kill -TERM "$FIO_PID" 2>/dev/null || true
+    wait "$FIO_PID" 2>/dev/null || true
+  fi
+  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  if [[ "${KEEP_TMP:-0}" == 1 ]]; then
+    log "kept $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  rm -rf "$SOCKDIR"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+PASSFILE="$WORK/passphrase"
+KEYFILE="$WORK/sealdisk.key"
+( umask 077; printf '%s' "$PASSPHRASE" > "$PASSFILE"; head -c 64 /dev/urandom > "$KEYFILE" )
+
+preallocate() { # preallocate FILE BYTES: real blocks, no holes, nothing cached
+  rm -f "$1"
+  if ! fallocate -l "$2" "$1" 2>/dev/null; then
+    dd if=/dev/zero of="$1" bs=1M count="$(( $2 / 1048576 ))" conv=fsync status=none
+  fi
+}
+
+log "creating backing files of $SIZE in $WORK"
+if wants nbdkit-file; then preallocate "$WORK/raw.img" "$SIZE_BYTES"; fi
+if wants sealdisk; then preallocate "$WORK/sealdisk.img" "$SIZE_BYTES"; fi
+if wants nbdkit-luks || wants qemu; then
+  # LUKS1, aes-xts-plain64, 512-bit master key (aes-256 per XTS half), sha256, fast PBKDF.
+  qemu-img create -q -f luks \
+    --object "secret,id=sec0,file=$PASSFILE" \
+    -o key-secret=sec0,cipher-alg=aes-256,cipher-mode=xts,ivgen-alg=plain64,hash-alg=sha256,iter-time=10,preallocation=falloc \
+    "$WORK/luks1.img" "$SIZE_BYTES"
+fi
+
+# ---------------------------------------------------------------- servers
+# server_cmd VARIANT SOCK: the exact server command line, one word per line.
+server_cmd() {
+  local v="$1" sock="$2" nbdkit_cache=default qemu_cache=writeback sealdisk_direct=()
+  if [[ "$CACHE" == direct ]]; then nbdkit_cache=none; qemu_cache=none; sealdisk_direct=(--direct); fi
+  case "$v" in
+    nbdkit-file)
+      printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" \
+        file "file=$WORK/raw.img" "cache=$nbdkit_cache" ;;
+    nbdkit-luks)
+      printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" --filter=luks \
+        file "file=$WORK/luks1.img" "cache=$nbdkit_cache" "passphrase=+$PASSFILE" ;;
+    qemu-nbd-luks)
+      printf '%s\n' qemu-nbd "--socket=$sock" "--export-name=$EXPORT" --persistent --shared=4 \
+        --object "secret,id=sec0,file=$PASSFILE" \
+        "--cache=$qemu_cache" "--aio=$QEMU_AIO" --discard=ignore --detect-zeroes=off \
+        --image-opts "driver=luks,key-secret=sec0,file.driver=file,file.filename=$WORK/luks1.img" ;;
+    sealdisk-pool|sealdisk-inline)
+      printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
+        --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
+      [[ "$v" == sealdisk-inline ]] && printf '%s\n' --perf-no_read_workqueue --perf-no_write_workqueue
+      printf '%s\n' "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
+  esac
+}
+
+backing_of() {
+  case "$1" in
+    nbdkit-file) echo "$WORK/raw.img" ;;
+    nbdkit-luks|qemu-nbd-luks) echo "$WORK/luks1.img" ;;
+    sealdisk-*) echo "$WORK/sealdisk.img" ;;
+  esac
+}
+
+start_server() { # start_server VARIANT SOCK LOG
+  local v="$1" sock="$2" logf="$3" cmd=()
+  mapfile -t cmd < <(server_cmd "$v" "$sock")
+  rm -f "$sock"
+  "${cmd[@]}" >"$logf" 2>&1 &
+  SERVER_PID=$!
+  local uri="nbd+unix:///$EXPORT?socket=$sock" size=""
+  for _ in $(seq 300); do
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$logf" >&2; die "$v: server exited during start-up"; }
+    if [[ -S "$sock" ]] && size="$(nbdinfo --size "$uri" 2>/dev/null)"; then break; fi
+    sleep 0.1
+  done
+  [[ -n "$size" ]] || { cat "$logf" >&2; die "$v: no NBD handshake on $sock after 30 s"; }
+  [[ "$size" == "$SIZE_BYTES" ]] || die "$v: export is $size bytes, expected $SIZE_BYTES"
+}
+
+stop_server() { # stop_server VARIANT LOG: SIGTERM, then wait up to 20 s
+  local v="$1" logf="$2" rc=0
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
+  for _ in $(seq 200); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    log "WARNING: $v did not exit 20 s after SIGTERM; killing it"
+    echo "$v needed SIGKILL" >>"$OUT_DIR/problems.txt"
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+  fi
+  wait "$SERVER_PID" 2>/dev/null || rc=$?
+  SERVER_PID=""
+  # 143 (died of SIGTERM) is a clean stop for the peers; sealdisk must catch SIGTERM, flush,
+  # say so and exit 0.
+  local ok=0
+  case "$v" in
+    sealdisk-*) (( rc == 0 )) && grep -q 'flushed and closed' "$logf" && ok=1 ;;
+    *) (( rc == 0 || rc == 143 )) && ok=1 ;;
+  esac
+  if (( ! ok )); then
+    log "WARNING: $v did not stop cleanly on SIGTERM: status $rc (log: $logf)"
+    echo "$v did not stop cleanly on SIGTERM: status $rc (log: $logf)" >>"$OUT_DIR/problems.txt"
+  fi
+}
+
+proc_cpu_ticks() { # utime+stime of all threads of a process, in clock ticks
+  # Fields after "(comm)": state is 1st, utime 12th, stime 13th.
+  local t
+  t="$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12 + $13 }')" || true
+  echo "${t:-0}"
+}
+
+# ---------------------------------------------------------------- fio jobs
+# job_args JOB: the fio options of one job (the same for every variant).
+job_args() {
+  case "$1" in
+    seqwrite-1m)       echo "--rw=write --bs=1M --iodepth=8" ;;
+    seqread-1m)        echo "--rw=read --bs=1M --iodepth=8" ;;
+    randread-4k-qd1)   echo "--rw=randread --bs=4k --iodepth=1" ;;
+    randwrite-4k-qd1)  echo "--rw=randwrite --bs=4k --iodepth=1" ;;
+    randread-4k-qd32)  echo "--rw=randread --bs=4k --iodepth=32" ;;
+    randwrite-4k-qd32) echo "--rw=randwrite --bs=4k --iodepth=32" ;;
+  esac
+}
+FIO_COMMON=(--ioengine=nbd --size="$SIZE_BYTES" --numjobs=1 --norandommap --randrepeat=1
+            --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --output-format=json)
+
+run_fio() { # run_fio NAME URI JSON LOG [fio options...]
+  local name="$1" uri="$2" json="$3" logf="$4"; shift 4
+  # --uri is an option of the nbd engine, so it must follow --ioengine. fio runs in the
+  # background so that a SIGTERM to this script is handled at once, not after the job.
+  local rc=0
+  fio --name="$name" --output="$json" "$@" --uri="$uri" >"$logf" 2>&1 &
+  FIO_PID=$!
+  wait "$FIO_PID" || rc=$?
+  FIO_PID=""
+  if (( rc != 0 )); then
+    cat "$logf" >&2
+    die "fio job $name failed against $uri (status $rc)"
+  fi
+}
+
+# ---------------------------------------------------------------- the run
+{
+  echo "command=$CMDLINE"
+  echo "env=SIZE=$SIZE RUNTIME=$RUNTIME RAMP=$RAMP REPS=$REPS CACHE=$CACHE QEMU_AIO=$QEMU_AIO"
+  echo "variants=$VARIANTS"
+  echo "jobs=$JOBS"
+  echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "nproc=$(nproc)"
+  echo "cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "cpu_flags_aes=$(grep -m1 -ow -e aes -e vaes /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  echo "mem=$(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
+  echo "kernel=$(uname -srm)"
+  echo "fs=$(findmnt -n -o FSTYPE,SOURCE -T "$WORK" 2>/dev/null | tr -s ' ')"
+  echo "loadavg_start=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "git=$(cd "$ROOT" && git describe --always --dirty --tags 2>/dev/null || echo unknown)"
+  echo "commit=$(cd "$ROOT" && git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "fio=$(fio --version)"
+  echo "libnbd=$(nbdinfo --version 2>/dev/null | tail -1)"
+  if wants nbdkit; then echo "nbdkit=$(nbdkit --version)"; fi
+  if wants nbdkit-luks || wants qemu; then echo "qemu=$(qemu-img --version | head -1)"; fi
+  if wants sealdisk; then echo "sealdisk=$SEALDISK_BIN ($("$SEALDISK_BIN" --version 2>/dev/null || echo 'no --version'))"; fi
+  for v in $VARIANTS; do
+    echo "server.$v=$(server_cmd "$v" "$SOCKDIR/$v.sock" | tr '\n' ' ' | sed 's/ $//')"
+  done
+  for j in $JOBS; do
+    echo "job.$j=fio ${FIO_COMMON[*]} $(job_args "$j") --uri=nbd+unix:///$EXPORT?socket=SOCK"
+  done
+  echo "precondition=fio --ioengine=nbd --rw=write --bs=1M --iodepth=8 --size=$SIZE_BYTES --end_fsync=1 (once per server start)"
+} >"$OUT_DIR/meta.txt"
+
+total=$(( REPS * $(wc -w <<<"$VARIANTS") ))
+n=0
+for rep in $(seq "$REPS"); do
+  for v in $VARIANTS; do
+    n=$(( n + 1 ))
+    dir="$OUT_DIR/raw/rep$rep/$v"
+    mkdir -p "$dir"
+    sock="$SOCKDIR/$v.sock"
+    uri="nbd+unix:///$EXPORT?socket=$sock"
+    img="$(backing_of "$v")"
+    log "[$n/$total] rep $rep: $v"
+    start_server "$v" "$sock" "$dir/server.log"
+    # Precondition: write the whole export once, so every read hits real ciphertext/data and
+    # every variant starts from the same state (file fully written, flushed, in the page cache).
+    run_fio precondition "$uri" "$dir/precondition.json" "$dir/precondition.log" \
+      --ioengine=nbd --size="$SIZE_BYTES" --rw=write --bs=1M --iodepth=8 --end_fsync=1 --output-format=json
+    for j in $JOBS; do
+      sync "$img"   # no dirty pages from the previous job are written back during this one
+      t0=$(proc_cpu_ticks "$SERVER_PID"); s0=$(date +%s.%N)
+      # shellcheck disable=SC2046 # job_args is a list of options
+      run_fio "$j" "$uri" "$dir/$j.json" "$dir/$j.log" "${FIO_COMMON[@]}" $(job_args "$j")
+      t1=$(proc_cpu_ticks "$SERVER_PID"); s1=$(date +%s.%N)
+      echo "$t0 $t1 $s0 $s1 $(getconf CLK_TCK)" >"$dir/$j.cpu"
+      log "    $j: $(python3 "$LIB/report.py" --one "$dir/$j.json")"
+    done
+    stop_server "$v" "$dir/server.log"
+  done
+done
+echo "loadavg_end=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_DIR/meta.txt"
+
+python3 "$LIB/report.py" "$OUT_DIR" | tee "$OUT_DIR/report.md"
+log "raw fio JSON and server logs: $OUT_DIR"
