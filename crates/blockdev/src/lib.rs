@@ -124,8 +124,12 @@ impl Geometry {
 ///   touches nothing.
 /// * A zero-length call succeeds and does nothing.
 /// * Calls may come concurrently from many threads. Overlapping concurrent writes land in
-///   some order, whole blocks at a time (no torn logical block). A read concurrent with an
-///   overlapping write sees, per block, the old or the new content.
+///   some order, whole blocks at a time (no torn logical block). A read that overlaps a
+///   write still in flight returns unspecified content for the overlapping blocks (old,
+///   new, a mix, or, below an encrypting layer, neither): as NBD and real disks say, a
+///   client that needs a defined result waits for the write to complete. A layer whose own
+///   correctness depends on ordering (integrity tags) orders overlapping requests itself,
+///   e.g. with `RangeLocked`.
 /// * A write is visible to reads once it returns. It is durable after a later `flush`
 ///   returns, or on return when it carried `WriteFlags::FUA`.
 /// * On error the call's range is in an unspecified state (old, new, or a mix per block),
@@ -150,8 +154,10 @@ pub trait BlockDevice: Send + Sync + Debug {
     /// Makes every write that completed before this call durable.
     fn flush(&self) -> BlockResult<()>;
 
-    /// Releases `[off, off+len)`. Afterwards the range reads as zeroes or as the old data
-    /// (callers must not rely on either). Only callable when `caps()` has `DISCARD`.
+    /// Releases `[off, off+len)`. Afterwards the range's content is unspecified until
+    /// rewritten: zeroes or the old data for plain devices, and through an encrypting layer
+    /// the decryption of whatever the device below returns (dm-crypt's `allow_discards` has
+    /// the same effect). Only callable when `caps()` has `DISCARD`.
     fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
         let _ = (off, len);
         Err(BlockError::unsupported("discard"))
