@@ -1,18 +1,22 @@
 //! Pure-Rust provider over the RustCrypto `aes` crate (AES-NI / VAES detected at run time).
 //!
 //! XTS is done here by hand rather than with `xts-mode`, which encrypts one block at a time:
-//! tweaks for a batch of blocks are computed first, XORed in, the batch goes through the
-//! cipher's parallel `encrypt_blocks`, and the tweaks are XORed out again. Key schedules are
-//! zeroized on drop (`aes` feature `zeroize`).
+//! inside the cipher backend (entered once per call, see [`XtsPass`]) the tweaks of a full
+//! parallel batch are computed, XORed in, the batch is encrypted, and the tweaks are XORed out
+//! again; batches span sector boundaries. CBC decryption is batched the same way; CBC
+//! encryption is serial by nature. Key schedules are zeroized on drop (`aes` feature
+//! `zeroize`).
 
-use aes::cipher::{Array, BlockCipherDecrypt, BlockCipherEncrypt, BlockSizeUser, KeyInit};
+use aes::cipher::array::ArraySize;
+use aes::cipher::consts::U16;
+use aes::cipher::{
+    Array, BlockCipherDecBackend, BlockCipherDecClosure, BlockCipherDecrypt, BlockCipherEncBackend,
+    BlockCipherEncClosure, BlockCipherEncrypt, BlockSizeUser, KeyInit,
+};
 use aes::{Aes128, Aes192, Aes256};
 
 use super::{Block, BlockEncrypt, SectorMode};
 use crate::CryptoError;
-
-/// Blocks per batch: tweaks for 32 blocks (512 bytes) stay in registers/L1.
-const BATCH: usize = 32;
 
 /// The AES implementations this provider instantiates its modes with.
 pub(crate) trait Aes:
@@ -84,33 +88,117 @@ pub(crate) struct Xts<C: Aes> {
     tweak: C,
 }
 
-impl<C: Aes> Xts<C> {
-    fn unit(&self, iv: &Block, unit: &mut [u8], encrypt: bool) {
-        let mut t = AesBlock::from(*iv);
-        self.tweak.encrypt_block(&mut t);
-        let mut t = load(&t);
-        let mut tweaks = [0u128; BATCH];
-        for chunk in as_blocks(unit).chunks_mut(BATCH) {
-            for (b, tw) in chunk.iter_mut().zip(tweaks.iter_mut()) {
-                *tw = t;
+/// Walks the XTS tweaks of consecutive units block by block: `T₀ = E_K2(iv)`, `Tⱼ₊₁ = Tⱼ·α`.
+struct TweakWalk<'a> {
+    /// Encrypted initial tweaks, one per unit.
+    init: &'a [u128],
+    blocks_per_unit: usize,
+    unit: usize,
+    j: usize,
+    t: u128,
+}
+
+impl TweakWalk<'_> {
+    #[inline(always)]
+    fn next(&mut self) -> u128 {
+        if self.j == 0 {
+            self.t = self.init[self.unit];
+        }
+        let r = self.t;
+        self.t = mul_alpha(self.t);
+        self.j += 1;
+        if self.j == self.blocks_per_unit {
+            self.j = 0;
+            self.unit += 1;
+        }
+        r
+    }
+}
+
+/// One XTS pass over whole units, run inside the cipher backend so that the round keys are
+/// loaded once per call and full parallel batches (64 blocks with VAES-512) span sector
+/// boundaries: a 512-byte sector alone (32 blocks) would never fill one.
+struct XtsPass<'a> {
+    blocks: &'a mut [AesBlock],
+    walk: TweakWalk<'a>,
+}
+
+impl BlockSizeUser for XtsPass<'_> {
+    type BlockSize = U16;
+}
+
+impl XtsPass<'_> {
+    #[inline(always)]
+    fn run<P: ArraySize>(
+        mut self,
+        mut par: impl FnMut(&mut Array<AesBlock, P>),
+        mut one: impl FnMut(&mut AesBlock),
+    ) {
+        let (pars, tail) = Array::<AesBlock, P>::slice_as_chunks_mut(self.blocks);
+        let mut tweaks = Array::<u128, P>::default();
+        for p in pars {
+            for (b, t) in p.iter_mut().zip(tweaks.iter_mut()) {
+                *t = self.walk.next();
+                store(b, load(b) ^ *t);
+            }
+            par(p);
+            for (b, t) in p.iter_mut().zip(tweaks.iter()) {
                 store(b, load(b) ^ t);
-                t = mul_alpha(t);
-            }
-            if encrypt {
-                self.data.encrypt_blocks(chunk);
-            } else {
-                self.data.decrypt_blocks(chunk);
-            }
-            for (b, tw) in chunk.iter_mut().zip(tweaks.iter()) {
-                store(b, load(b) ^ tw);
             }
         }
+        for b in tail {
+            let t = self.walk.next();
+            store(b, load(b) ^ t);
+            one(b);
+            store(b, load(b) ^ t);
+        }
     }
+}
 
+impl BlockCipherEncClosure for XtsPass<'_> {
+    fn call<B: BlockCipherEncBackend<BlockSize = U16>>(self, backend: &B) {
+        self.run::<B::ParBlocksSize>(
+            |p| backend.encrypt_par_blocks_inplace(p),
+            |b| backend.encrypt_block_inplace(b),
+        );
+    }
+}
+
+impl BlockCipherDecClosure for XtsPass<'_> {
+    fn call<B: BlockCipherDecBackend<BlockSize = U16>>(self, backend: &B) {
+        self.run::<B::ParBlocksSize>(
+            |p| backend.decrypt_par_blocks_inplace(p),
+            |b| backend.decrypt_block_inplace(b),
+        );
+    }
+}
+
+/// Units per group whose initial tweaks are encrypted together.
+const GROUP: usize = 32;
+
+impl<C: Aes> Xts<C> {
     fn run(&self, data: &mut [u8], unit: usize, ivs: &[Block], encrypt: bool) -> Result<(), CryptoError> {
         check(data, unit, ivs)?;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            self.unit(iv, u, encrypt);
+        for (chunk, ivs) in data.chunks_mut(unit * GROUP).zip(ivs.chunks(GROUP)) {
+            let n = chunk.len() / unit;
+            let mut t0 = [AesBlock::default(); GROUP];
+            for (t, iv) in t0.iter_mut().zip(&ivs[..n]) {
+                *t = AesBlock::from(*iv);
+            }
+            self.tweak.encrypt_blocks(&mut t0[..n]);
+            let mut init = [0u128; GROUP];
+            for (i, t) in init.iter_mut().zip(&t0[..n]) {
+                *i = load(t);
+            }
+            let pass = XtsPass {
+                blocks: as_blocks(chunk),
+                walk: TweakWalk { init: &init[..n], blocks_per_unit: unit / 16, unit: 0, j: 0, t: 0 },
+            };
+            if encrypt {
+                self.data.encrypt_with_backend(pass);
+            } else {
+                self.data.decrypt_with_backend(pass);
+            }
         }
         Ok(())
     }
@@ -154,39 +242,92 @@ pub(crate) fn xts(key: &[u8]) -> Option<Box<dyn SectorMode>> {
     }
 }
 
-/// CBC: encryption is inherently serial; decryption runs in parallel batches.
+/// CBC encryption of whole units: inherently serial within a unit, so the backend is entered
+/// once and blocks go through it one by one.
+struct CbcEncPass<'a> {
+    data: &'a mut [u8],
+    unit: usize,
+    ivs: &'a [Block],
+}
+
+impl BlockSizeUser for CbcEncPass<'_> {
+    type BlockSize = U16;
+}
+
+impl BlockCipherEncClosure for CbcEncPass<'_> {
+    fn call<B: BlockCipherEncBackend<BlockSize = U16>>(self, backend: &B) {
+        for (u, iv) in self.data.chunks_exact_mut(self.unit).zip(self.ivs) {
+            let mut prev = u128::from_le_bytes(*iv);
+            for b in as_blocks(u) {
+                store(b, load(b) ^ prev);
+                backend.encrypt_block_inplace(b);
+                prev = load(b);
+            }
+        }
+    }
+}
+
+/// CBC decryption: `Pᵢ = D(Cᵢ) ⊕ Cᵢ₋₁` is parallel, so full backend batches span units; the
+/// ciphertext of each batch is saved first to chain with.
+struct CbcDecPass<'a> {
+    blocks: &'a mut [AesBlock],
+    blocks_per_unit: usize,
+    ivs: &'a [Block],
+}
+
+impl BlockSizeUser for CbcDecPass<'_> {
+    type BlockSize = U16;
+}
+
+impl BlockCipherDecClosure for CbcDecPass<'_> {
+    fn call<B: BlockCipherDecBackend<BlockSize = U16>>(self, backend: &B) {
+        let bpu = self.blocks_per_unit;
+        let mut idx = 0usize; // flat block index
+        let mut carry = 0u128; // ciphertext of the block before the current batch
+        let (pars, tail) = Array::<AesBlock, B::ParBlocksSize>::slice_as_chunks_mut(self.blocks);
+        let mut saved = Array::<u128, B::ParBlocksSize>::default();
+        for p in pars {
+            for (s, b) in saved.iter_mut().zip(p.iter()) {
+                *s = load(b);
+            }
+            backend.decrypt_par_blocks_inplace(p);
+            for (k, b) in p.iter_mut().enumerate() {
+                let prev = if (idx + k) % bpu == 0 {
+                    u128::from_le_bytes(self.ivs[(idx + k) / bpu])
+                } else if k == 0 {
+                    carry
+                } else {
+                    saved[k - 1]
+                };
+                store(b, load(b) ^ prev);
+            }
+            idx += saved.len();
+            carry = saved[saved.len() - 1];
+        }
+        for b in tail {
+            let c = load(b);
+            backend.decrypt_block_inplace(b);
+            let prev = if idx % bpu == 0 { u128::from_le_bytes(self.ivs[idx / bpu]) } else { carry };
+            store(b, load(b) ^ prev);
+            carry = c;
+            idx += 1;
+        }
+    }
+}
+
+/// CBC with one key schedule per direction (the `aes` crate keeps both).
 pub(crate) struct Cbc<C: Aes>(C);
 
 impl<C: Aes> SectorMode for Cbc<C> {
     fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
         check(data, unit, ivs)?;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            let mut prev = u128::from_le_bytes(*iv);
-            for b in as_blocks(u) {
-                store(b, load(b) ^ prev);
-                self.0.encrypt_block(b);
-                prev = load(b);
-            }
-        }
+        self.0.encrypt_with_backend(CbcEncPass { data, unit, ivs });
         Ok(())
     }
 
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
         check(data, unit, ivs)?;
-        let mut saved = [0u128; BATCH];
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            let mut prev = u128::from_le_bytes(*iv);
-            for chunk in as_blocks(u).chunks_mut(BATCH) {
-                for (s, b) in saved.iter_mut().zip(chunk.iter()) {
-                    *s = load(b);
-                }
-                self.0.decrypt_blocks(chunk);
-                for (b, c) in chunk.iter_mut().zip(saved.iter()) {
-                    store(b, load(b) ^ prev);
-                    prev = *c;
-                }
-            }
-        }
+        self.0.decrypt_with_backend(CbcDecPass { blocks: as_blocks(data), blocks_per_unit: unit / 16, ivs });
         Ok(())
     }
 
