@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Action {
     /// Open a volume and serve it over NBD until SIGINT/SIGTERM.
-    Open(actions::open::OpenArgs),
+    Open(Box<actions::open::OpenArgs>),
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
     /// back by a real NBD client, with a short summary.
     Demo(actions::demo::DemoArgs),
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         .format_timestamp_millis()
         .init();
     let result = match cli.action {
-        Action::Open(a) => actions::open::run(a),
+        Action::Open(a) => actions::open::run(*a),
         Action::Demo(a) => actions::demo::run(a),
     };
     match result {

@@ -11,7 +11,10 @@
 //! ```text
 //!  CryptMode::Inline   request thread: read → decrypt → reply       (no handoff, best latency)
 //!  CryptMode::Pool     request thread: read → [pool: decrypt chunks in parallel] → reply
-//!                      (a large request uses every core; a small one pays a thread handoff)
+//!                      (dm-crypt's kcryptd: every request is handed off; a large one is
+//!                      split across every core, a small one pays the handoff)
+//!  CryptMode::Auto     a request of at most one chunk (64 KiB) runs inline; a larger one is
+//!                      split: the request thread does the first chunk, the pool the rest
 //! ```
 //! `same_cpu_crypt` keeps a pooled request on one pool thread instead of splitting it.
 
@@ -30,8 +33,11 @@ pub enum CryptMode {
     Inline,
     /// On the shared crypto pool, large requests split across its threads (dm-crypt's
     /// default kcryptd workqueue).
-    #[default]
     Pool,
+    /// Inline for requests of at most one pool chunk, split across the request thread and
+    /// the pool above that: no handoff where parallelism cannot pay for it.
+    #[default]
+    Auto,
 }
 
 /// How a `CryptTarget` maps onto the device below.
@@ -58,8 +64,8 @@ impl Default for CryptConfig {
         CryptConfig {
             offset: 0,
             len: None,
-            read_mode: CryptMode::Pool,
-            write_mode: CryptMode::Pool,
+            read_mode: CryptMode::Auto,
+            write_mode: CryptMode::Auto,
             same_cpu_crypt: false,
             allow_discards: false,
             read_only: false,
@@ -210,6 +216,31 @@ impl<D: BlockDevice> CryptTarget<D> {
         let sector = off / 512;
         match mode {
             CryptMode::Inline => op(cipher, sector, data).map_err(Self::crypt_err),
+            CryptMode::Auto if data.len() <= POOL_CHUNK => op(cipher, sector, data).map_err(Self::crypt_err),
+            CryptMode::Auto => {
+                let chunk = POOL_CHUNK.max(cipher.sector_size() as usize);
+                let (first, rest) = data.split_at_mut(chunk);
+                let mut results: Vec<Result<(), CryptoError>> = Vec::new();
+                let first_result = crypto_pool().in_place_scope(|scope| {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    for (i, part) in rest.chunks_mut(chunk).enumerate() {
+                        let tx = tx.clone();
+                        let part_sector = sector + ((i + 1) * chunk / 512) as u64;
+                        scope.spawn(move |_| {
+                            let _ = tx.send(op(cipher, part_sector, part));
+                        });
+                    }
+                    drop(tx);
+                    let r = op(cipher, sector, first);
+                    results.extend(rx.iter());
+                    r
+                });
+                results
+                    .into_iter()
+                    .chain(std::iter::once(first_result))
+                    .collect::<Result<(), _>>()
+                    .map_err(Self::crypt_err)
+            }
             CryptMode::Pool if self.cfg.same_cpu_crypt || data.len() <= POOL_CHUNK => {
                 crypto_pool().install(|| op(cipher, sector, data)).map_err(Self::crypt_err)
             }
@@ -348,7 +379,7 @@ mod tests {
         let data = pattern(256 * 1024, 7);
         let mut expected = data.clone();
         cipher(4096, 0).encrypt(16, &mut expected).unwrap(); // target offset 8192 = sector 16
-        for mode in [CryptMode::Inline, CryptMode::Pool] {
+        for mode in [CryptMode::Inline, CryptMode::Pool, CryptMode::Auto] {
             for same_cpu in [false, true] {
                 let c = CryptConfig { same_cpu_crypt: same_cpu, ..cfg(mode) };
                 let t = CryptTarget::new(MemDevice::new(1 << 20, 512), cipher(4096, 0), c).unwrap();

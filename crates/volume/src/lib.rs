@@ -17,7 +17,8 @@ use std::sync::Arc;
 use blockdev::{BlockDevice, BlockError, FileDevice, FileOptions};
 use formats::dm::{CryptTable, TableError};
 use sector_crypto::{CipherSpec, CryptoError, SectorCipher, SectorParams, VolumeKey};
-use targets::{CryptConfig, CryptError, CryptMode, CryptTarget};
+pub use targets::CryptMode;
+use targets::{CryptConfig, CryptError, CryptTarget};
 
 /// Why a volume could not be opened. Display says what failed at this level; the cause
 /// is the source.
@@ -66,6 +67,9 @@ pub struct OpenOptions {
     pub read_only: bool,
     /// Use O_DIRECT on the backing file.
     pub direct: bool,
+    /// Where crypto runs for a direction whose `no_*_workqueue` flag is not set (the flag
+    /// always means `Inline`). `Auto` by default: see `targets::CryptMode`.
+    pub crypt_mode: CryptMode,
 }
 
 /// An opened volume: the top of the stack, and the table line that describes it.
@@ -106,7 +110,7 @@ pub fn crypt_over<D: BlockDevice>(
         iv_large_sectors: o.iv_large_sectors,
     };
     let cipher = SectorCipher::new(&spec, &key, params).map_err(cipher_err)?;
-    let mode = |inline: bool| if inline { CryptMode::Inline } else { CryptMode::Pool };
+    let mode = |inline: bool| if inline { CryptMode::Inline } else { opts.crypt_mode };
     let cfg = CryptConfig {
         offset: table.offset * 512,
         len: Some(table.len * 512),

@@ -72,6 +72,11 @@ pub struct OpenArgs {
     /// Encrypt on the request's thread, not the crypto pool.
     #[arg(long = "perf-no_write_workqueue")]
     pub perf_no_write_workqueue: bool,
+    /// Where crypto runs when no --perf-no_*_workqueue flag says inline: `auto` (inline up
+    /// to 64 KiB, larger requests split across cores), `pool` (always handed to the crypto
+    /// pool, like dm-crypt's kcryptd), `inline` (always on the request's thread).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub crypt_mode: CryptModeArg,
     /// Serve read-only.
     #[arg(long, short = 'r')]
     pub readonly: bool,
@@ -88,9 +93,30 @@ pub struct OpenArgs {
     pub serve: ServeArgs,
 }
 
+/// `--crypt-mode` values.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CryptModeArg {
+    /// Inline up to 64 KiB, split larger requests across cores.
+    Auto,
+    /// Always hand requests to the crypto pool (dm-crypt's workqueue behaviour).
+    Pool,
+    /// Always on the request's thread.
+    Inline,
+}
+
+impl From<CryptModeArg> for volume::CryptMode {
+    fn from(m: CryptModeArg) -> Self {
+        match m {
+            CryptModeArg::Auto => volume::CryptMode::Auto,
+            CryptModeArg::Pool => volume::CryptMode::Pool,
+            CryptModeArg::Inline => volume::CryptMode::Inline,
+        }
+    }
+}
+
 /// Runs `sealdisk open`.
 pub fn run(a: OpenArgs) -> Result<()> {
-    let opts = OpenOptions { read_only: a.readonly, direct: a.serve.direct };
+    let opts = OpenOptions { read_only: a.readonly, direct: a.serve.direct, crypt_mode: a.crypt_mode.into() };
     let (table, name) = match &a.table_file {
         Some(file) => {
             let [name] = a.positional.as_slice() else {
