@@ -35,7 +35,8 @@
 //!   │  worker k ─ ...                   execute on the device          │
 //!   │                                   (in parallel, any order)       │
 //!   │                                          │                       │
-//!   │                 lock writer ─ one writev(header, data) ─ unlock  │
+//!   │   lock writer ─ one writev(header, data) ─ unlock                │
+//!   │   (writer busy? a small reply joins the queue the sender drains) │
 //!   └──────────────────────────────────────────────────────────────────┘
 //!        workers start on demand, up to ServerConfig::threads_per_connection
 //! ```

@@ -729,9 +729,21 @@ fn shutdown_cuts_clients_that_stop_reading_after_the_grace_period() {
     for i in 0..64u64 {
         c.send(0, NBD_CMD_READ, i, (i % 8) * MIB, MIB as u32, &[]);
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Another connection floods small reads: the reply queue fills, then pushes back.
+    let mut small = srv.connect();
+    small.go("d", true);
+    let mut flood = Vec::new();
+    for i in 0..20_000u64 {
+        flood.extend_from_slice(&RawClient::request_bytes(0, NBD_CMD_READ, i, (i % 2048) * 4096, 4096));
+    }
+    let mut w = small.s.try_clone();
+    let flooder = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut w, &flood);
+    });
+    std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     srv.stop().unwrap();
+    flooder.join().unwrap();
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     drop(c);
 }
