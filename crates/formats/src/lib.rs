@@ -5,5 +5,6 @@
 #![warn(missing_docs)]
 
 pub mod dm;
+pub mod integrity;
 pub mod luks1;
 pub mod luks2;

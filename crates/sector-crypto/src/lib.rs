@@ -32,6 +32,7 @@ use zeroize::Zeroizing;
 mod iv;
 mod provider;
 mod spec;
+pub mod tag;
 
 pub use provider::Provider;
 pub use spec::{ChainMode, Cipher, CipherSpec, EssivHash, IvMode};
