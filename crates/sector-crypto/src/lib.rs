@@ -21,7 +21,20 @@
 //!
 //! `iv_offset` must be a multiple of `sector_size / 512` (the kernel's "Invalid iv_offset
 //! sector"), so the shift is exact. A [`SectorCipher`] is `Send + Sync`; threads share it
-//! without locks (see `provider` for how).
+//! without locks: aws-lc XTS contexts come from a lock-free pool, everything else is an
+//! immutable key schedule. [`Provider`] picks the implementation (aws-lc by default, pure-Rust
+//! RustCrypto where aws-lc lacks a primitive, or on request).
+//!
+//! Kernel details reproduced here (see [`IvMode`] for each generator):
+//! * `plain` truncates `iv_sector` to 32 bits *after* adding `iv_offset`, so it repeats every
+//!   2³² IV sectors; `plain64be` fills the last 8 bytes of the IV.
+//! * `essiv:sha256` keys the IV cipher with SHA-256 of the whole volume key: AES-256 even for
+//!   a 128-bit data key, and over both halves of an XTS key.
+//! * `eboiv` encrypts `le64(iv_sector * sector_size)` with the data cipher and key: a byte
+//!   offset only with `iv_large_sectors` (BitLocker's setup); without it the 512-byte sector
+//!   number is multiplied by the sector size, as the kernel does.
+//! * XTS keys with equal halves are accepted (the kernel refuses them only in FIPS mode).
+//! * With ECB an IV generator is accepted and ignored, as the kernel does.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -40,8 +53,9 @@ pub use spec::{ChainMode, Cipher, CipherSpec, EssivHash, IvMode};
 use iv::IvGen;
 use provider::{Block, SectorMode};
 
-/// Sectors whose IVs are computed per batch (16 bytes each, on the stack).
-const IV_BATCH: usize = 32;
+/// Sectors whose IVs are computed per batch (16 + 8 bytes each, on the stack); also the most
+/// units one provider call sees, so it bounds how many CBC lanes can run side by side.
+const IV_BATCH: usize = 64;
 
 /// Errors of cipher setup and sector encryption.
 #[derive(Debug, thiserror::Error)]

@@ -275,10 +275,11 @@ impl CipherSpec {
             Some("plain") if ivmode.is_none() => ("cbc", Some("plain"), Syntax::LegacyPlainShorthand),
             Some(c) => (c, ivmode, Syntax::Legacy),
         };
-        let mode = parse_chainmode(s, mode_name)?;
-        if mode != ChainMode::Ecb && ivmode.is_none() {
+        // The kernel checks this before it looks the chain mode up.
+        if mode_name != "ecb" && ivmode.is_none() {
             return Err(invalid(s, "IV mechanism required"));
         }
+        let mode = parse_chainmode(s, mode_name)?;
         Self::finish(s, cipher, mode, ivmode, ivopts, syntax, explicit_keycount)
     }
 

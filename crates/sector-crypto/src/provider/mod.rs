@@ -4,7 +4,8 @@
 //!   SectorCipher ──(ivs per sector)──► dyn SectorMode ─┬─ awslc::Xts256   EVP_aes_256_xts, pooled ctxs
 //!        │                                             ├─ awslc::Cbc      AES_cbc_encrypt, immutable AES_KEYs
 //!        │                                             ├─ rustcrypto::Xts  AES-128/192/256, batched tweaks
-//!        │                                             ├─ rustcrypto::Cbc / Ecb
+//!        │                                             ├─ rustcrypto::Cbc (multi-lane enc) / Ecb
+//!        │                                             ├─ Split: one implementation per direction
 //!        │                                             └─ rustcrypto::Null (cipher_null)
 //!        └──(ESSIV salt cipher)──► dyn BlockEncrypt ─── rustcrypto::AesBlocks
 //! ```
@@ -16,7 +17,7 @@
 //! [`Provider::Auto`] prefers aws-lc and falls back to RustCrypto where aws-lc lacks the
 //! primitive: AES-128/192-XTS (aws-lc only has `EVP_aes_256_xts`), XTS keys whose two halves
 //! are equal (aws-lc refuses them as FIPS requires; the non-FIPS kernel accepts them), and
-//! ECB.
+//! ECB. For CBC it uses RustCrypto to encrypt and aws-lc to decrypt (see [`aes_cbc`]).
 
 use crate::CryptoError;
 
@@ -82,16 +83,48 @@ pub(crate) fn aes_xts(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMo
 }
 
 /// AES in CBC mode with a 16, 24 or 32-byte key.
+///
+/// `Auto` splits the directions: encryption by RustCrypto, which runs up to a backend batch
+/// of sectors side by side (CBC is serial within a sector; aws-lc's `AES_cbc_encrypt` does one
+/// sector at a time), decryption by aws-lc, whose parallel CBC decryption is faster.
 pub(crate) fn aes_cbc(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMode>, CryptoError> {
-    if provider != Provider::RustCrypto {
-        if let Some(m) = awslc::Cbc::new(key) {
-            return Ok(Box::new(m));
+    let aws = match provider {
+        Provider::RustCrypto => None,
+        _ => awslc::Cbc::new(key),
+    };
+    match (provider, aws) {
+        (Provider::AwsLc, Some(m)) => Ok(Box::new(m)),
+        (Provider::AwsLc, None) => Err(lacks("aws-lc", "cbc(aes)")),
+        (_, Some(dec)) => {
+            let enc = rustcrypto::cbc(key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)"))?;
+            let name = match key.len() {
+                16 => "cbc(aes128): rustcrypto multi-lane enc, aws-lc dec",
+                24 => "cbc(aes192): rustcrypto multi-lane enc, aws-lc dec",
+                _ => "cbc(aes256): rustcrypto multi-lane enc, aws-lc dec",
+            };
+            Ok(Box::new(Split { enc, dec: Box::new(dec), name }))
         }
-        if provider == Provider::AwsLc {
-            return Err(lacks("aws-lc", "cbc(aes)"));
-        }
+        (_, None) => rustcrypto::cbc(key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)")),
     }
-    rustcrypto::cbc(key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)"))
+}
+
+/// One implementation per direction (both keyed with the same key, so interchangeable).
+struct Split {
+    enc: Box<dyn SectorMode>,
+    dec: Box<dyn SectorMode>,
+    name: &'static str,
+}
+
+impl SectorMode for Split {
+    fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.enc.encrypt(data, unit, ivs)
+    }
+    fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.dec.decrypt(data, unit, ivs)
+    }
+    fn name(&self) -> &'static str {
+        self.name
+    }
 }
 
 /// AES in ECB mode with a 16, 24 or 32-byte key.

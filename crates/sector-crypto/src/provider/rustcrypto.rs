@@ -9,6 +9,7 @@
 
 use aes::cipher::array::ArraySize;
 use aes::cipher::consts::U16;
+use aes::cipher::typenum::Unsigned;
 use aes::cipher::{
     Array, BlockCipherDecBackend, BlockCipherDecClosure, BlockCipherDecrypt, BlockCipherEncBackend,
     BlockCipherEncClosure, BlockCipherEncrypt, BlockSizeUser, KeyInit,
@@ -242,8 +243,10 @@ pub(crate) fn xts(key: &[u8]) -> Option<Box<dyn SectorMode>> {
     }
 }
 
-/// CBC encryption of whole units: inherently serial within a unit, so the backend is entered
-/// once and blocks go through it one by one.
+/// CBC encryption of whole units. Serial within a unit, but units are independent: when
+/// enough units are at hand to fill a quarter of the backend's parallel batch, block `j` of
+/// up to a batch's worth of units goes through the cipher together ("multi-buffer"), one lane
+/// per unit. Otherwise blocks go through one by one.
 struct CbcEncPass<'a> {
     data: &'a mut [u8],
     unit: usize,
@@ -256,12 +259,38 @@ impl BlockSizeUser for CbcEncPass<'_> {
 
 impl BlockCipherEncClosure for CbcEncPass<'_> {
     fn call<B: BlockCipherEncBackend<BlockSize = U16>>(self, backend: &B) {
-        for (u, iv) in self.data.chunks_exact_mut(self.unit).zip(self.ivs) {
-            let mut prev = u128::from_le_bytes(*iv);
-            for b in as_blocks(u) {
-                store(b, load(b) ^ prev);
-                backend.encrypt_block_inplace(b);
-                prev = load(b);
+        let lanes_max = <B::ParBlocksSize as Unsigned>::USIZE;
+        let bpu = self.unit / 16;
+        let units_per_group = self.unit * lanes_max;
+        for (group, ivs) in self.data.chunks_mut(units_per_group).zip(self.ivs.chunks(lanes_max)) {
+            let lanes = group.len() / self.unit;
+            if lanes < 2 || lanes * 4 < lanes_max {
+                for (u, iv) in group.chunks_exact_mut(self.unit).zip(ivs) {
+                    let mut prev = u128::from_le_bytes(*iv);
+                    for b in as_blocks(u) {
+                        store(b, load(b) ^ prev);
+                        backend.encrypt_block_inplace(b);
+                        prev = load(b);
+                    }
+                }
+                continue;
+            }
+            let blocks = as_blocks(group);
+            let mut par = Array::<AesBlock, B::ParBlocksSize>::default();
+            for (k, iv) in ivs[..lanes].iter().enumerate() {
+                store(&mut par[k], u128::from_le_bytes(*iv));
+            }
+            for j in 0..bpu {
+                // par[k] holds the previous ciphertext block of lane k.
+                for k in 0..lanes {
+                    let b = &blocks[k * bpu + j];
+                    let prev = load(&par[k]);
+                    store(&mut par[k], load(b) ^ prev);
+                }
+                backend.encrypt_par_blocks_inplace(&mut par);
+                for k in 0..lanes {
+                    blocks[k * bpu + j] = par[k];
+                }
             }
         }
     }

@@ -168,6 +168,36 @@ fn provider_selection() {
     assert!(aes_xts(Provider::AwsLc, &[7u8; 64]).is_err());
     assert_eq!(aes_xts(Provider::Auto, &k64[..32]).unwrap().name(), "rustcrypto xts(aes128)");
     assert_eq!(aes_xts(Provider::Auto, &k64[..48]).unwrap().name(), "rustcrypto xts(aes192)");
-    assert_eq!(aes_cbc(Provider::Auto, &k64[..24]).unwrap().name(), "aws-lc cbc(aes192)");
+    assert_eq!(aes_cbc(Provider::AwsLc, &k64[..24]).unwrap().name(), "aws-lc cbc(aes192)");
+    assert_eq!(
+        aes_cbc(Provider::Auto, &k64[..24]).unwrap().name(),
+        "cbc(aes192): rustcrypto multi-lane enc, aws-lc dec"
+    );
+    assert_eq!(aes_cbc(Provider::RustCrypto, &k64[..32]).unwrap().name(), "rustcrypto cbc(aes256)");
     assert!(aes_ecb(Provider::AwsLc, &k64[..16]).is_err());
+}
+
+/// The RustCrypto CBC encryptor runs many units side by side (one lane each) when a request
+/// has enough of them: every lane count and unit size must match aws-lc's serial CBC.
+#[test]
+fn cbc_multi_lane_encryption_matches_serial() {
+    let key = h("603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4");
+    let rc = rustcrypto::cbc(&key).unwrap();
+    let al = awslc::Cbc::new(&key).unwrap();
+    for unit in [16, 512, 4096] {
+        for units in [1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 130] {
+            if unit * units > 1 << 20 {
+                continue;
+            }
+            let pt: Vec<u8> =
+                (0..unit * units).map(|i| (i as u32).wrapping_mul(2246822519).rotate_left(7) as u8).collect();
+            let ivs: Vec<Block> = (0..units).map(|i| [(i * 3) as u8; 16]).collect();
+            let (mut a, mut b) = (pt.clone(), pt.clone());
+            rc.encrypt(&mut a, unit, &ivs).unwrap();
+            al.encrypt(&mut b, unit, &ivs).unwrap();
+            assert!(a == b, "unit {unit} units {units}");
+            rc.decrypt(&mut a, unit, &ivs).unwrap();
+            assert!(a == pt, "unit {unit} units {units} round trip");
+        }
+    }
 }
