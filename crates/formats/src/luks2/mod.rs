@@ -42,7 +42,7 @@
 //!  primary   = decode_copy(read(0, hdr_size_of(read(0, 4096))), 0)
 //!  for off in secondary_offsets(&primary):            // [hdr_size], or all nine if the
 //!      secondary = decode_copy(read(off, ..), off)    // primary's binary header/checksum is bad
-//!      if !secondary.failed_before_json() { break }
+//!      if secondary is Ok or its error .failed_in_json() { break }
 //!  selected  = choose(primary, secondary)?            // higher valid seqid wins
 //!  if selected.repair.is_some() { write selected.repair_plan(fresh_salt) }
 //! ```
