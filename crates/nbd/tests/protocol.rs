@@ -817,3 +817,15 @@ fn random_requests_never_break_the_server() {
     assert_eq!(fresh.read(0, 512).unwrap(), vec![6; 512]);
     srv.stop().unwrap();
 }
+
+#[test]
+fn api_types_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<nbd::ShutdownHandle>();
+    send_sync::<Server>();
+    send_sync::<Export>();
+    send::<nbd::BoundServer>();
+    let h: fn(&nbd::ShutdownHandle) -> nbd::ShutdownHandle = Clone::clone;
+    let _ = h;
+}
