@@ -81,7 +81,7 @@ fn main() {
                 let enc = best((0..5).map(|_| rate(&c, &mut buf, true, dur)));
                 let dec = best((0..5).map(|_| rate(&c, &mut buf, false, dur)));
                 println!(
-                    "{:<22} {:>4} {:>5} {:<24} {:>9.2} {:>9.2}",
+                    "{:<22} {:>4} {:>5} {:<50} {:>9.2} {:>9.2}",
                     spec,
                     klen * 8,
                     ss,

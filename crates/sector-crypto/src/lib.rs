@@ -174,7 +174,9 @@ impl SectorCipher {
         Self::with_provider(spec, key, params, Provider::Auto)
     }
 
-    /// Keys `spec` with `key` using the given provider.
+    /// Keys `spec` with `key` using the given provider for the data path (ESSIV's IV cipher is
+    /// always RustCrypto's AES). A provider lacking the primitive gives
+    /// [`CryptoError::Unsupported`].
     pub fn with_provider(
         spec: &CipherSpec,
         key: &VolumeKey,
@@ -214,11 +216,17 @@ impl SectorCipher {
             });
         }
         let mode = match (spec.cipher(), spec.mode()) {
-            (Cipher::CipherNull, _) => provider::null_mode(),
-            (Cipher::Aes, ChainMode::Xts) => provider::aes_xts(provider, key_bytes)?,
-            (Cipher::Aes, ChainMode::Cbc) => provider::aes_cbc(provider, key_bytes)?,
-            (Cipher::Aes, ChainMode::Ecb) => provider::aes_ecb(provider, key_bytes)?,
-        };
+            (Cipher::CipherNull, _) => Ok(provider::null_mode()),
+            (Cipher::Aes, ChainMode::Xts) => provider::aes_xts(provider, key_bytes),
+            (Cipher::Aes, ChainMode::Cbc) => provider::aes_cbc(provider, key_bytes),
+            (Cipher::Aes, ChainMode::Ecb) => provider::aes_ecb(provider, key_bytes),
+        }
+        .map_err(|e| match e {
+            CryptoError::Unsupported { part, .. } => {
+                CryptoError::Unsupported { spec: spec.to_string(), part }
+            }
+            e => e,
+        })?;
         let iv = IvGen::new(spec.effective_iv_mode(), key_bytes, params.sector_size)?;
         Ok(SectorCipher { spec: spec.clone(), params, sector_shift, mode, iv })
     }

@@ -3,8 +3,9 @@
 //! XTS is done here by hand rather than with `xts-mode`, which encrypts one block at a time:
 //! inside the cipher backend (entered once per call, see [`XtsPass`]) the tweaks of a full
 //! parallel batch are computed, XORed in, the batch is encrypted, and the tweaks are XORed out
-//! again; batches span sector boundaries. CBC decryption is batched the same way; CBC
-//! encryption is serial by nature. Key schedules are zeroized on drop (`aes` feature
+//! again; batches span sector boundaries. CBC decryption is batched the same way. CBC
+//! encryption is serial within a sector, so it runs many sectors side by side, one per lane of
+//! the backend's batch ([`CbcEncPass`]). Key schedules are zeroized on drop (`aes` feature
 //! `zeroize`).
 
 use aes::cipher::array::ArraySize;
@@ -21,13 +22,7 @@ use crate::CryptoError;
 
 /// The AES implementations this provider instantiates its modes with.
 pub(crate) trait Aes:
-    BlockCipherEncrypt
-    + BlockCipherDecrypt
-    + BlockSizeUser<BlockSize = aes::cipher::consts::U16>
-    + KeyInit
-    + Send
-    + Sync
-    + 'static
+    BlockCipherEncrypt + BlockCipherDecrypt + BlockSizeUser<BlockSize = U16> + KeyInit + Send + Sync + 'static
 {
     const NAME_XTS: &'static str;
     const NAME_CBC: &'static str;
@@ -52,7 +47,7 @@ impl Aes for Aes256 {
     const NAME_ECB: &'static str = "rustcrypto ecb(aes256)";
 }
 
-type AesBlock = Array<u8, aes::cipher::consts::U16>;
+type AesBlock = Array<u8, U16>;
 
 /// Views a byte slice whose length is a multiple of 16 as cipher blocks.
 fn as_blocks(data: &mut [u8]) -> &mut [AesBlock] {
