@@ -556,7 +556,8 @@ pub fn write_sb_mac(
 /// log2_blocks_per_bitmap 15
 /// flags fix_padding fix_hmac
 /// ```
-/// (plus `recalc_sector N` after `provided_data_sectors` when RECALCULATING is set.)
+/// (each flag name is followed by a space; `recalc_sector N` follows `provided_data_sectors`
+/// when RECALCULATING is set — not yet checked against a real dump.)
 pub fn dump_text(sb: &Superblock, device_name: &str) -> String {
     let mut s = format!("Info for integrity device {device_name}.\n");
     s += &format!("superblock_version {}\n", sb.version);
@@ -568,15 +569,12 @@ pub fn dump_text(sb: &Superblock, device_name: &str) -> String {
         s += &format!("recalc_sector {}\n", sb.recalc_sector);
     }
     s += &format!("sector_size {}\n", sb.block_size());
-    if sb.version >= 3 {
-        s += &format!("log2_blocks_per_bitmap {}\n", sb.log2_blocks_per_bitmap_bit);
-    }
-    let mut flags = String::from("flags");
+    s += &format!("log2_blocks_per_bitmap {}\n", sb.log2_blocks_per_bitmap_bit);
+    s += "flags ";
     for n in sb.flags.names() {
-        flags.push(' ');
-        flags.push_str(n);
+        s += n;
+        s.push(' ');
     }
-    s += &flags;
     s.push('\n');
     s
 }
