@@ -13,10 +13,7 @@ fuzz_target!(|data: &[u8]| {
         // for the NUL; the same asymmetry is kept here, so that case may not re-encode.
         let (mut img, secondary) = match sel.header.encode(sel.header.seqid, &sel.salts) {
             Ok(copies) => copies,
-            Err(luks2::Luks2Error::Metadata {
-                source: MetadataError::JsonTooLarge { .. },
-                ..
-            }) => return,
+            Err(luks2::Luks2Error::Metadata { source: MetadataError::JsonTooLarge { .. }, .. }) => return,
             Err(e) => panic!("a loaded header does not re-encode: {e:?}"),
         };
         img.extend(secondary);

@@ -609,7 +609,8 @@ mod tests {
         h.keyslots[7].key_material_offset = h.payload_offset;
         assert!(matches!(h.validate(), Err(Luks1Error::KeyslotBeyondPayload { slot: 7, .. })));
         let mut h = sample();
-        h.payload_offset -= 1;
+        // Slot 7's key material ends at sector 3536 + 500 = 4036.
+        h.payload_offset = 4035;
         assert!(matches!(h.validate(), Err(Luks1Error::KeyslotOverlapsPayload { slot: 7, .. })));
     }
 
