@@ -109,8 +109,8 @@ pub struct CryptOptions {
     /// Kernel: bound per-CPU workqueue. Here: crypto runs on the pool thread the request
     /// was handed to, without splitting a request across threads.
     pub same_cpu_crypt: bool,
-    /// Kernel: don't offload writes to the single writer thread. Here: encrypted writes are
-    /// submitted from the thread that encrypted them (always true in sealdisk; accepted).
+    /// Kernel: don't offload writes to the single writer thread. Here: with pooled crypto,
+    /// the pool thread that encrypted a write submits it (otherwise the request thread does).
     pub submit_from_crypt_cpus: bool,
     /// Decrypt on the request's thread instead of the crypto pool.
     pub no_read_workqueue: bool,

@@ -53,6 +53,9 @@ pub struct CryptConfig {
     pub write_mode: CryptMode,
     /// Keep a pooled request on one pool thread (dm-crypt `same_cpu_crypt`).
     pub same_cpu_crypt: bool,
+    /// With `CryptMode::Pool` writes: the pool thread that encrypts a write also submits it
+    /// below (dm-crypt `submit_from_crypt_cpus`); otherwise the request thread submits it.
+    pub submit_from_crypt_cpus: bool,
     /// Pass discards to the device below (dm-crypt `allow_discards`).
     pub allow_discards: bool,
     /// Refuse writes.
@@ -67,6 +70,7 @@ impl Default for CryptConfig {
             read_mode: CryptMode::Auto,
             write_mode: CryptMode::Auto,
             same_cpu_crypt: false,
+            submit_from_crypt_cpus: false,
             allow_discards: false,
             read_only: false,
         }
@@ -257,6 +261,33 @@ impl<D: BlockDevice> CryptTarget<D> {
         }
     }
 
+    /// Encrypts `buf` (target offset `off`) into this thread's bounce buffer, where `mode`
+    /// says, and writes the ciphertext below from the calling thread.
+    fn encrypt_and_write(&self, mode: CryptMode, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
+        BOUNCE.with(|bounce| {
+            // Crypto never calls back into a device, so the buffer is never borrowed twice;
+            // should that change, fall back to a fresh buffer rather than panic.
+            let mut owned;
+            let mut guard = bounce.try_borrow_mut();
+            let ct: &mut Vec<u8> = match guard {
+                Ok(ref mut g) => g,
+                Err(_) => {
+                    owned = Vec::new();
+                    &mut owned
+                }
+            };
+            ct.clear();
+            ct.extend_from_slice(buf);
+            self.run(mode, off, ct, SectorCipher::encrypt)?;
+            let r = self.next.write_at(self.cfg.offset + off, ct, flags);
+            // Don't keep huge buffers alive in every thread forever.
+            if ct.capacity() > 8 << 20 {
+                *ct = Vec::new();
+            }
+            r
+        })
+    }
+
     fn check_writable(&self) -> BlockResult<()> {
         if self.cfg.read_only {
             Err(BlockError::read_only())
@@ -300,28 +331,11 @@ impl<D: BlockDevice> BlockDevice for CryptTarget<D> {
         if buf.is_empty() {
             return Ok(());
         }
-        BOUNCE.with(|bounce| {
-            // A pool thread that re-enters here (it cannot: crypto never calls back into a
-            // device) would find the buffer borrowed; fall back to a fresh one rather than panic.
-            let mut owned;
-            let mut guard = bounce.try_borrow_mut();
-            let ct: &mut Vec<u8> = match guard {
-                Ok(ref mut g) => g,
-                Err(_) => {
-                    owned = Vec::new();
-                    &mut owned
-                }
-            };
-            ct.clear();
-            ct.extend_from_slice(buf);
-            self.run(self.cfg.write_mode, off, ct, SectorCipher::encrypt)?;
-            let r = self.next.write_at(self.cfg.offset + off, ct, flags);
-            // Don't keep huge buffers alive in every thread forever.
-            if ct.capacity() > 8 << 20 {
-                *ct = Vec::new();
-            }
-            r
-        })
+        if self.cfg.write_mode == CryptMode::Pool && self.cfg.submit_from_crypt_cpus {
+            // The pool thread that encrypts also submits the write below.
+            return crypto_pool().install(|| self.encrypt_and_write(CryptMode::Inline, off, buf, flags));
+        }
+        self.encrypt_and_write(self.cfg.write_mode, off, buf, flags)
     }
 
     fn flush(&self) -> BlockResult<()> {
@@ -381,7 +395,8 @@ mod tests {
         cipher(4096, 0).encrypt(16, &mut expected).unwrap(); // target offset 8192 = sector 16
         for mode in [CryptMode::Inline, CryptMode::Pool, CryptMode::Auto] {
             for same_cpu in [false, true] {
-                let c = CryptConfig { same_cpu_crypt: same_cpu, ..cfg(mode) };
+                let c =
+                    CryptConfig { same_cpu_crypt: same_cpu, submit_from_crypt_cpus: same_cpu, ..cfg(mode) };
                 let t = CryptTarget::new(MemDevice::new(1 << 20, 512), cipher(4096, 0), c).unwrap();
                 t.write_at(8192, &data, WriteFlags::empty()).unwrap();
                 let raw = t.inner().to_vec();

@@ -117,6 +117,7 @@ pub fn crypt_over<D: BlockDevice>(
         read_mode: mode(o.no_read_workqueue),
         write_mode: mode(o.no_write_workqueue),
         same_cpu_crypt: o.same_cpu_crypt,
+        submit_from_crypt_cpus: o.submit_from_crypt_cpus,
         allow_discards: o.allow_discards,
         read_only: opts.read_only,
     };

@@ -63,7 +63,7 @@ pub struct OpenArgs {
     /// Keep each request's crypto on one pool thread.
     #[arg(long = "perf-same_cpu_crypt")]
     pub perf_same_cpu_crypt: bool,
-    /// Accepted for compatibility (writes are always submitted by the crypto thread).
+    /// With pooled crypto, the pool thread that encrypts a write also submits it.
     #[arg(long = "perf-submit_from_crypt_cpus")]
     pub perf_submit_from_crypt_cpus: bool,
     /// Decrypt on the request's thread, not the crypto pool.
