@@ -270,3 +270,48 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
     }
     assert!(!dir.path().join("x.sock").exists());
 }
+
+fn allocated_bytes(path: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().blocks() * 512
+}
+
+#[test]
+fn allow_discards_punches_holes_in_the_backing_file() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (dir, img, keyf, _) = setup(8 << 20);
+    let srv = serve(
+        dir.path(),
+        "d",
+        &[
+            "--cipher",
+            "aes-xts-plain64",
+            "--key-size",
+            "512",
+            "--key-file",
+            &keyf,
+            "--allow-discards",
+            &img,
+            "d",
+        ],
+        None,
+    );
+    run_tool(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x77 0 4M",
+        "-c",
+        "flush",
+        &srv.uri(),
+    ]));
+    let before = allocated_bytes(&img);
+    assert!(before >= 4 << 20, "write did not allocate: {before}");
+    run_tool(Command::new("qemu-io").args(["-f", "raw", "-c", "discard 0 2M", "-c", "flush", &srv.uri()]));
+    let after = allocated_bytes(&img);
+    assert!(after + (2 << 20) <= before, "discard did not punch a hole: {before} -> {after}");
+    run_tool(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x77 2M 2M", &srv.uri()]));
+    assert!(srv.stop().status.success());
+}
