@@ -208,57 +208,59 @@ impl<D: BlockDevice> CryptTarget<D> {
     }
 
     /// Runs `op` (encrypt or decrypt) over `data`, whose first byte is target offset `off`,
-    /// where `mode` says.
+    /// where `mode` says. With `src`, each chunk first copies its plaintext from `src` (the
+    /// write path): copying and encrypting a chunk while it is hot in cache, on the thread
+    /// that encrypts it, beats copying the whole request first.
     fn run(
         &self,
         mode: CryptMode,
         off: u64,
         data: &mut [u8],
+        src: Option<&[u8]>,
         op: fn(&SectorCipher, u64, &mut [u8]) -> Result<(), CryptoError>,
     ) -> BlockResult<()> {
         let cipher = &*self.cipher;
-        let sector = off / 512;
-        match mode {
-            CryptMode::Inline => op(cipher, sector, data).map_err(Self::crypt_err),
-            CryptMode::Auto if data.len() <= POOL_CHUNK => op(cipher, sector, data).map_err(Self::crypt_err),
+        let sector0 = off / 512;
+        let chunk = POOL_CHUNK.max(cipher.sector_size() as usize);
+        let work = move |i: usize, part: &mut [u8]| -> Result<(), CryptoError> {
+            if let Some(src) = src {
+                part.copy_from_slice(&src[i * chunk..i * chunk + part.len()]);
+            }
+            op(cipher, sector0 + (i * chunk / 512) as u64, part)
+        };
+        let serial = |data: &mut [u8]| data.chunks_mut(chunk).enumerate().try_for_each(|(i, p)| work(i, p));
+        let split = data.len() > chunk;
+        let result = match mode {
+            CryptMode::Inline => serial(data),
+            CryptMode::Auto if !split => serial(data),
             CryptMode::Auto => {
-                let chunk = POOL_CHUNK.max(cipher.sector_size() as usize);
-                let (first, rest) = data.split_at_mut(chunk);
-                let mut results: Vec<Result<(), CryptoError>> = Vec::new();
-                let first_result = crypto_pool().in_place_scope(|scope| {
-                    let (tx, rx) = std::sync::mpsc::channel();
-                    for (i, part) in rest.chunks_mut(chunk).enumerate() {
-                        let tx = tx.clone();
-                        let part_sector = sector + ((i + 1) * chunk / 512) as u64;
-                        scope.spawn(move |_| {
-                            let _ = tx.send(op(cipher, part_sector, part));
-                        });
+                // The request thread takes the first chunk; the pool takes the rest.
+                let failed: std::sync::Mutex<Option<CryptoError>> = std::sync::Mutex::new(None);
+                let record = |r: Result<(), CryptoError>| {
+                    if let Err(e) = r {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                     }
-                    drop(tx);
-                    let r = op(cipher, sector, first);
-                    results.extend(rx.iter());
-                    r
+                };
+                crypto_pool().in_place_scope(|scope| {
+                    let mut parts = data.chunks_mut(chunk).enumerate();
+                    let first = parts.next();
+                    for (i, part) in parts {
+                        scope.spawn(move |_| record(work(i, part)));
+                    }
+                    if let Some((i, part)) = first {
+                        record(work(i, part));
+                    }
                 });
-                results
-                    .into_iter()
-                    .chain(std::iter::once(first_result))
-                    .collect::<Result<(), _>>()
-                    .map_err(Self::crypt_err)
+                match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
             }
-            CryptMode::Pool if self.cfg.same_cpu_crypt || data.len() <= POOL_CHUNK => {
-                crypto_pool().install(|| op(cipher, sector, data)).map_err(Self::crypt_err)
-            }
-            CryptMode::Pool => {
-                let chunk = POOL_CHUNK.max(cipher.sector_size() as usize);
-                crypto_pool()
-                    .install(|| {
-                        data.par_chunks_mut(chunk)
-                            .enumerate()
-                            .try_for_each(|(i, part)| op(cipher, sector + (i * chunk / 512) as u64, part))
-                    })
-                    .map_err(Self::crypt_err)
-            }
-        }
+            CryptMode::Pool if self.cfg.same_cpu_crypt || !split => crypto_pool().install(|| serial(data)),
+            CryptMode::Pool => crypto_pool()
+                .install(|| data.par_chunks_mut(chunk).enumerate().try_for_each(|(i, p)| work(i, p))),
+        };
+        result.map_err(Self::crypt_err)
     }
 
     /// Encrypts `buf` (target offset `off`) into this thread's bounce buffer, where `mode`
@@ -276,10 +278,12 @@ impl<D: BlockDevice> CryptTarget<D> {
                     &mut owned
                 }
             };
-            ct.clear();
-            ct.extend_from_slice(buf);
-            self.run(mode, off, ct, SectorCipher::encrypt)?;
-            let r = self.next.write_at(self.cfg.offset + off, ct, flags);
+            if ct.len() < buf.len() {
+                ct.resize(buf.len(), 0);
+            }
+            let ct_slice = &mut ct[..buf.len()];
+            self.run(mode, off, ct_slice, Some(buf), SectorCipher::encrypt)?;
+            let r = self.next.write_at(self.cfg.offset + off, ct_slice, flags);
             // Don't keep huge buffers alive in every thread forever.
             if ct.capacity() > 8 << 20 {
                 *ct = Vec::new();
@@ -322,7 +326,7 @@ impl<D: BlockDevice> BlockDevice for CryptTarget<D> {
             return Ok(());
         }
         self.next.read_at(self.cfg.offset + off, buf)?;
-        self.run(self.cfg.read_mode, off, buf, SectorCipher::decrypt)
+        self.run(self.cfg.read_mode, off, buf, None, SectorCipher::decrypt)
     }
 
     fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
