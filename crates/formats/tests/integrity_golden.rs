@@ -165,7 +165,13 @@ fn sha_hex(b: &[u8]) -> String {
 }
 
 /// Blocks whose data is where the layout says and whose stored tag equals the computed one.
-fn check_blocks(img: &[u8], sb: &Superblock, l: &Layout, h: &TagHash, expect: impl Fn(u64) -> Vec<u8>) -> (u64, u64) {
+fn check_blocks(
+    img: &[u8],
+    sb: &Superblock,
+    l: &Layout,
+    h: &TagHash,
+    expect: impl Fn(u64) -> Vec<u8>,
+) -> (u64, u64) {
     let spb = l.sectors_per_block();
     let bs = l.block_size();
     let ts = l.tag_size as usize;
@@ -194,7 +200,12 @@ fn superblock_decode_matches_integritysetup_dump_for_every_golden_image() {
         let dump = read_text(&format!("{}.dump", c.name));
         match parse_dump(&dump) {
             None => {
-                assert_eq!(sb_of(&img), Err(SuperblockError::Unformatted), "{}: kernel refused to format", c.name);
+                assert_eq!(
+                    sb_of(&img),
+                    Err(SuperblockError::Unformatted),
+                    "{}: kernel refused to format",
+                    c.name
+                );
             }
             Some(d) => {
                 let sb = sb_of(&img).unwrap_or_else(|e| panic!("{}: {e}", c.name));
@@ -210,9 +221,15 @@ fn superblock_decode_matches_integritysetup_dump_for_every_golden_image() {
                 // The superblock re-encodes byte for byte (struct + zero rest of the 4 KiB).
                 assert_eq!(sb.encode()[..], img[..SB_AREA_BYTES], "{}: re-encode", c.name);
                 let h = tag_hash(&c.opts);
-                let tag_size = opt(&c.opts, "-t").map(|t| t.parse().unwrap()).unwrap_or(h.digest_size() as u32);
-                sb.check(&SbCheck { tag_size, block_size: sb.block_size(), meta_device: false, journal_mac: false })
-                    .unwrap();
+                let tag_size =
+                    opt(&c.opts, "-t").map(|t| t.parse().unwrap()).unwrap_or(h.digest_size() as u32);
+                sb.check(&SbCheck {
+                    tag_size,
+                    block_size: sb.block_size(),
+                    meta_device: false,
+                    journal_mac: false,
+                })
+                .unwrap();
             }
         }
     }
@@ -376,7 +393,12 @@ fn unreplayed_journal_replays_to_what_the_kernel_served_and_wrote() {
     let entries = journal::replay_entries(&view, &plan, l.provided_data_sectors, None).unwrap();
     // Three fsync'ed dd runs: [0,64) B, [32,96) C, [4000,4100) B. dd wrote through the page
     // cache, so the kernel saw whole 4 KiB pages: the last run is [4000,4104) (4100..4104 A).
-    assert_eq!(entries.len(), 64 + 64 + 104, "{:?}", entries.iter().map(|e| e.logical_sector).collect::<Vec<_>>());
+    assert_eq!(
+        entries.len(),
+        64 + 64 + 104,
+        "{:?}",
+        entries.iter().map(|e| e.logical_sector).collect::<Vec<_>>()
+    );
     let mut out = img.clone();
     let mut tag = vec![0u8; l.tag_size as usize];
     for e in &entries {
@@ -400,7 +422,9 @@ fn unreplayed_journal_replays_to_what_the_kernel_served_and_wrote() {
     // The journal afterwards: unchanged if the kernel continued, re-initialised if it cleared.
     let kj = &kernel_replayed[jo..jo + l.journal_bytes() as usize];
     match plan.resume {
-        JournalResume::Continue { .. } => assert!(kj == jbytes, "kernel rewrote a journal it should continue"),
+        JournalResume::Continue { .. } => {
+            assert!(kj == jbytes, "kernel rewrote a journal it should continue")
+        }
         JournalResume::Clear { .. } => {
             let mut fresh = jbytes.to_vec();
             let sec = l.journal.section_bytes();

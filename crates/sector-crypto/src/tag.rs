@@ -239,7 +239,13 @@ impl TagHash {
 
     /// The full digest of `salt ‖ le64(sector) ‖ data` into `digest` (first
     /// `digest_size()` bytes are written); returns the digest length.
-    pub fn digest(&self, salt: Option<&[u8; SALT_SIZE]>, sector: u64, data: &[u8], digest: &mut [u8; MAX_DIGEST_SIZE]) -> usize {
+    pub fn digest(
+        &self,
+        salt: Option<&[u8; SALT_SIZE]>,
+        sector: u64,
+        data: &[u8],
+        digest: &mut [u8; MAX_DIGEST_SIZE],
+    ) -> usize {
         let sec = sector.to_le_bytes();
         let salt: &[u8] = salt.map(|s| &s[..]).unwrap_or(&[]);
         match &self.inner {
@@ -267,16 +273,60 @@ impl TagHash {
                 digest[..8].copy_from_slice(&h.digest().to_le_bytes());
                 8
             }
-            Inner::Sha1 => put(digest, Sha1::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice()),
-            Inner::Sha256 => put(digest, Sha256::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice()),
-            Inner::Sha512 => put(digest, Sha512::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice()),
+            Inner::Sha1 => put(
+                digest,
+                Sha1::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice(),
+            ),
+            Inner::Sha256 => put(
+                digest,
+                Sha256::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice(),
+            ),
+            Inner::Sha512 => put(
+                digest,
+                Sha512::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice(),
+            ),
             Inner::Blake2b256 => put(
                 digest,
-                blake2::Blake2b256::new().chain_update(salt).chain_update(sec).chain_update(data).finalize().as_slice(),
+                blake2::Blake2b256::new()
+                    .chain_update(salt)
+                    .chain_update(sec)
+                    .chain_update(data)
+                    .finalize()
+                    .as_slice(),
             ),
-            Inner::HmacSha1(m) => put(digest, m.as_ref().clone().chain_update(salt).chain_update(sec).chain_update(data).finalize().into_bytes().as_slice()),
-            Inner::HmacSha256(m) => put(digest, m.as_ref().clone().chain_update(salt).chain_update(sec).chain_update(data).finalize().into_bytes().as_slice()),
-            Inner::HmacSha512(m) => put(digest, m.as_ref().clone().chain_update(salt).chain_update(sec).chain_update(data).finalize().into_bytes().as_slice()),
+            Inner::HmacSha1(m) => put(
+                digest,
+                m.as_ref()
+                    .clone()
+                    .chain_update(salt)
+                    .chain_update(sec)
+                    .chain_update(data)
+                    .finalize()
+                    .into_bytes()
+                    .as_slice(),
+            ),
+            Inner::HmacSha256(m) => put(
+                digest,
+                m.as_ref()
+                    .clone()
+                    .chain_update(salt)
+                    .chain_update(sec)
+                    .chain_update(data)
+                    .finalize()
+                    .into_bytes()
+                    .as_slice(),
+            ),
+            Inner::HmacSha512(m) => put(
+                digest,
+                m.as_ref()
+                    .clone()
+                    .chain_update(salt)
+                    .chain_update(sec)
+                    .chain_update(data)
+                    .finalize()
+                    .into_bytes()
+                    .as_slice(),
+            ),
         }
     }
 
@@ -301,7 +351,8 @@ impl TagHash {
         tag_size: usize,
         tags: &mut [u8],
     ) -> Result<(), CryptoError> {
-        if block_size == 0 || data.len() % block_size != 0 || tags.len() != data.len() / block_size * tag_size {
+        if block_size == 0 || data.len() % block_size != 0 || tags.len() != data.len() / block_size * tag_size
+        {
             return Err(CryptoError::InvalidParams(format!(
                 "compute_blocks: {} data bytes, block {block_size}, {} tag bytes of {tag_size}",
                 data.len(),
@@ -309,7 +360,9 @@ impl TagHash {
             )));
         }
         let step = (block_size / 512) as u64;
-        for (i, (block, tag)) in data.chunks_exact(block_size).zip(tags.chunks_exact_mut(tag_size)).enumerate() {
+        for (i, (block, tag)) in
+            data.chunks_exact(block_size).zip(tags.chunks_exact_mut(tag_size)).enumerate()
+        {
             self.compute(salt, first_sector + i as u64 * step, block, tag);
         }
         Ok(())
@@ -363,14 +416,26 @@ mod tests {
         assert_eq!(std, 0x414F_A339);
         // SHA-256 / SHA-1 / SHA-512 / BLAKE2b-256 / HMAC-SHA256 (RFC 4231-style known values).
         assert_eq!(raw("sha1", None, MSG), "2fd4e1c67a2d28fced849ee1bb76e7391b93eb12");
-        assert_eq!(raw("sha256", None, MSG), "d7a8fbb307d7809469ca9abcb0082e4f8d5651e46d3cdb762d02d0bf37c9e592");
+        assert_eq!(
+            raw("sha256", None, MSG),
+            "d7a8fbb307d7809469ca9abcb0082e4f8d5651e46d3cdb762d02d0bf37c9e592"
+        );
         assert_eq!(
             raw("sha512", None, MSG),
             "07e547d9586f6a73f73fbac0435ed76951218fb7d0c8d788a309d785436bbb642e93a252a954f23912547d1e8a3b5ed6e1bfd7097821233fa0538f3db854fee6"
         );
-        assert_eq!(raw("blake2b-256", None, MSG), "01718cec35cd3d796dd00020e0bfecb473ad23457d063b75eff29c0ffa2e58a9");
-        assert_eq!(raw("hmac(sha256)", Some(b"key"), MSG), "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8");
-        assert_eq!(raw("hmac-sha256", Some(b"key"), MSG), "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8");
+        assert_eq!(
+            raw("blake2b-256", None, MSG),
+            "01718cec35cd3d796dd00020e0bfecb473ad23457d063b75eff29c0ffa2e58a9"
+        );
+        assert_eq!(
+            raw("hmac(sha256)", Some(b"key"), MSG),
+            "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"
+        );
+        assert_eq!(
+            raw("hmac-sha256", Some(b"key"), MSG),
+            "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8"
+        );
         assert_eq!(
             raw("hmac(sha512)", Some(b"key"), MSG),
             "b42af09057bac1e2d41708e48a902e09b5ff7f12ab428a4fe86653c73dd248fb82f948a549f7b791a5b41915ee4d1ec3935357e4e2317250d0372afa2ebeeb3a"

@@ -97,7 +97,8 @@ impl JournalGeometry {
     pub fn new(tag_size: u32, log2_sectors_per_block: u8, have_journal_mac: bool) -> Self {
         let spb = 1u32 << log2_sectors_per_block;
         let entry_size = (8 + 8 * spb + tag_size).div_ceil(JOURNAL_ENTRY_ROUNDUP) * JOURNAL_ENTRY_ROUNDUP;
-        let space = JOURNAL_SECTOR_DATA as u32 - if have_journal_mac { JOURNAL_MAC_PER_SECTOR as u32 } else { 0 };
+        let space =
+            JOURNAL_SECTOR_DATA as u32 - if have_journal_mac { JOURNAL_MAC_PER_SECTOR as u32 } else { 0 };
         // `unsigned char` fields in the kernel; with tag_size ≤ 255 they never overflow.
         let entries_per_sector = (space / entry_size) & 0xff;
         let section_entries = (entries_per_sector * JOURNAL_BLOCK_SECTORS) & 0xff;
@@ -218,7 +219,11 @@ impl JournalEntry {
             })
             .collect();
         let t = 8 + 8 * spb;
-        JournalEntry { raw_sector: u64::from_le_bytes(raw), last_bytes, tag: bytes[t..t + geom.tag_size as usize].to_vec() }
+        JournalEntry {
+            raw_sector: u64::from_le_bytes(raw),
+            last_bytes,
+            tag: bytes[t..t + geom.tag_size as usize].to_vec(),
+        }
     }
     /// Encodes into `bytes` (`entry_size` long; padding bytes are left as they are).
     pub fn encode_into(&self, geom: &JournalGeometry, bytes: &mut [u8]) {
@@ -338,7 +343,12 @@ impl<'a> JournalView<'a> {
 }
 
 /// See [`JournalView::section_mac_input`]; `section` is one section's bytes.
-pub fn section_mac_input(geom: &JournalGeometry, section: &[u8], index: u32, salt: Option<&[u8; SALT_SIZE]>) -> Vec<u8> {
+pub fn section_mac_input(
+    geom: &JournalGeometry,
+    section: &[u8],
+    index: u32,
+    salt: Option<&[u8; SALT_SIZE]>,
+) -> Vec<u8> {
     let mut v = Vec::with_capacity(24 + 8 * geom.section_entries as usize);
     if let Some(s) = salt {
         v.extend_from_slice(s);
@@ -401,7 +411,14 @@ pub fn commit_section(geom: &JournalGeometry, ids: &CommitIds, section: &mut [u8
 /// copies the data into the entry's data sectors, saves each sector's bytes 504..512 into
 /// `last_bytes`, stores the tag (`tag_size` bytes; the caller truncates or zero-pads the
 /// digest) and finally the sector. `data` is one block.
-pub fn write_entry(geom: &JournalGeometry, section: &mut [u8], n: u32, logical_sector: u64, data: &[u8], tag: &[u8]) {
+pub fn write_entry(
+    geom: &JournalGeometry,
+    section: &mut [u8],
+    n: u32,
+    logical_sector: u64,
+    data: &[u8],
+    tag: &[u8],
+) {
     let spb = geom.sectors_per_block() as usize;
     let start = geom.data_sector(n) as usize * 512;
     section[start..start + spb * 512].copy_from_slice(&data[..spb * 512]);
@@ -412,7 +429,8 @@ pub fn write_entry(geom: &JournalGeometry, section: &mut [u8], n: u32, logical_s
             a
         })
         .collect();
-    let e = JournalEntry { raw_sector: logical_sector, last_bytes, tag: tag[..geom.tag_size as usize].to_vec() };
+    let e =
+        JournalEntry { raw_sector: logical_sector, last_bytes, tag: tag[..geom.tag_size as usize].to_vec() };
     let off = geom.entry_offset(n);
     e.encode_into(geom, &mut section[off..off + geom.entry_size as usize]);
 }
@@ -484,6 +502,9 @@ pub struct ReplayPlan {
     pub resume: JournalResume,
 }
 
+/// A journal MAC: the MAC function (input → digest) and the salt when FIXED_HMAC is set.
+pub type SectionMac<'a> = (&'a dyn Fn(&[u8]) -> Vec<u8>, Option<&'a [u8; SALT_SIZE]>);
+
 /// One block the replay writes: data at `Layout::data_sector(logical_sector)`, tag at
 /// `Layout::tag_location(logical_sector)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -511,7 +532,8 @@ pub fn scan(view: &JournalView<'_>, ids: &CommitIds, journal_mode: bool) -> Resu
     for i in 0..view.sections {
         for j in 0..view.geom.section_sectors {
             let id = view.commit_id(i, j);
-            let k = ids.find_commit_seq(i, j, &id).ok_or(JournalError::BadCommitId { section: i, sector: j })?;
+            let k =
+                ids.find_commit_seq(i, j, &id).ok_or(JournalError::BadCommitId { section: i, sector: j })?;
             used[k as usize] = true;
             max_section[k as usize] = i;
         }
@@ -596,7 +618,7 @@ pub fn replay_entries(
     view: &JournalView<'_>,
     plan: &ReplayPlan,
     provided_data_sectors: u64,
-    mac: Option<(&dyn Fn(&[u8]) -> Vec<u8>, Option<&[u8; SALT_SIZE]>)>,
+    mac: Option<SectionMac<'_>>,
 ) -> Result<Vec<ReplayEntry>, JournalError> {
     let (entries, errors) = replay_entries_lenient(view, plan, provided_data_sectors, mac);
     match errors.into_iter().next() {
@@ -611,7 +633,7 @@ pub fn replay_entries_lenient(
     view: &JournalView<'_>,
     plan: &ReplayPlan,
     provided_data_sectors: u64,
-    mac: Option<(&dyn Fn(&[u8]) -> Vec<u8>, Option<&[u8; SALT_SIZE]>)>,
+    mac: Option<SectionMac<'_>>,
 ) -> (Vec<ReplayEntry>, Vec<JournalError>) {
     let mut out = Vec::new();
     let mut errors = Vec::new();
@@ -640,7 +662,13 @@ pub fn replay_entries_lenient(
             if sec >= provided_data_sectors {
                 continue;
             }
-            out.push(ReplayEntry { section: i, entry: j, logical_sector: sec, data: view.entry_data(i, j), tag: e.tag });
+            out.push(ReplayEntry {
+                section: i,
+                entry: j,
+                logical_sector: sec,
+                data: view.entry_data(i, j),
+                tag: e.tag,
+            });
         }
         i += 1;
         if i >= view.sections {

@@ -219,9 +219,12 @@ fn device_limits(inp: &LimitInputs, provided: u64) -> Result<Limits, ()> {
         };
         let tags = (inp.tag_size as u64) << (inp.log2_interleave - inp.log2_spb);
         // `ic->metadata_run` is an unsigned int.
-        let metadata_run = (tags.div_ceil(padding) * padding >> 9) as u32;
-        let log2_metadata_run =
-            if metadata_run & metadata_run.wrapping_sub(1) == 0 { metadata_run.trailing_zeros() as i8 } else { -1 };
+        let metadata_run = ((tags.div_ceil(padding) * padding) >> 9) as u32;
+        let log2_metadata_run = if metadata_run & metadata_run.wrapping_sub(1) == 0 {
+            metadata_run.trailing_zeros() as i8
+        } else {
+            -1
+        };
         let limits = Limits { initial_sectors: initial as u32, metadata_run, log2_metadata_run };
         let last = provided.wrapping_sub(1);
         let (area, offset) = area_and_offset(inp.log2_interleave, false, last);
@@ -233,8 +236,8 @@ fn device_limits(inp: &LimitInputs, provided: u64) -> Result<Limits, ()> {
     } else {
         let meta_size = (provided >> inp.log2_spb).wrapping_mul(inp.tag_size as u64);
         let buf_bytes_log2 = inp.log2_buffer_sectors as u32 + 9;
-        let meta_size =
-            (meta_size.wrapping_add((1u64 << buf_bytes_log2) - 1) >> buf_bytes_log2) << inp.log2_buffer_sectors;
+        let meta_size = (meta_size.wrapping_add((1u64 << buf_bytes_log2) - 1) >> buf_bytes_log2)
+            << inp.log2_buffer_sectors;
         let end = initial.wrapping_add(meta_size);
         if end < initial || end > inp.meta_device_sectors {
             return Err(());
@@ -256,7 +259,14 @@ fn area_and_offset(log2_interleave: u8, meta_device: bool, data_sector: u64) -> 
 }
 
 /// `get_data_sector` (wrapping, as `sector_t` arithmetic does).
-fn data_sector_of(l: &Limits, log2_interleave: u8, start: u64, meta_device: bool, area: u64, offset: u64) -> u64 {
+fn data_sector_of(
+    l: &Limits,
+    log2_interleave: u8,
+    start: u64,
+    meta_device: bool,
+    area: u64,
+    offset: u64,
+) -> u64 {
     if meta_device {
         return offset;
     }
@@ -358,7 +368,8 @@ impl Layout {
         if sb.journal_sections == 0 {
             return Err(LayoutError::NoJournal);
         }
-        if !meta_device_of(dev) && sb.log2_interleave_sectors < super::superblock::MIN_LOG2_INTERLEAVE_SECTORS {
+        if !meta_device_of(dev) && sb.log2_interleave_sectors < super::superblock::MIN_LOG2_INTERLEAVE_SECTORS
+        {
             return Err(LayoutError::BadInterleave(sb.log2_interleave_sectors));
         }
         let journal = JournalGeometry::new(
@@ -391,8 +402,13 @@ impl Layout {
                 Err(()) => return Err(LayoutError::DoesNotFit { device_sectors: inp.meta_device_sectors }),
             }
         };
-        let (log2_bpbb, n_bitmap_blocks) =
-            bitmap_geometry(&journal, sb.journal_sections, sb.log2_sectors_per_block, provided, dev.sectors_per_bit);
+        let (log2_bpbb, n_bitmap_blocks) = bitmap_geometry(
+            &journal,
+            sb.journal_sections,
+            sb.log2_sectors_per_block,
+            provided,
+            dev.sectors_per_bit,
+        );
         let mut log2_buffer_sectors = inp.log2_buffer_sectors;
         if !meta_device {
             log2_buffer_sectors = log2_buffer_sectors.min(limits.metadata_run.trailing_zeros() as u8);
@@ -430,9 +446,11 @@ impl Layout {
         let journal_sectors = match p.journal_sectors {
             Some(0) => 1,
             Some(n) => n,
-            None => DEFAULT_MAX_JOURNAL_SECTORS.min(dev.data_device_sectors >> DEFAULT_JOURNAL_SIZE_FACTOR) as u32,
+            None => {
+                DEFAULT_MAX_JOURNAL_SECTORS.min(dev.data_device_sectors >> DEFAULT_JOURNAL_SIZE_FACTOR) as u32
+            }
         };
-        let mut journal_sections = journal_sectors / journal.section_sectors as u32;
+        let mut journal_sections = journal_sectors / journal.section_sectors;
         if journal_sections == 0 {
             journal_sections = 1;
         }
@@ -462,7 +480,8 @@ impl Layout {
                 flags.set(SbFlags::FIXED_PADDING, true);
                 inp.fixed_padding = true;
             }
-            let interleave = if p.interleave_sectors == 0 { DEFAULT_INTERLEAVE_SECTORS } else { p.interleave_sectors };
+            let interleave =
+                if p.interleave_sectors == 0 { DEFAULT_INTERLEAVE_SECTORS } else { p.interleave_sectors };
             inp.log2_interleave = (fls_index(interleave as u64) as u8).clamp(3, 31);
             provided = provided_data_sectors(&inp, dev.data_device_sectors);
             if provided == 0 {
@@ -564,7 +583,14 @@ impl Layout {
     /// (`get_data_sector` ∘ `get_area_and_offset`).
     pub fn data_sector(&self, logical_sector: u64) -> u64 {
         let (area, offset) = self.area_and_offset(logical_sector);
-        data_sector_of(&self.limits(), self.log2_interleave_sectors, self.start, self.meta_device, area, offset)
+        data_sector_of(
+            &self.limits(),
+            self.log2_interleave_sectors,
+            self.start,
+            self.meta_device,
+            area,
+            offset,
+        )
     }
 
     /// Where the tag of the block starting at `logical_sector` is (`get_metadata_sector_and_offset`,
@@ -601,7 +627,9 @@ impl Layout {
         if self.meta_device {
             return self.start + self.initial_sectors as u64;
         }
-        self.start + self.initial_sectors as u64 + area * (self.interleave_sectors() + self.metadata_run as u64)
+        self.start
+            + self.initial_sectors as u64
+            + area * (self.interleave_sectors() + self.metadata_run as u64)
     }
 
     /// Whether [`Layout::tag_location`] departs from [`Layout::area_metadata_sector`] for some
@@ -609,7 +637,8 @@ impl Layout {
     pub fn tag_addressing_truncates(&self) -> bool {
         !self.meta_device
             && self.areas() > 1
-            && (self.interleave_sectors() + self.metadata_run as u64) % self.buffer_sectors() as u64 != 0
+            && !(self.interleave_sectors() + self.metadata_run as u64)
+                .is_multiple_of(self.buffer_sectors() as u64)
     }
 
     /// Sector (relative to the journal start, i.e. `start + 8` on the metadata device) of journal

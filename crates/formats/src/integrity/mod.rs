@@ -31,8 +31,8 @@ pub mod superblock;
 
 pub use bitmap::BitmapGeometry;
 pub use journal::{
-    CommitIds, EntryState, JournalEntry, JournalError, JournalGeometry, JournalResume, JournalView, ReplayEntry,
-    ReplayPlan,
+    CommitIds, EntryState, JournalEntry, JournalError, JournalGeometry, JournalResume, JournalView,
+    ReplayEntry, ReplayPlan,
 };
 pub use layout::{DeviceParams, FormatParams, Layout, LayoutError, TagLocation};
 pub use superblock::{sb_set_version, Mode, SbCheck, SbFlags, Superblock, SuperblockError};

@@ -368,7 +368,8 @@ impl Superblock {
         let interleave_ok = if table.meta_device {
             self.log2_interleave_sectors == 0
         } else {
-            (MIN_LOG2_INTERLEAVE_SECTORS..=MAX_LOG2_INTERLEAVE_SECTORS).contains(&self.log2_interleave_sectors)
+            (MIN_LOG2_INTERLEAVE_SECTORS..=MAX_LOG2_INTERLEAVE_SECTORS)
+                .contains(&self.log2_interleave_sectors)
         };
         if !interleave_ok {
             return Err(SuperblockError::InterleaveMismatch {
@@ -400,7 +401,8 @@ impl Superblock {
         b[VERSION_OFF] = self.version;
         b[LOG2_INTERLEAVE_OFF] = self.log2_interleave_sectors;
         b[TAG_SIZE_OFF..TAG_SIZE_OFF + 2].copy_from_slice(&self.integrity_tag_size.to_le_bytes());
-        b[JOURNAL_SECTIONS_OFF..JOURNAL_SECTIONS_OFF + 4].copy_from_slice(&self.journal_sections.to_le_bytes());
+        b[JOURNAL_SECTIONS_OFF..JOURNAL_SECTIONS_OFF + 4]
+            .copy_from_slice(&self.journal_sections.to_le_bytes());
         b[PROVIDED_OFF..PROVIDED_OFF + 8].copy_from_slice(&self.provided_data_sectors.to_le_bytes());
         b[FLAGS_OFF..FLAGS_OFF + 4].copy_from_slice(&self.flags.0.to_le_bytes());
         b[LOG2_SPB_OFF] = self.log2_sectors_per_block;
