@@ -5,14 +5,16 @@
 #   nbdkit-file     nbdkit's file plugin, no filter, no encryption (the unencrypted baseline)
 #   nbdkit-luks     nbdkit's file plugin + luks filter, LUKS1 aes-xts-plain64, 512-bit key
 #   qemu-nbd-luks   qemu-nbd's luks driver over the same kind of LUKS1 image
-#   sealdisk-pool   sealdisk plain aes-xts-plain64, 512-bit key, 4096-byte sectors, crypto pool
+#   sealdisk-auto   sealdisk plain aes-xts-plain64, 512-bit key, 4096-byte sectors, default
+#                   crypto placement (inline up to 64 KiB, larger requests split across cores)
+#   sealdisk-pool   the same with --crypt-mode pool (every request handed to the crypto pool)
 #   sealdisk-inline the same with --perf-no_read_workqueue --perf-no_write_workqueue
 # Every variant runs the same fio jobs in the same run; repetitions are interleaved
 # (A B C A B C) and the report gives medians. Method and caveats: BENCHMARKING.md.
 #
 # Usage: scripts/bench-peers.sh            (knobs in the environment, see BENCHMARKING.md)
 #   SIZE=1G RUNTIME=10 RAMP=2 REPS=1 CACHE=buffered|direct
-#   VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-pool sealdisk-inline"
+#   VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 #   JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 #   SEALDISK_BIN=path (skip the cargo build)  QEMU_AIO=threads|io_uring|native
 #   BENCH_DIR=target/bench-tmp (backing files)  OUT_DIR=target/bench-results/<stamp>
@@ -28,7 +30,7 @@ RUNTIME="${RUNTIME:-10}"
 RAMP="${RAMP:-2}"
 REPS="${REPS:-1}"
 CACHE="${CACHE:-buffered}"
-ALL_VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-pool sealdisk-inline"
+ALL_VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 ALL_JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 VARIANTS="$(echo "${VARIANTS:-$ALL_VARIANTS}" | tr ',' ' ')"
 JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
@@ -185,9 +187,10 @@ server_cmd() {
         --object "secret,id=sec0,file=$PASSFILE" \
         "--cache=$qemu_cache" "--aio=$QEMU_AIO" --discard=ignore --detect-zeroes=off \
         --image-opts "driver=luks,key-secret=sec0,file.driver=file,file.filename=$WORK/luks1.img" ;;
-    sealdisk-pool|sealdisk-inline)
+    sealdisk-auto|sealdisk-pool|sealdisk-inline)
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
         --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
+      [[ "$v" == sealdisk-pool ]] && printf '%s\n' --crypt-mode pool
       [[ "$v" == sealdisk-inline ]] && printf '%s\n' --perf-no_read_workqueue --perf-no_write_workqueue
       printf '%s\n' "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
   esac

@@ -9,7 +9,7 @@ import os
 import statistics
 import sys
 
-SEALDISK = ["sealdisk-pool", "sealdisk-inline"]
+SEALDISK = ["sealdisk-auto", "sealdisk-pool", "sealdisk-inline"]
 # (peer, goal ratio or None): the acceptance goals of issue 2 for sealdisk's throughput.
 PEERS = [("nbdkit-file", 1.0), ("nbdkit-luks", 2.0), ("qemu-nbd-luks", None)]
 
