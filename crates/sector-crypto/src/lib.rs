@@ -42,7 +42,9 @@ use std::fmt;
 
 use zeroize::Zeroizing;
 
+pub mod af;
 mod iv;
+pub mod kdf;
 mod provider;
 mod spec;
 pub mod tag;
