@@ -151,6 +151,14 @@ pub trait BlockDevice: Send + Sync + Debug {
     /// Writes `buf` at `off`. With `WriteFlags::FUA` the data is durable on return.
     fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()>;
 
+    /// Writes `buf` at `off` like `write_at`, but the caller gives up the buffer's contents:
+    /// the device may use it as scratch space (an encrypting layer encrypts in place instead
+    /// of into a copy), so it holds unspecified bytes afterwards. A transport that owns its
+    /// receive buffers (the NBD server) calls this. The default forwards to `write_at`.
+    fn write_at_scratch(&self, off: u64, buf: &mut [u8], flags: WriteFlags) -> BlockResult<()> {
+        self.write_at(off, buf, flags)
+    }
+
     /// Makes every write that completed before this call durable.
     fn flush(&self) -> BlockResult<()>;
 
@@ -189,6 +197,9 @@ macro_rules! forward_block_device {
             fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> { (**self).read_at(off, buf) }
             fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
                 (**self).write_at(off, buf, flags)
+            }
+            fn write_at_scratch(&self, off: u64, buf: &mut [u8], flags: WriteFlags) -> BlockResult<()> {
+                (**self).write_at_scratch(off, buf, flags)
             }
             fn flush(&self) -> BlockResult<()> { (**self).flush() }
             fn discard(&self, off: u64, len: u64) -> BlockResult<()> { (**self).discard(off, len) }

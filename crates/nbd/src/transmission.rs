@@ -363,7 +363,9 @@ impl<'a> Conn<'a> {
             cmd::WRITE => {
                 if len > 0 {
                     let flags = if fua && native_fua { WriteFlags::FUA } else { WriteFlags::empty() };
-                    dev.write_at(off, &buf[..len as usize], flags)?;
+                    // The payload buffer is ours and is refilled by the next request, so
+                    // the device may use it as scratch (crypt encrypts in place).
+                    dev.write_at_scratch(off, &mut buf[..len as usize], flags)?;
                 }
             }
             cmd::FLUSH => dev.flush()?,

@@ -5,11 +5,17 @@
 //!              │
 //!   CryptTarget<D>   decrypt after read / encrypt before write, per sector, dm-crypt IVs
 //!              │
-//!        D: BlockDevice (file, memory, slice, later IntegrityTarget)
+//!        D: BlockDevice (file, memory, slice, IntegrityTarget)
+//!              │
+//!   IntegrityTarget<D>  tags per block (internal hash or TaggedDevice), journal / bitmap /
+//!              │        direct modes, kernel on-disk format (formats::integrity)
+//!        D: BlockDevice
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod crypt;
+pub mod integrity;
 
 pub use crypt::{CryptConfig, CryptError, CryptMode, CryptTarget};
+pub use integrity::{IntegrityConfig, IntegrityError, IntegrityStatus, IntegrityTarget, TaggedDevice};

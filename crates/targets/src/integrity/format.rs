@@ -1,0 +1,75 @@
+//! Format: what the kernel writes when it opens an all-zero superblock area
+//! (`initialize_superblock`, `init_journal(ic, 0, journal_sections, 0)`, `sync_rw_sb`).
+//!
+//! ```text
+//!   Layout::format(params, device) ─► Superblock + Layout     (formats::integrity)
+//!   journal area: every section init_section(seq 0) (+ section MAC)  ─► written
+//!   superblock area: encode (+ superblock MAC with FIXED_HMAC + journal_mac) ─► written, FUA
+//! ```
+//!
+//! The wipe (zeroes with valid tags, as cryptsetup does through a temporary no-journal
+//! dm-integrity device) is [`super::IntegrityTarget::wipe`] on a target opened in mode D;
+//! without it (`--no-wipe`) the tags are left invalid and unwritten blocks read as EIO.
+use blockdev::{BlockDevice, WriteFlags};
+use formats::integrity::journal::{
+    init_section, section_mac_bytes, section_mac_input, store_section_mac, CommitIds,
+};
+use formats::integrity::superblock::write_sb_mac;
+use formats::integrity::{DeviceParams, FormatParams, Layout, SbFlags, Superblock};
+use sector_crypto::tag::TagHash;
+
+use super::{io, IntegrityError};
+
+/// What to format.
+#[derive(Debug, Clone)]
+pub struct FormatOptions {
+    /// Tag size, block size, journal size, interleave, padding, fix_hmac and its salt.
+    /// `journal_mac` is set from [`FormatOptions::journal_mac`].
+    pub params: FormatParams,
+    /// Table `start`: sectors reserved before the superblock.
+    pub start: u64,
+    /// `buffer_sectors:` (only shapes the layout with a meta device; default 128).
+    pub buffer_sectors: u32,
+    /// `sectors_per_bit:` (stored as `log2_blocks_per_bitmap_bit`).
+    pub sectors_per_bit: Option<u64>,
+    /// `journal_mac:` (keyed): section MACs and, with fix_hmac, the superblock MAC.
+    pub journal_mac: Option<TagHash>,
+}
+
+/// Writes a fresh superblock and an initialised journal to `next` (see the module docs).
+pub fn format<D: BlockDevice>(
+    next: &D,
+    opts: &FormatOptions,
+) -> Result<(Superblock, Layout), IntegrityError> {
+    let g = next.geometry();
+    let mut params = opts.params.clone();
+    params.journal_mac = opts.journal_mac.is_some();
+    let dp = DeviceParams {
+        data_device_sectors: g.size / 512,
+        meta_device_sectors: None,
+        start: opts.start,
+        buffer_sectors: opts.buffer_sectors,
+        sectors_per_bit: opts.sectors_per_bit,
+    };
+    let (sb, layout) = Layout::format(&params, &dp).map_err(IntegrityError::Layout)?;
+    let salt = sb.hmac_salt().copied();
+    let ids = CommitIds::plain();
+    let mut journal = vec![0u8; layout.journal_bytes() as usize];
+    let sbytes = layout.journal.section_bytes();
+    for (i, section) in journal.chunks_exact_mut(sbytes).enumerate() {
+        init_section(&layout.journal, &ids, section, i as u32, 0);
+        if let Some(mac) = &opts.journal_mac {
+            let input = section_mac_input(&layout.journal, section, i as u32, salt.as_ref());
+            store_section_mac(section, &section_mac_bytes(&mac.mac(&input)));
+        }
+    }
+    next.write_at(layout.journal_byte_offset(), &journal, WriteFlags::empty())
+        .map_err(io("writing the journal"))?;
+    let mut area = sb.encode();
+    if let (Some(mac), true) = (&opts.journal_mac, sb.flags.has(SbFlags::FIXED_HMAC)) {
+        write_sb_mac(&mut area, mac.digest_size(), |i| mac.mac(i)).map_err(IntegrityError::Superblock)?;
+    }
+    next.write_at(opts.start * 512, &area, WriteFlags::FUA).map_err(io("writing the superblock"))?;
+    next.flush().map_err(io("flushing"))?;
+    Ok((sb, layout))
+}
