@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod luks;
 pub mod plain;
 
 use std::sync::Arc;
@@ -58,6 +59,15 @@ pub enum VolumeError {
     /// Bad plain-mode parameters.
     #[error("{0}")]
     Params(String),
+    /// A LUKS header could not be read, unlocked or used.
+    #[error("LUKS device {path}")]
+    Luks {
+        /// Metadata device path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: luks::LuksError,
+    },
 }
 
 /// How to open the backing device.

@@ -1,0 +1,238 @@
+//! `luksDump` text, byte for byte as cryptsetup 2.6–2.8 prints it (`LUKS_dump` in
+//! `src/cryptsetup.c` for LUKS1; `LUKS2_hdr_dump` and the keyslot/digest/token dump
+//! callbacks in `lib/luks2/` for LUKS2), so scripts that parse it keep working.
+
+use std::fmt::Write as _;
+
+use formats::luks1::{KeyslotState, Luks1Header};
+use formats::luks2::{self, Luks2Header};
+use sector_crypto::VolumeKey;
+
+use super::{Luks, LuksHeader};
+
+/// cryptsetup `crypt_log_hex`: bytes as `"%02x"` each followed by `sep`, a line break
+/// (`brk`) after every `per_line` bytes when more follow.
+fn hex_lines(out: &mut String, bytes: &[u8], per_line: usize, brk: &str) {
+    for (i, b) in bytes.iter().enumerate() {
+        if i > 0 && i % per_line == 0 {
+            out.push_str(brk);
+        }
+        let _ = write!(out, "{b:02x} ");
+    }
+}
+
+/// The dump of `luks`; `device` is the name shown in the LUKS1 title line.
+pub fn dump(luks: &Luks, device: &str) -> String {
+    match &luks.header {
+        LuksHeader::V1(h) => dump1(h, device),
+        LuksHeader::V2(s) => dump2(&s.header),
+    }
+}
+
+fn dump1(h: &Luks1Header, device: &str) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "LUKS header information for {device}\n");
+    let _ = writeln!(o, "Version:       \t1");
+    let _ = writeln!(o, "Cipher name:   \t{}", h.cipher_name);
+    let _ = writeln!(o, "Cipher mode:   \t{}", h.cipher_mode);
+    let _ = writeln!(o, "Hash spec:     \t{}", h.hash_spec);
+    let _ = writeln!(o, "Payload offset:\t{}", h.payload_offset);
+    let _ = writeln!(o, "MK bits:       \t{}", h.key_bytes * 8);
+    o.push_str("MK digest:     \t");
+    hex_lines(&mut o, &h.mk_digest, 20, "");
+    o.push('\n');
+    o.push_str("MK salt:       \t");
+    hex_lines(&mut o, &h.mk_digest_salt, 16, "\n               \t");
+    o.push('\n');
+    let _ = writeln!(o, "MK iterations: \t{}", h.mk_digest_iterations);
+    let _ = writeln!(o, "UUID:          \t{}\n", h.uuid);
+    for (i, ks) in h.keyslots.iter().enumerate() {
+        if ks.state == KeyslotState::Enabled {
+            let _ = writeln!(o, "Key Slot {i}: ENABLED");
+            let _ = writeln!(o, "\tIterations:         \t{}", ks.iterations);
+            o.push_str("\tSalt:               \t");
+            hex_lines(&mut o, &ks.salt, 16, "\n\t                      \t");
+            o.push('\n');
+            let _ = writeln!(o, "\tKey material offset:\t{}", ks.key_material_offset);
+            let _ = writeln!(o, "\tAF stripes:            \t{}", ks.stripes);
+        } else {
+            let _ = writeln!(o, "Key Slot {i}: DISABLED");
+        }
+    }
+    o
+}
+
+fn dump2(h: &Luks2Header) -> String {
+    let m = &h.metadata;
+    let mut o = String::new();
+    o.push_str("LUKS header information\n");
+    let _ = writeln!(o, "Version:       \t2");
+    let _ = writeln!(o, "Epoch:         \t{}", h.seqid);
+    let _ = writeln!(o, "Metadata area: \t{} [bytes]", m.metadata_size());
+    let _ = writeln!(o, "Keyslots area: \t{} [bytes]", m.config.keyslots_size);
+    let or = |s: &str, none: &'static str| if s.is_empty() { none.to_owned() } else { s.to_owned() };
+    let _ = writeln!(o, "UUID:          \t{}", or(&h.uuid, "(no UUID)"));
+    let _ = writeln!(o, "Label:         \t{}", or(&h.label, "(no label)"));
+    let _ = writeln!(o, "Subsystem:     \t{}", or(&h.subsystem, "(no subsystem)"));
+    // Config.
+    o.push_str("Flags:       \t");
+    let flags = m.config.flags.clone().unwrap_or_default();
+    for f in &flags {
+        let _ = write!(o, "{f} ");
+    }
+    let reqs: Vec<String> =
+        m.config.requirements.iter().flat_map(|r| r.mandatory.iter().flatten().cloned()).collect();
+    o.push_str(if flags.is_empty() { "(no flags)" } else { "" });
+    o.push('\n');
+    if reqs.is_empty() {
+        o.push('\n');
+    } else {
+        o.push_str("Requirements:\t");
+        for r in &reqs {
+            let _ = write!(o, "{r} ");
+        }
+        o.push_str("\n\n");
+    }
+    // Segments.
+    o.push_str("Data segments:\n");
+    for (id, s) in &m.segments {
+        let _ = writeln!(o, "  {id}: {}", s.type_name);
+        let _ = writeln!(o, "\toffset: {} [bytes]", s.offset);
+        match s.size {
+            luks2::SegmentSize::Dynamic => o.push_str("\tlength: (whole device)\n"),
+            luks2::SegmentSize::Bytes(b) => {
+                let _ = writeln!(o, "\tlength: {b} [bytes]");
+            }
+        }
+        match &s.crypt {
+            Some(c) => {
+                let _ = writeln!(o, "\tcipher: {}", c.encryption);
+                let _ = writeln!(o, "\tsector: {} [bytes]", c.sector_size);
+                if let Some(i) = &c.integrity {
+                    let _ = writeln!(o, "\tintegrity: {}", i.type_name);
+                    if let Some(k) = i.key_size {
+                        let _ = writeln!(o, "\tintegrity key size: {} [bits]", k * 8);
+                    }
+                }
+            }
+            None => o.push_str("\tcipher: (no SW encryption)\n"),
+        }
+        if let Some(f) = s.flags.as_ref().filter(|f| !f.is_empty()) {
+            let _ = writeln!(o, "\tflags : {}", f.join(", "));
+        }
+        o.push('\n');
+    }
+    // Keyslots.
+    o.push_str("Keyslots:\n");
+    let seg_digest = m.default_segment().and_then(|s| m.segment_digest(s));
+    for (id, k) in &m.keyslots {
+        let unbound = k.is_luks2() && m.keyslot_digest(*id) != seg_digest;
+        let _ = writeln!(o, "  {id}: {}{}", k.type_name, if unbound { " (unbound)" } else { "" });
+        let _ = writeln!(o, "\tKey:        {} bits", k.key_size * 8);
+        let prio = match k.priority.unwrap_or(1) {
+            0 => "ignored",
+            1 => "normal",
+            2 => "preferred",
+            _ => "invalid",
+        };
+        let _ = writeln!(o, "\tPriority:   {prio}");
+        if k.is_luks2() {
+            if let Some(e) = &k.area.encryption {
+                let _ = writeln!(o, "\tCipher:     {e}");
+            }
+            if let Some(ks) = k.area.key_size {
+                let _ = writeln!(o, "\tCipher key: {} bits", ks * 8);
+            }
+            if let Some(kdf) = &k.kdf {
+                let _ = writeln!(o, "\tPBKDF:      {}", kdf.type_name());
+                let salt = match kdf {
+                    luks2::Kdf::Pbkdf2 { hash, iterations, salt } => {
+                        let _ = writeln!(o, "\tHash:       {hash}");
+                        let _ = writeln!(o, "\tIterations: {iterations}");
+                        Some(salt)
+                    }
+                    luks2::Kdf::Argon2 { time, memory, cpus, salt, .. } => {
+                        let _ = writeln!(o, "\tTime cost:  {time}");
+                        let _ = writeln!(o, "\tMemory:     {memory}");
+                        let _ = writeln!(o, "\tThreads:    {cpus}");
+                        Some(salt)
+                    }
+                    luks2::Kdf::Other(_) => None,
+                };
+                if let Some(salt) = salt {
+                    o.push_str("\tSalt:       ");
+                    hex_lines(&mut o, salt, 16, "\n\t            ");
+                    o.push('\n');
+                }
+            }
+            if let Some(af) = &k.af {
+                let _ = writeln!(o, "\tAF stripes: {}", af.stripes);
+                let _ = writeln!(o, "\tAF hash:    {}", af.hash);
+            }
+            let _ = writeln!(o, "\tArea offset:{} [bytes]", k.area.offset);
+            let _ = writeln!(o, "\tArea length:{} [bytes]", k.area.size);
+        }
+        for (did, d) in &m.digests {
+            if d.keyslots.contains(id) {
+                let _ = writeln!(o, "\tDigest ID:  {did}");
+            }
+        }
+    }
+    // Tokens.
+    o.push_str("Tokens:\n");
+    for (id, t) in &m.tokens {
+        let _ = writeln!(o, "  {id}: {}", t.type_name);
+        if t.type_name == "luks2-keyring" {
+            if let Some(d) = t.extra.get("key_description").and_then(|v| v.as_str()) {
+                let _ = writeln!(o, "\tKey description: {d}");
+            }
+        }
+        for k in &t.keyslots {
+            let _ = writeln!(o, "\tKeyslot:    {k}");
+        }
+    }
+    // Digests.
+    o.push_str("Digests:\n");
+    for (id, d) in &m.digests {
+        let _ = writeln!(o, "  {id}: {}", d.type_name);
+        if let Some(p) = &d.pbkdf2 {
+            let _ = writeln!(o, "\tHash:       {}", p.hash);
+            let _ = writeln!(o, "\tIterations: {}", p.iterations);
+            o.push_str("\tSalt:       ");
+            hex_lines(&mut o, &p.salt, 16, "\n\t            ");
+            o.push('\n');
+            o.push_str("\tDigest:     ");
+            hex_lines(&mut o, &p.digest, 16, "\n\t            ");
+            o.push('\n');
+        }
+    }
+    o
+}
+
+/// `luksDump --dump-volume-key` (cryptsetup `luksDump_with_volume_key`). With
+/// `key_file`, the key went to that file and is not printed.
+pub fn dump_volume_key(luks: &Luks, device: &str, vk: &VolumeKey, key_file: Option<&str>) -> String {
+    let mut o = String::new();
+    let seg = luks.segment().ok();
+    let (name, mode) = match seg.as_ref().map(|s| s.cipher.clone()) {
+        Some(c) => match c.split_once('-') {
+            Some((a, b)) => (a.to_owned(), b.to_owned()),
+            None => (c, String::new()),
+        },
+        None => (String::new(), String::new()),
+    };
+    let _ = writeln!(o, "LUKS header information for {device}");
+    let _ = writeln!(o, "Cipher name:   \t{name}");
+    let _ = writeln!(o, "Cipher mode:   \t{mode}");
+    let _ = writeln!(o, "Payload offset:\t{}", seg.map_or(0, |s| s.offset / 512));
+    let _ = writeln!(o, "UUID:          \t{}", luks.uuid());
+    let _ = writeln!(o, "MK bits:       \t{}", vk.len() * 8);
+    if let Some(f) = key_file {
+        let _ = writeln!(o, "Key stored to file {f}.");
+        return o;
+    }
+    o.push_str("MK dump:\t");
+    hex_lines(&mut o, vk.as_bytes(), 16, "\n\t\t");
+    o.push('\n');
+    o
+}
