@@ -340,6 +340,46 @@ impl TagHash {
         out[k..].fill(0);
     }
 
+    /// The digest of `data` alone (no salt, no sector): the journal MAC (`journal_mac:`),
+    /// which the kernel applies to the section MAC input and to the superblock.
+    pub fn mac(&self, data: &[u8]) -> Vec<u8> {
+        let mut d = [0u8; MAX_DIGEST_SIZE];
+        let n = self.digest_raw(data, &mut d);
+        d[..n].to_vec()
+    }
+
+    fn digest_raw(&self, data: &[u8], digest: &mut [u8; MAX_DIGEST_SIZE]) -> usize {
+        match &self.inner {
+            Inner::Crc32c(init) => {
+                digest[..4].copy_from_slice(&crc32c::crc32c_append(*init, data).to_le_bytes());
+                4
+            }
+            Inner::Crc32(seed) => {
+                let mut h = crc32fast::Hasher::new_with_initial(!*seed);
+                h.update(data);
+                digest[..4].copy_from_slice(&(!h.finalize()).to_le_bytes());
+                4
+            }
+            Inner::Xxh64(seed) => {
+                digest[..8].copy_from_slice(&xxhash_rust::xxh64::xxh64(data, *seed).to_le_bytes());
+                8
+            }
+            Inner::Sha1 => put(digest, Sha1::digest(data).as_slice()),
+            Inner::Sha256 => put(digest, Sha256::digest(data).as_slice()),
+            Inner::Sha512 => put(digest, Sha512::digest(data).as_slice()),
+            Inner::Blake2b256 => put(digest, blake2::Blake2b256::digest(data).as_slice()),
+            Inner::HmacSha1(m) => {
+                put(digest, m.as_ref().clone().chain_update(data).finalize().into_bytes().as_slice())
+            }
+            Inner::HmacSha256(m) => {
+                put(digest, m.as_ref().clone().chain_update(data).finalize().into_bytes().as_slice())
+            }
+            Inner::HmacSha512(m) => {
+                put(digest, m.as_ref().clone().chain_update(data).finalize().into_bytes().as_slice())
+            }
+        }
+    }
+
     /// Tags of consecutive blocks: `data` is whole blocks of `block_size` bytes starting at
     /// logical sector `first_sector`; tag i goes to `tags[i·tag_size..(i+1)·tag_size]`.
     pub fn compute_blocks(
@@ -510,6 +550,15 @@ mod tests {
         assert!(TagHash::new("crc32c", Some(b"abc")).is_err());
         assert!(TagHash::new("crc32c", Some(&[0xff; 4])).is_ok());
         assert_eq!(TagHash::new("hmac-sha512", Some(b"k")).unwrap().digest_size(), 64);
+    }
+
+    #[test]
+    fn mac_is_the_plain_digest_of_the_message() {
+        let t = TagHash::new("hmac(sha256)", Some(b"key")).unwrap();
+        assert_eq!(hex(&t.mac(MSG)), "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8");
+        let c = TagHash::new("crc32c", None).unwrap();
+        assert_eq!(c.mac(MSG), 0x2262_0404u32.to_le_bytes());
+        assert_eq!(hex(&TagHash::new("sha1", None).unwrap().mac(MSG)), "2fd4e1c67a2d28fced849ee1bb76e7391b93eb12");
     }
 
     #[test]

@@ -353,9 +353,9 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         let layout = Layout::open(&sb, &dp).map_err(IntegrityError::Layout)?;
         let dev_block = g.logical_block as u64;
         if dev_block > 512
-            && (sb_off % dev_block != 0
-                || layout.journal.section_bytes() as u64 % dev_block != 0
-                || (layout.initial_sectors as u64 * 512) % dev_block != 0
+            && (!sb_off.is_multiple_of(dev_block)
+                || !(layout.journal.section_bytes() as u64).is_multiple_of(dev_block)
+                || !(layout.initial_sectors as u64 * 512).is_multiple_of(dev_block)
                 || (layout.block_size() as u64) < dev_block)
         {
             return Err(IntegrityError::Params(format!(
@@ -606,7 +606,7 @@ fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) {
         }
         i.recalc_sector.store(pos + n, Ordering::Relaxed);
         chunks += 1;
-        if chunks % 64 == 0 {
+        if chunks.is_multiple_of(64) {
             let r = i.meta.flush_dirty(&i.next).and_then(|_| i.next.flush());
             let r = r.and_then(|_| i.write_sb_with(|sb| sb.recalc_sector = pos + n));
             if let Err(e) = r {
@@ -1084,7 +1084,7 @@ impl<D: BlockDevice> Inner<D> {
             let ranges = if sb.log2_blocks_per_bitmap_bit == l.log2_blocks_per_bitmap_bit {
                 bgeom.dirty_ranges(&bytes[..bgeom.bytes().min(bytes.len())])
             } else {
-                vec![0..l.provided_data_sectors]
+                std::iter::once(0..l.provided_data_sectors).collect()
             };
             if self.hash.is_some() {
                 for r in &ranges {

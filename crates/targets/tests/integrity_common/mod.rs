@@ -57,7 +57,13 @@ impl Shape {
         p.journal_sectors = self.journal_sectors;
         p.fix_padding = self.fix_padding;
         p.salt = [0x5a; 16];
-        FormatOptions { params: p, start: 0, buffer_sectors: 128, sectors_per_bit: None, journal_mac: self.mac() }
+        FormatOptions {
+            params: p,
+            start: 0,
+            buffer_sectors: 128,
+            sectors_per_bit: None,
+            journal_mac: self.mac(),
+        }
     }
     /// Formats `dev` and wipes it (zeroes with valid tags).
     pub fn format<D: BlockDevice + 'static>(&self, dev: Arc<D>) {
