@@ -1,0 +1,143 @@
+//! The quick suite: `sealdisk bench` with no arguments.
+//!
+//! On self-made temporary volumes (one per stack, same size, same filesystem), the workloads
+//! everyone asks about first, then one table with each stack's figure and its ratio to raw
+//! I/O on the same kind of file:
+//!
+//! ```text
+//!   stacks:     raw file | crypt inline | crypt auto  [| luks2 | integrity, when they land]
+//!   workloads:  4k randread/randwrite at QD1 and QD32, 1M sequential read/write at QD8
+//!   each:       2.5 s measured after 0.5 s ramp, one repetition, interleaved per workload
+//! ```
+//! About 60 s of measuring on 2 cores, plus preconditioning the volumes.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use targets::CryptMode;
+
+use crate::compare::{CellDir, Comparison, ComparisonResult, Point, Variant};
+use crate::report::{fmt_bw, fmt_count};
+use crate::spec::{JobSpec, RwMode};
+use crate::stack::StackSpec;
+
+/// Scaling of the suite.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// Measured time per job.
+    pub runtime: Duration,
+    /// Ramp per job.
+    pub ramp: Duration,
+    /// Volume size per stack.
+    pub size: u64,
+    /// Repetitions.
+    pub repetitions: u32,
+    /// O_DIRECT backing files.
+    pub direct: bool,
+}
+
+impl Default for SuiteOptions {
+    fn default() -> Self {
+        SuiteOptions {
+            runtime: Duration::from_millis(2500),
+            ramp: Duration::from_millis(500),
+            size: 256 << 20,
+            repetitions: 1,
+            direct: false,
+        }
+    }
+}
+
+/// Stacks the suite will add when their layers land, with what they wait for.
+pub const PENDING: &[(&str, &str)] = &[
+    ("luks2", "LUKS2 volume assembly in `volume`"),
+    ("integrity", "the dm-integrity target (IntegrityTarget)"),
+];
+
+/// The suite as a comparison (baseline: raw).
+pub fn comparison(o: &SuiteOptions) -> Comparison {
+    let with_direct = |mut s: StackSpec| {
+        s.direct = o.direct;
+        s
+    };
+    let variants = vec![
+        Variant::new("raw", with_direct(StackSpec::raw())),
+        Variant::new("crypt-inline", with_direct(StackSpec::crypt(CryptMode::Inline))),
+        Variant::new("crypt-auto", with_direct(StackSpec::crypt(CryptMode::Auto))),
+    ];
+    let job = |name: &str, rw, bs, qd| {
+        Point::one(name, JobSpec::new(name, rw, bs).depth(qd).timed(o.runtime, o.ramp))
+    };
+    let points = vec![
+        job("randread-4k-qd1", RwMode::RandRead, 4096, 1),
+        job("randwrite-4k-qd1", RwMode::RandWrite, 4096, 1),
+        job("randread-4k-qd32", RwMode::RandRead, 4096, 32),
+        job("randwrite-4k-qd32", RwMode::RandWrite, 4096, 32),
+        job("seqread-1m-qd8", RwMode::Read, 1 << 20, 8),
+        job("seqwrite-1m-qd8", RwMode::Write, 1 << 20, 8),
+    ];
+    Comparison {
+        title: "sealdisk bench: quick suite".into(),
+        knob: "the stack: raw file vs plain dm-crypt (aes-xts-plain64, 512-bit key, 4096-byte sectors), crypto inline or auto".into(),
+        seed: None,
+        note: Some(format!(
+            "{} volumes, {} backing files, in-process (no transport); pending stacks: {}",
+            crate::spec::format_size(o.size),
+            if o.direct { "O_DIRECT" } else { "buffered (page cache)" },
+            PENDING.iter().map(|(n, why)| format!("{n} (needs {why})")).collect::<Vec<_>>().join(", ")
+        )),
+        variants,
+        points,
+        repetitions: o.repetitions,
+        volume_size: o.size,
+    }
+}
+
+/// The headline figure of a cell: IOPS below 128 KiB requests, bandwidth above.
+fn headline(d: &CellDir, big: bool) -> (f64, String) {
+    if big {
+        (d.bw_bytes.median, fmt_bw(d.bw_bytes.median))
+    } else {
+        (d.iops.median, format!("{} IOPS", fmt_count(d.iops.median)))
+    }
+}
+
+/// One table: workload × stack → headline figure and ratio to the first stack (raw).
+pub fn summary(r: &ComparisonResult) -> String {
+    let mut out = String::new();
+    let base = r.variants.first().map(|v| v.name.clone()).unwrap_or_default();
+    let _ = writeln!(out, "== summary: each stack vs {base} (same file system, same workload) ==");
+    let w = r.points.iter().map(|p| p.label.len()).max().unwrap_or(8).max(8);
+    let mut hdr = format!("{:<w$}", "workload");
+    for v in &r.variants {
+        let _ = write!(hdr, "  {:>24}", v.name);
+    }
+    let _ = writeln!(out, "{hdr}");
+    let _ = writeln!(out, "{}", "-".repeat(hdr.len()));
+    for p in &r.points {
+        let big = p.label.contains("1m");
+        let mut line = format!("{:<w$}", p.label);
+        let mut base_v = None;
+        for (i, c) in p.cells.iter().enumerate() {
+            let d = c.read.as_ref().or(c.write.as_ref());
+            let cell = match d {
+                Some(d) => {
+                    let (v, s) = headline(d, big);
+                    if i == 0 {
+                        base_v = Some(v);
+                        s
+                    } else {
+                        match base_v.filter(|b| *b > 0.0) {
+                            Some(b) => format!("{s} ({:.2}x)", v / b),
+                            None => s,
+                        }
+                    }
+                }
+                None => "-".into(),
+            };
+            let _ = write!(line, "  {cell:>24}");
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    out
+}
