@@ -37,7 +37,7 @@ fn workload(seed: u64) -> Vec<Op> {
         } else {
             let n = 1 + x % 24;
             let block = (x >> 8) % (BLOCKS - n + 1);
-            ops.push(Op::Write { block, n, seed: x, fua: (x >> 40) % 7 == 0 });
+            ops.push(Op::Write { block, n, seed: x, fua: (x >> 40).is_multiple_of(7) });
         }
     }
     ops
