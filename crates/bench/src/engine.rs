@@ -40,11 +40,19 @@ pub struct RunOptions {
     pub progress: bool,
     /// Prefix of the progress line (e.g. the variant's name).
     pub label: String,
+    /// Set from outside (a signal handler) to stop at the next request; the job then fails
+    /// with [`BenchError::Interrupted`] and temporary volumes are cleaned up as usual.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { clock: Arc::new(MonotonicClock::new()), progress: false, label: String::new() }
+        RunOptions {
+            clock: Arc::new(MonotonicClock::new()),
+            progress: false,
+            label: String::new(),
+            stop: None,
+        }
     }
 }
 
@@ -82,6 +90,7 @@ pub struct CloneCtx<'a> {
     source: Mutex<Box<dyn OpSource + 'a>>,
     clock: &'a dyn Clock,
     abort: &'a AtomicBool,
+    stop: Option<&'a AtomicBool>,
     live: &'a LiveCounters,
     merged: Mutex<Merged>,
     written: Option<&'a WrittenMap>,
@@ -128,7 +137,7 @@ impl CloneCtx<'_> {
 
     /// The next request, or `None` when the job is done or has failed.
     pub fn next_op(&self) -> Option<Op> {
-        if self.abort.load(Ordering::Relaxed) {
+        if self.abort.load(Ordering::Relaxed) || self.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
             return None;
         }
         let now = self.clock.now_ns();
@@ -306,6 +315,7 @@ pub fn run_job(target: &dyn Target, spec: &JobSpec, opts: &RunOptions) -> Result
         source: Mutex::new(source),
         clock,
         abort: &abort,
+        stop: opts.stop.as_deref(),
         live: &live,
         merged: Mutex::new(Merged::default()),
         written: written.as_ref(),
@@ -369,6 +379,9 @@ pub fn run_job(target: &dyn Target, spec: &JobSpec, opts: &RunOptions) -> Result
     let cpu_end = CpuSnapshot::now();
     if let Some(e) = errors.into_iter().next() {
         return Err(e);
+    }
+    if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+        return Err(BenchError::Interrupted);
     }
 
     let mut read = LatencyRecorder::new();

@@ -110,6 +110,9 @@ pub enum BenchError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Stopped by a signal.
+    #[error("interrupted")]
+    Interrupted,
     /// A bug in the harness.
     #[error("internal error: {0}")]
     Internal(String),

@@ -195,10 +195,11 @@ fn dir_text(out: &mut String, name: &str, d: &DirResult, runtime_ms: f64) {
 }
 
 fn lat_text(out: &mut String, l: &LatencySummary) {
-    // fio's choice of unit: nsec for very fast, usec usually, msec for slow.
-    let (unit, div) = if l.max < 10_000 {
+    // fio's choice of unit, by the median: nsec for very fast, usec usually, msec for slow.
+    let p50 = l.percentiles.iter().find(|(p, _)| *p == 50.0).map(|x| x.1).unwrap_or(l.max);
+    let (unit, div) = if p50 < 10_000 {
         ("nsec", 1.0)
-    } else if l.min >= 10_000_000 {
+    } else if p50 >= 10_000_000 {
         ("msec", 1e6)
     } else {
         ("usec", 1e3)

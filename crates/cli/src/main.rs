@@ -30,6 +30,11 @@ enum Action {
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
     /// back by a real NBD client, with a short summary.
     Demo(actions::demo::DemoArgs),
+    /// Measure: fio-style workloads on a temporary stack or an NBD URI, A/B comparisons,
+    /// seed presets; with no arguments, the quick suite.
+    Bench(Box<actions::bench::BenchArgs>),
+    /// In-memory cipher, tag-hash and PBKDF2 speed, like `cryptsetup benchmark`.
+    Benchmark(actions::benchmark::BenchmarkArgs),
 }
 
 /// cryptsetup's exit codes (src/utils_tools.c translate_errno).
@@ -58,6 +63,8 @@ fn main() -> ExitCode {
     let result = match cli.action {
         Action::Open(a) => actions::open::run(*a),
         Action::Demo(a) => actions::demo::run(a),
+        Action::Bench(a) => actions::bench::run(*a),
+        Action::Benchmark(a) => actions::benchmark::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,7 @@
 //! One module per action: parse → call a library → print.
 
+pub mod bench;
+pub mod benchmark;
 pub mod demo;
 pub mod open;
 

@@ -1,0 +1,486 @@
+//! `sealdisk bench`: fio-style workloads against a stack it builds itself or an NBD URI;
+//! A/B comparisons, seed presets, and (with no arguments) the quick suite.
+//!
+//! Thin: options become a `bench::JobSpec` / `StackSpec` / `Comparison`, the bench crate
+//! runs them, this prints.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bench::compare::{self, CompareEnv, Comparison, ComparisonResult, Point, Variant};
+use bench::presets::{self, PresetOptions};
+use bench::report::{self, Report, ReportJob};
+use bench::spec::{format_size, parse_duration, parse_size};
+use bench::suite::{self, SuiteOptions};
+use bench::{DeviceTarget, JobSpec, NbdTarget, NbdUri, RunOptions, StackSpec};
+use clap::Args;
+
+use super::UsageError;
+
+/// Arguments of `sealdisk bench` (fio's option names, `--name=value`).
+#[derive(Debug, Args)]
+#[command(after_help = "\
+With no arguments: the quick suite (raw file vs plain dm-crypt, inline and auto; 4k random \
+QD1/QD32 and 1M sequential), about a minute, ending in one summary table.
+
+Examples:
+  sealdisk bench
+  sealdisk bench --rw=randread --bs=4k --size=256M --iodepth=32 --runtime=5 --time_based
+  sealdisk bench --stack=crypt --crypt-mode=inline --sector-size=512 --rw=randrw --direct=1
+  sealdisk bench --target='nbd+unix:///vol?socket=/tmp/vol.sock' --rw=randread --iodepth=32 --runtime=5
+  sealdisk bench --compare --variant pool:crypt-mode=pool --variant inline:crypt-mode=inline \\
+      --rw=readwrite --bs=4k --runtime=3 --time_based --repeat=3 --svg=wq.svg
+  sealdisk bench --list-presets
+  sealdisk bench --preset dm-crypt-workqueue")]
+pub struct BenchArgs {
+    // ---- workload (fio) ----
+    /// Job name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// read, write, randread, randwrite, rw|readwrite, randrw.
+    #[arg(long, alias = "readwrite")]
+    pub rw: Option<String>,
+    /// Percentage of reads in a mixed job (default 50).
+    #[arg(long)]
+    pub rwmixread: Option<u8>,
+    /// Block size (4k, 64k, 1M).
+    #[arg(long, alias = "blocksize")]
+    pub bs: Option<String>,
+    /// Region size from --offset; also the size of a temporary volume (default 256M).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Start of the region.
+    #[arg(long)]
+    pub offset: Option<String>,
+    /// Requests in flight per job: worker threads in-process, pipelined requests over NBD.
+    #[arg(long)]
+    pub iodepth: Option<u32>,
+    /// Independent clones of the job (one NBD connection each).
+    #[arg(long)]
+    pub numjobs: Option<u32>,
+    /// Measured time (5, 500ms, 2m).
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Run for --runtime whatever --size says.
+    #[arg(long = "time_based", alias = "time-based", num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    pub time_based: Option<String>,
+    /// Run this long before measuring.
+    #[arg(long = "ramp_time", alias = "ramp-time")]
+    pub ramp_time: Option<String>,
+    /// Passes over the region.
+    #[arg(long)]
+    pub loops: Option<u32>,
+    /// O_DIRECT on the temporary volume's backing file.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    pub direct: Option<String>,
+    /// Every write durable on completion (FUA).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    pub sync: Option<String>,
+    /// Flush at the end of the job.
+    #[arg(long = "end_fsync", alias = "end-fsync", num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    pub end_fsync: Option<String>,
+    /// Write verify headers, check reads, read everything back at the end.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    pub verify: Option<String>,
+    /// Seed of the random offsets.
+    #[arg(long)]
+    pub randseed: Option<u64>,
+
+    // ---- what to run against ----
+    /// An NBD URI (nbd+unix:///NAME?socket=PATH, nbd://HOST:PORT/NAME) instead of a temporary volume.
+    #[arg(long, conflicts_with = "stack")]
+    pub target: Option<String>,
+    /// Stack on the temporary volume: raw, crypt (later integrity, crypt-integrity, luks2).
+    #[arg(long)]
+    pub stack: Option<String>,
+    /// Cipher of the crypt layer.
+    #[arg(long)]
+    pub cipher: Option<String>,
+    /// Key size in bits (random key).
+    #[arg(long)]
+    pub key_size: Option<u32>,
+    /// Encryption sector size, 512..4096.
+    #[arg(long)]
+    pub sector_size: Option<u32>,
+    /// Where crypto runs: auto, pool, inline.
+    #[arg(long)]
+    pub crypt_mode: Option<String>,
+    /// Lock under the layers: none, range, rwlock, mutex.
+    #[arg(long)]
+    pub lock: Option<String>,
+    /// Directory for temporary volumes (default: $SEALDISK_BENCH_DIR, else the temp dir unless tmpfs).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+
+    // ---- comparisons and presets ----
+    /// Compare two or more --variant NAME:OPTIONS on the same workload.
+    #[arg(long)]
+    pub compare: bool,
+    /// A variant: NAME:key=value,... (stack options, job options, or target=URI).
+    #[arg(long = "variant", value_name = "NAME:OPTIONS")]
+    pub variants: Vec<String>,
+    /// With --compare: one table row per block size (4k,16k,64k).
+    #[arg(long, value_name = "BS,BS,...")]
+    pub sweep_bs: Option<String>,
+    /// Repetitions per cell, interleaved (compare, presets, suite).
+    #[arg(long)]
+    pub repeat: Option<u32>,
+    /// Write an SVG bar chart of the comparison(s) here.
+    #[arg(long, value_name = "PATH")]
+    pub svg: Option<PathBuf>,
+    /// Run a preset (see --list-presets).
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// List the presets.
+    #[arg(long)]
+    pub list_presets: bool,
+
+    // ---- output ----
+    /// normal (fio-like text) or json (schemas/bench-report.schema.json).
+    #[arg(long = "output-format", default_value = "normal", value_parser = ["normal", "json"])]
+    pub output_format: String,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// No progress line (it is off anyway when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl BenchArgs {
+    fn any_job_option(&self) -> bool {
+        self.rw.is_some()
+            || self.bs.is_some()
+            || self.iodepth.is_some()
+            || self.numjobs.is_some()
+            || self.verify.is_some()
+    }
+    fn any_stack_option(&self) -> bool {
+        self.stack.is_some()
+            || self.cipher.is_some()
+            || self.key_size.is_some()
+            || self.sector_size.is_some()
+            || self.crypt_mode.is_some()
+            || self.lock.is_some()
+    }
+}
+
+fn usage(e: bench::BenchError) -> anyhow::Error {
+    match e {
+        bench::BenchError::Usage(m) => UsageError(m).into(),
+        e => e.into(),
+    }
+}
+
+/// The job the options describe (fio defaults elsewhere).
+fn job(a: &BenchArgs) -> Result<JobSpec> {
+    let mut j = JobSpec::default();
+    let s = |v: &Option<String>| v.clone();
+    let n = |v: Option<u32>| v.map(|x| x.to_string());
+    let pairs = [
+        ("name", s(&a.name)),
+        ("rw", s(&a.rw)),
+        ("rwmixread", a.rwmixread.map(|x| x.to_string())),
+        ("bs", s(&a.bs)),
+        ("offset", s(&a.offset)),
+        ("iodepth", n(a.iodepth)),
+        ("numjobs", n(a.numjobs)),
+        ("runtime", s(&a.runtime)),
+        ("time_based", s(&a.time_based)),
+        ("ramp_time", s(&a.ramp_time)),
+        ("loops", n(a.loops)),
+        ("sync", s(&a.sync)),
+        ("end_fsync", s(&a.end_fsync)),
+        ("verify", s(&a.verify)),
+        ("randseed", a.randseed.map(|x| x.to_string())),
+    ];
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            j.set(k, &v).map_err(usage)?;
+        }
+    }
+    if a.name.is_none() {
+        j.name = format!("{}-{}", j.rw, format_size(j.bs));
+    }
+    // fio: --size is the region. With a target, the region; with a temporary volume, its
+    // size (and the region is all of it).
+    if a.target.is_some() {
+        if let Some(sz) = &a.size {
+            j.size = Some(parse_size(sz).map_err(usage)?);
+        }
+    }
+    j.validate().map_err(usage)?;
+    Ok(j)
+}
+
+fn stack(a: &BenchArgs) -> Result<StackSpec> {
+    let mut st = StackSpec::default();
+    let pairs = [
+        ("stack", a.stack.clone()),
+        ("cipher", a.cipher.clone()),
+        ("key-size", a.key_size.map(|x| x.to_string())),
+        ("sector-size", a.sector_size.map(|x| x.to_string())),
+        ("crypt-mode", a.crypt_mode.clone()),
+        ("lock", a.lock.clone()),
+        ("direct", a.direct.clone()),
+    ];
+    for (k, v) in pairs {
+        if let Some(v) = v {
+            st.set(k, &v).map_err(usage)?;
+        }
+    }
+    Ok(st)
+}
+
+fn volume_size(a: &BenchArgs, default: u64) -> Result<u64> {
+    match &a.size {
+        Some(s) => Ok(parse_size(s).map_err(usage)?),
+        None => Ok(default),
+    }
+}
+
+fn dir(a: &BenchArgs) -> Result<PathBuf> {
+    let d = a.dir.clone().unwrap_or_else(bench::stack::default_dir);
+    if !d.is_dir() {
+        bail!(UsageError(format!("--dir {}: not a directory", d.display())));
+    }
+    if bench::stack::is_tmpfs(&d) {
+        eprintln!("bench: warning: {} is a tmpfs; the backing files live in memory", d.display());
+    }
+    Ok(d)
+}
+
+fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+    Ok(stop)
+}
+
+/// Runs `sealdisk bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.list_presets {
+        print!("{}", presets::list_text());
+        return Ok(());
+    }
+    let json = a.output_format == "json";
+    let run_opts = RunOptions { progress: !a.no_progress, stop: Some(stop_flag()?), ..RunOptions::default() };
+    let mut rep = Report::new(std::env::args().collect::<Vec<_>>().join(" "));
+
+    if let Some(name) = &a.preset {
+        let p = presets::find(name).ok_or_else(|| {
+            let names: Vec<_> = presets::all().iter().map(|p| p.name).collect();
+            UsageError(format!("no preset {name:?}; presets: {}", names.join(", ")))
+        })?;
+        if let Some(needs) = p.needs {
+            bail!(bench::BenchError::NotImplemented(format!(
+                "preset {name} needs {needs}, which is not implemented yet (its workload is defined: {})",
+                p.runs
+            )));
+        }
+        let o = PresetOptions {
+            runtime: a.runtime.as_deref().map(parse_duration).transpose().map_err(usage)?,
+            ramp: a.ramp_time.as_deref().map(parse_duration).transpose().map_err(usage)?,
+            repetitions: a.repeat,
+            size: a.size.as_deref().map(parse_size).transpose().map_err(usage)?,
+        };
+        let comps = p.comparisons(&o);
+        return run_comparisons(&a, comps, run_opts, rep, json, None);
+    }
+
+    if a.compare {
+        let base_stack = stack(&a)?;
+        let variants = a
+            .variants
+            .iter()
+            .map(|v| Variant::parse(v, &base_stack))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(usage)?;
+        if variants.len() < 2 {
+            bail!(UsageError("--compare needs at least two --variant NAME:OPTIONS".into()));
+        }
+        let base_job = job(&a)?;
+        let points = match &a.sweep_bs {
+            Some(list) => list
+                .split(',')
+                .map(|bs| {
+                    let mut j = base_job.clone();
+                    j.set("bs", bs.trim())?;
+                    j.name = format!("{}-{}", j.rw, format_size(j.bs));
+                    Ok(Point::one(format_size(j.bs), j))
+                })
+                .collect::<Result<Vec<_>, bench::BenchError>>()
+                .map_err(usage)?,
+            None => vec![Point::one(format_size(base_job.bs), base_job.clone())],
+        };
+        let c = Comparison {
+            title: format!("compare: {}", base_job.describe()),
+            knob: a.variants.join("  vs  "),
+            seed: None,
+            note: None,
+            variants,
+            points,
+            repetitions: a.repeat.unwrap_or(3),
+            volume_size: volume_size(&a, 256 << 20)?,
+        };
+        return run_comparisons(&a, vec![c], run_opts, rep, json, None);
+    }
+
+    if a.target.is_some() || a.any_job_option() || a.any_stack_option() {
+        let spec = job(&a)?;
+        let (result, _volume) = match &a.target {
+            Some(uri) => {
+                let uri: NbdUri = uri.parse().map_err(usage)?;
+                let t = NbdTarget::connect(&uri).with_context(|| format!("connecting to {uri}"))?;
+                (bench::run_job(&t, &spec, &run_opts)?, None)
+            }
+            None => {
+                let st = stack(&a)?;
+                let size = volume_size(&a, 256 << 20)?;
+                let d = dir(&a)?;
+                if !json {
+                    eprintln!(
+                        "bench: {} on a {} temporary volume in {}",
+                        st.describe(),
+                        format_size(size),
+                        d.display()
+                    );
+                }
+                let built = st.build(&d, size).map_err(usage)?;
+                built.precondition().context("preconditioning the temporary volume")?;
+                let t = DeviceTarget::new(built.device.clone(), built.description.clone());
+                (bench::run_job(&t, &spec, &run_opts)?, Some(built))
+            }
+        };
+        if !json {
+            print!("{}", report::job_text(&result, None));
+            println!("\nRun status:");
+            print!("{}", report::run_status(&result));
+        }
+        rep.jobs.push(ReportJob { variant: None, repetition: None, result });
+        return finish(&a, &rep, json);
+    }
+
+    // No workload, no target, no preset: the quick suite.
+    let o = SuiteOptions {
+        runtime: a
+            .runtime
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(usage)?
+            .unwrap_or(SuiteOptions::default().runtime),
+        ramp: a
+            .ramp_time
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(usage)?
+            .unwrap_or(SuiteOptions::default().ramp),
+        size: volume_size(&a, SuiteOptions::default().size)?,
+        repetitions: a.repeat.unwrap_or(1),
+        direct: a
+            .direct
+            .as_deref()
+            .map(|v| bench::spec::parse_bool("direct", v))
+            .transpose()
+            .map_err(usage)?
+            .unwrap_or(false),
+    };
+    let c = suite::comparison(&o);
+    let extra: Box<dyn Fn(&ComparisonResult) -> String> = Box::new(suite::summary);
+    run_comparisons(&a, vec![c], run_opts, rep, json, Some(extra))
+}
+
+fn run_comparisons(
+    a: &BenchArgs,
+    comps: Vec<Comparison>,
+    run: RunOptions,
+    mut rep: Report,
+    json: bool,
+    summary: Option<Box<dyn Fn(&ComparisonResult) -> String>>,
+) -> Result<()> {
+    for c in &comps {
+        compare::check(c).map_err(usage)?;
+    }
+    let env = CompareEnv { dir: dir(a)?, run, chatty: !json };
+    let started = std::time::Instant::now();
+    for c in &comps {
+        if !json {
+            let cells = c.points.len() * c.variants.len() * c.repetitions as usize;
+            let per: Duration = c
+                .points
+                .iter()
+                .flat_map(|p| p.jobs.iter())
+                .map(|j| j.runtime.unwrap_or_default() + j.ramp_time)
+                .sum();
+            eprintln!(
+                "bench: {} — {} variants × {} points × {} repetitions = {cells} cells, about {:.0} s of measuring",
+                c.title,
+                c.variants.len(),
+                c.points.len(),
+                c.repetitions,
+                per.as_secs_f64() * (c.variants.len() * c.repetitions as usize) as f64
+            );
+        }
+        let r = compare::run_comparison(c, &env, &mut |j| rep.jobs.push(j))?;
+        if !json {
+            println!("\n{}", compare::table(&r));
+            if let Some(s) = &summary {
+                println!("{}", s(&r));
+            }
+        }
+        rep.comparisons.push(r);
+    }
+    if !json {
+        eprintln!("bench: done in {:.0} s", started.elapsed().as_secs_f64());
+    }
+    if let Some(path) = &a.svg {
+        let svgs: Vec<String> = rep.comparisons.iter().map(bench::svg::chart).collect();
+        let doc =
+            if svgs.len() == 1 { svgs.into_iter().next().unwrap_or_default() } else { stack_svgs(&svgs) };
+        std::fs::write(path, doc).with_context(|| format!("writing {}", path.display()))?;
+        if !json {
+            eprintln!("bench: chart written to {}", path.display());
+        }
+    }
+    finish(a, &rep, json)
+}
+
+/// Several charts one under another in one SVG document.
+fn stack_svgs(svgs: &[String]) -> String {
+    let mut y = 0.0;
+    let mut body = String::new();
+    let mut width: f64 = 0.0;
+    for s in svgs {
+        let dim = |attr: &str| -> f64 {
+            s.split(&format!(" {attr}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let (w, h) = (dim("width"), dim("height"));
+        width = width.max(w);
+        body.push_str(&format!("<g transform=\"translate(0,{y})\">{s}</g>\n"));
+        y += h;
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{y:.0}\" viewBox=\"0 0 {width:.0} {y:.0}\">\n{body}</svg>\n"
+    )
+}
+
+fn finish(a: &BenchArgs, rep: &Report, json: bool) -> Result<()> {
+    let doc = rep.to_json();
+    if json {
+        println!("{doc}");
+    }
+    if let Some(path) = &a.output {
+        std::fs::write(path, &doc).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
