@@ -1,0 +1,387 @@
+//! `sealdisk integrity format|open|dump|status`: integritysetup-shaped dm-integrity volumes.
+//!
+//! Option names and defaults are integritysetup 2.6's. The internal hash is not stored in the
+//! superblock, so `open` needs `-I` (and the key) again, as with integritysetup.
+//!
+//! Status of a served volume: `open --status-file PATH` rewrites PATH every second (and at
+//! exit) with `key: value` lines (mode, mismatches, provided_data_sectors, recalc_sector,
+//! poisoned, engine counters); `sealdisk integrity status PATH` prints it; SIGUSR1 logs the
+//! dmsetup-style status line (`<mismatches> <provided_data_sectors> <recalc_sector|->`).
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use blockdev::BlockDevice;
+use clap::{Args, Subcommand};
+use volume::integrity::{HashMode, IntegrityParams, IntegrityStatus, Mode};
+use zeroize::Zeroizing;
+
+use super::UsageError;
+use crate::serve::{serve, ServeArgs};
+
+/// `sealdisk integrity ...`.
+#[derive(Debug, Args)]
+pub struct IntegrityArgs {
+    #[command(subcommand)]
+    action: IntegrityAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum IntegrityAction {
+    /// Format DEVICE (superblock, journal, and a wipe that writes valid tags).
+    Format(Box<FormatArgs>),
+    /// Open DEVICE and serve it as NAME over NBD until SIGINT/SIGTERM.
+    Open(Box<OpenArgs>),
+    /// Print the superblock as `integritysetup dump` does.
+    Dump(DumpArgs),
+    /// Print the status file a served volume writes (`open --status-file`).
+    Status(StatusArgs),
+}
+
+/// integritysetup's options shared by format and open.
+#[derive(Debug, Clone, Args)]
+struct IntegrityOpts {
+    /// Data integrity algorithm (crc32c, crc32, xxhash64, sha1, sha256, sha512, blake2b-256,
+    /// hmac-sha1, hmac-sha256, hmac-sha512).
+    #[arg(short = 'I', long, default_value = "crc32c")]
+    integrity: String,
+    /// Read the integrity key from a file.
+    #[arg(long, value_name = "FILE")]
+    integrity_key_file: Option<String>,
+    /// The size of the data integrity key in bytes (integritysetup's help says BITS; it
+    /// reads bytes). Default: the whole key file.
+    #[arg(long, value_name = "BYTES")]
+    integrity_key_size: Option<usize>,
+    /// Tag size (per-sector), default the digest size.
+    #[arg(short = 't', long)]
+    tag_size: Option<u32>,
+    /// Sector size (integrity block size).
+    #[arg(short = 's', long, default_value_t = 512)]
+    sector_size: u32,
+    /// Interleave sectors.
+    #[arg(long, default_value_t = 32768)]
+    interleave_sectors: u32,
+    /// Journal size in bytes.
+    #[arg(short = 'j', long)]
+    journal_size: Option<u64>,
+    /// Use a bitmap to track changes and disable the journal.
+    #[arg(short = 'B', long = "integrity-bitmap-mode")]
+    bitmap: bool,
+    /// Disable the journal (direct writes).
+    #[arg(short = 'D', long = "integrity-no-journal")]
+    no_journal: bool,
+    /// Recovery mode (no journal, no tag checking, read-only).
+    #[arg(short = 'R', long = "integrity-recovery-mode")]
+    recovery: bool,
+    /// Use inefficient legacy padding (old kernels).
+    #[arg(long)]
+    integrity_legacy_padding: bool,
+    /// Do not protect the superblock with HMAC (old kernels).
+    #[arg(long)]
+    integrity_legacy_hmac: bool,
+    /// Metadata buffer size in sectors.
+    #[arg(long, default_value_t = 128)]
+    buffer_sectors: u32,
+    /// Journal watermark (percent).
+    #[arg(long, default_value_t = 50)]
+    journal_watermark: u32,
+    /// Journal commit time in ms.
+    #[arg(long, default_value_t = 10000)]
+    journal_commit_time: u64,
+    /// Allow discards (TRIM).
+    #[arg(long)]
+    allow_discards: bool,
+    /// Number of 512-byte sectors per bit (bitmap mode).
+    #[arg(long)]
+    bitmap_sectors_per_bit: Option<u64>,
+    /// Bitmap mode flush time in ms.
+    #[arg(long, default_value_t = 10000)]
+    bitmap_flush_time: u64,
+    /// Recalculate tags automatically (in the background, from recalc_sector).
+    #[arg(long)]
+    integrity_recalculate: bool,
+    /// Do not ask for confirmation.
+    #[arg(short = 'q', long)]
+    batch_mode: bool,
+    /// sealdisk knob: always read a metadata buffer before modifying it, even when a write
+    /// covers it whole (to measure the read-modify-write cost).
+    #[arg(long)]
+    perf_always_rmw: bool,
+    /// sealdisk knob: where tags are computed: auto (inline up to 64 KiB), inline, pool.
+    #[arg(long, value_enum, default_value = "auto")]
+    perf_hash_mode: HashModeArg,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum HashModeArg {
+    Auto,
+    Inline,
+    Pool,
+}
+
+impl IntegrityOpts {
+    fn mode(&self) -> Result<Mode> {
+        Ok(match (self.bitmap, self.no_journal, self.recovery) {
+            (false, false, false) => Mode::Journal,
+            (true, false, false) => Mode::Bitmap,
+            (false, true, false) => Mode::Direct,
+            (false, false, true) => Mode::Recovery,
+            _ => bail!(UsageError("-B, -D and -R are mutually exclusive".into())),
+        })
+    }
+
+    fn params(&self) -> Result<IntegrityParams> {
+        let key = match &self.integrity_key_file {
+            Some(f) => {
+                let mut k =
+                    Zeroizing::new(std::fs::read(f).with_context(|| format!("reading key file {f}"))?);
+                if let Some(n) = self.integrity_key_size {
+                    if k.len() < n {
+                        bail!(UsageError(format!("key file {f} holds {} bytes, need {n}", k.len())));
+                    }
+                    k.truncate(n);
+                }
+                Some(k)
+            }
+            None if self.integrity.starts_with("hmac") => {
+                bail!(UsageError(format!("{} needs --integrity-key-file", self.integrity)))
+            }
+            None => None,
+        };
+        Ok(IntegrityParams {
+            integrity: self.integrity.clone(),
+            key,
+            tag_size: self.tag_size,
+            sector_size: self.sector_size,
+            interleave_sectors: self.interleave_sectors,
+            journal_size: self.journal_size,
+            mode: self.mode()?,
+            legacy_padding: self.integrity_legacy_padding,
+            legacy_hmac: self.integrity_legacy_hmac,
+            buffer_sectors: self.buffer_sectors,
+            journal_watermark: self.journal_watermark,
+            journal_commit_time: self.journal_commit_time,
+            allow_discards: self.allow_discards,
+            bitmap_sectors_per_bit: self.bitmap_sectors_per_bit,
+            bitmap_flush_time: self.bitmap_flush_time,
+            recalculate: self.integrity_recalculate,
+            read_only: false,
+            direct: false,
+            skip_rmw: !self.perf_always_rmw,
+            hash_mode: match self.perf_hash_mode {
+                HashModeArg::Auto => HashMode::Auto,
+                HashModeArg::Inline => HashMode::Inline,
+                HashModeArg::Pool => HashMode::Pool,
+            },
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+struct FormatArgs {
+    #[command(flatten)]
+    opts: IntegrityOpts,
+    /// Do not wipe the device after format (tags stay invalid until written).
+    #[arg(long)]
+    no_wipe: bool,
+    /// Hide the progress bar.
+    #[arg(long)]
+    no_progress: bool,
+    /// The device (file or block device) to format.
+    device: String,
+}
+
+#[derive(Debug, Args)]
+struct OpenArgs {
+    #[command(flatten)]
+    opts: IntegrityOpts,
+    /// Serve read-only.
+    #[arg(long, short = 'r')]
+    readonly: bool,
+    /// Rewrite this file every second with the volume's status.
+    #[arg(long, value_name = "PATH")]
+    status_file: Option<String>,
+    /// The dm-integrity device.
+    device: String,
+    /// Export name.
+    name: String,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Args)]
+struct DumpArgs {
+    /// The dm-integrity device.
+    device: String,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// The status file written by `integrity open --status-file`.
+    status_file: String,
+}
+
+/// Runs `sealdisk integrity ...`.
+pub fn run(a: IntegrityArgs) -> Result<()> {
+    match a.action {
+        IntegrityAction::Format(f) => format(*f),
+        IntegrityAction::Open(o) => open(*o),
+        IntegrityAction::Dump(d) => {
+            print!("{}", volume::integrity::dump(&d.device)?);
+            Ok(())
+        }
+        IntegrityAction::Status(s) => {
+            let text = std::fs::read_to_string(&s.status_file)
+                .with_context(|| format!("reading status file {}", s.status_file))?;
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+fn confirm(device: &str) -> Result<()> {
+    eprint!(
+        "\nWARNING!\n========\nThis will overwrite data on {device} irrevocably.\n\nAre you sure? (Type 'yes' in capital letters): "
+    );
+    std::io::stderr().flush().ok();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).context("reading the confirmation")?;
+    if line.trim_end() != "YES" {
+        bail!(UsageError("Operation aborted.".into()));
+    }
+    Ok(())
+}
+
+/// `1.8 GiB` / `512 MiB` as cryptsetup's progress lines print sizes.
+fn size_str(bytes: u64) -> String {
+    const GIB: u64 = 1 << 30;
+    if bytes >= GIB {
+        format!("{} GiB", bytes / GIB)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
+fn speed_str(bytes_per_s: f64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    if bytes_per_s >= GIB {
+        format!("{:.1} GiB/s", bytes_per_s / GIB)
+    } else {
+        format!("{:.1} MiB/s", bytes_per_s / (1 << 20) as f64)
+    }
+}
+
+fn format(a: FormatArgs) -> Result<()> {
+    let p = a.opts.params()?;
+    if p.mode == Mode::Recovery {
+        bail!(UsageError("-R is an open-time mode".into()));
+    }
+    if !a.opts.batch_mode {
+        confirm(&a.device)?;
+    }
+    let mut salt = [0u8; 16];
+    rand::fill(&mut salt);
+    let bar = (!a.no_progress && !a.no_wipe).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "Wiping {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let start = Instant::now();
+    let report = volume::integrity::format(&a.device, &p, salt, a.no_wipe, |done, total| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    })
+    .with_context(|| format!("formatting {}", a.device))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let sb = &report.superblock;
+    println!("Formatted with tag size {}, internal integrity {}.", sb.integrity_tag_size, p.integrity);
+    if !a.no_wipe {
+        let secs = start.elapsed().as_secs_f64();
+        let t = start.elapsed().as_secs();
+        println!(
+            "Finished, time {:02}m{:02}s, {} written, speed {}",
+            t / 60,
+            t % 60,
+            size_str(report.wiped_bytes),
+            speed_str(report.wiped_bytes as f64 / secs.max(1e-9))
+        );
+    }
+    Ok(())
+}
+
+fn status_text(s: &IntegrityStatus) -> String {
+    let recalc = s.recalc_sector.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+    format!(
+        "mode: {}\nmismatches: {}\nprovided_data_sectors: {}\nrecalc_sector: {recalc}\npoisoned: {}\n\
+         metadata_reads: {}\nrmw_reads: {}\nmetadata_writes: {}\njournal_commits: {}\n\
+         journal_copyouts: {}\njournal_pending_blocks: {}\ndmsetup_status: {s}\n",
+        s.mode.letter(),
+        s.mismatches,
+        s.provided_data_sectors,
+        s.poisoned,
+        s.metadata_reads,
+        s.rmw_reads,
+        s.metadata_writes,
+        s.journal_commits,
+        s.journal_copyouts,
+        s.journal_pending_blocks,
+    )
+}
+
+fn write_status(path: &str, s: &IntegrityStatus) {
+    let tmp = format!("{path}.tmp");
+    let r = std::fs::write(&tmp, status_text(s)).and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = r {
+        log::warn!("writing status file {path}: {e}");
+    }
+}
+
+fn open(a: OpenArgs) -> Result<()> {
+    let mut p = a.opts.params()?;
+    p.read_only = a.readonly || p.mode == Mode::Recovery;
+    p.direct = a.serve.direct;
+    let target = volume::integrity::open(&a.device, &p).with_context(|| format!("opening {}", a.device))?;
+    let done = Arc::new(AtomicBool::new(false));
+    let reporter = {
+        let (t, done, path) = (target.clone(), done.clone(), a.status_file.clone());
+        let mut usr1 = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])
+            .context("installing the SIGUSR1 handler")?;
+        std::thread::Builder::new()
+            .name("integrity-status".into())
+            .spawn(move || {
+                let mut last: Option<Instant> = None;
+                while !done.load(Ordering::Relaxed) {
+                    if let Some(p) = &path {
+                        if last.is_none_or(|l| l.elapsed() >= Duration::from_secs(1)) {
+                            write_status(p, &t.status());
+                            last = Some(Instant::now());
+                        }
+                    }
+                    for _ in usr1.pending() {
+                        eprintln!("sealdisk: integrity status: {}", t.status());
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+            .context("starting the status thread")?
+    };
+    let dev: Arc<dyn BlockDevice> = target.clone();
+    let r = serve(&a.name, dev, &a.serve, p.read_only);
+    done.store(true, Ordering::Relaxed);
+    let _ = reporter.join();
+    if let Some(path) = &a.status_file {
+        write_status(path, &target.status());
+    }
+    r
+}

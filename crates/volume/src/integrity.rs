@@ -1,0 +1,261 @@
+//! Standalone dm-integrity volumes (integritysetup's format / open / dump) on a file or
+//! block device.
+//!
+//! ```text
+//!   IntegrityParams ──format()──► superblock + journal (targets::integrity::format)
+//!                                 └─ wipe: zeroes with valid tags through a mode-D target
+//!   IntegrityParams ──open()────► IntegrityTarget<FileDevice>   (served by the CLI)
+//!   device ──────────dump()─────► integritysetup dump text (formats::integrity)
+//! ```
+//! The internal hash is not stored in the superblock: open needs `-I` and the key again.
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, BlockError, FileDevice, FileOptions, WriteFlags};
+use formats::integrity::layout::DEFAULT_INTERLEAVE_SECTORS;
+use formats::integrity::superblock::{dump_text, SB_AREA_BYTES};
+use formats::integrity::{FormatParams, Layout, Superblock};
+use sector_crypto::tag::TagHash;
+use sector_crypto::CryptoError;
+pub use targets::integrity::{HashMode, IntegrityStatus, IntegrityTarget, Mode};
+use targets::integrity::{IntegrityConfig, IntegrityError};
+use zeroize::Zeroizing;
+
+/// Why an integrity volume operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IntegrityVolumeError {
+    /// The device could not be opened or read.
+    #[error("cannot access device {path}")]
+    Device {
+        /// Path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: BlockError,
+    },
+    /// The internal hash or its key is not usable.
+    #[error("cannot set up integrity algorithm {alg}")]
+    Hash {
+        /// Algorithm as given.
+        alg: String,
+        /// Cause.
+        #[source]
+        source: CryptoError,
+    },
+    /// Formatting, opening or wiping failed in the target.
+    #[error("dm-integrity on {path}")]
+    Target {
+        /// Path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: IntegrityError,
+    },
+    /// The wipe failed.
+    #[error("wiping {path}")]
+    Wipe {
+        /// Path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: BlockError,
+    },
+    /// Inconsistent parameters.
+    #[error("{0}")]
+    Params(String),
+}
+
+/// integritysetup's options (format and open).
+#[derive(Debug, Clone)]
+pub struct IntegrityParams {
+    /// `-I`: internal hash (kernel or cryptsetup spelling); default crc32c.
+    pub integrity: String,
+    /// `--integrity-key-file` contents (already read, `--integrity-key-size` bytes).
+    pub key: Option<Zeroizing<Vec<u8>>>,
+    /// `-t`: tag size (default: the digest size).
+    pub tag_size: Option<u32>,
+    /// `-s`: block size (default 512).
+    pub sector_size: u32,
+    /// `--interleave-sectors` (default 32768).
+    pub interleave_sectors: u32,
+    /// `-j`: journal size in bytes (default: the kernel's choice).
+    pub journal_size: Option<u64>,
+    /// Mode J (default), B (`-B`), D (`-D`) or R (`-R`).
+    pub mode: Mode,
+    /// `--integrity-legacy-padding`.
+    pub legacy_padding: bool,
+    /// `--integrity-legacy-hmac`: no FIXED_HMAC.
+    pub legacy_hmac: bool,
+    /// `--buffer-sectors` (default 128).
+    pub buffer_sectors: u32,
+    /// `--journal-watermark` percent (default 50).
+    pub journal_watermark: u32,
+    /// `--journal-commit-time` ms (default 10000).
+    pub journal_commit_time: u64,
+    /// `--allow-discards`.
+    pub allow_discards: bool,
+    /// `--bitmap-sectors-per-bit` (default 32768).
+    pub bitmap_sectors_per_bit: Option<u64>,
+    /// `--bitmap-flush-time` ms (default 10000).
+    pub bitmap_flush_time: u64,
+    /// `--integrity-recalculate`.
+    pub recalculate: bool,
+    /// Open read-only.
+    pub read_only: bool,
+    /// Use O_DIRECT on the backing file.
+    pub direct: bool,
+    /// Engine knob: whole-buffer tag writes skip the metadata read.
+    pub skip_rmw: bool,
+    /// Engine knob: where tags are computed.
+    pub hash_mode: HashMode,
+}
+
+impl Default for IntegrityParams {
+    fn default() -> Self {
+        IntegrityParams {
+            integrity: "crc32c".into(),
+            key: None,
+            tag_size: None,
+            sector_size: 512,
+            interleave_sectors: DEFAULT_INTERLEAVE_SECTORS,
+            journal_size: None,
+            mode: Mode::Journal,
+            legacy_padding: false,
+            legacy_hmac: false,
+            buffer_sectors: 128,
+            journal_watermark: 50,
+            journal_commit_time: 10_000,
+            allow_discards: false,
+            bitmap_sectors_per_bit: None,
+            bitmap_flush_time: 10_000,
+            recalculate: false,
+            read_only: false,
+            direct: false,
+            skip_rmw: true,
+            hash_mode: HashMode::Auto,
+        }
+    }
+}
+
+impl IntegrityParams {
+    fn hash(&self) -> Result<TagHash, IntegrityVolumeError> {
+        TagHash::new(&self.integrity, self.key.as_deref().map(|k| k.as_slice()))
+            .map_err(|source| IntegrityVolumeError::Hash { alg: self.integrity.clone(), source })
+    }
+
+    /// The target configuration these options describe.
+    pub fn config(&self) -> Result<IntegrityConfig, IntegrityVolumeError> {
+        let mut c = IntegrityConfig::new(self.mode, Some(self.hash()?));
+        c.tag_size = self.tag_size;
+        c.block_size = self.sector_size;
+        c.buffer_sectors = self.buffer_sectors;
+        c.journal_watermark = self.journal_watermark;
+        c.commit_time_ms = self.journal_commit_time;
+        c.sectors_per_bit = self.bitmap_sectors_per_bit;
+        c.bitmap_flush_interval_ms = self.bitmap_flush_time;
+        c.allow_discards = self.allow_discards;
+        c.recalculate = self.recalculate;
+        c.read_only = self.read_only;
+        c.skip_rmw = self.skip_rmw;
+        c.hash_mode = self.hash_mode;
+        Ok(c)
+    }
+
+    /// The format parameters (cryptsetup's defaults: fix_padding, fix_hmac, random salt).
+    pub fn format_params(&self, salt: [u8; 16]) -> Result<FormatParams, IntegrityVolumeError> {
+        let h = self.hash()?;
+        let tag = self.tag_size.unwrap_or(h.digest_size() as u32);
+        let mut p = FormatParams::new(tag, self.sector_size);
+        p.interleave_sectors = self.interleave_sectors;
+        p.journal_sectors = match self.journal_size {
+            Some(b) => Some(
+                u32::try_from(b / 512)
+                    .map_err(|_| IntegrityVolumeError::Params(format!("journal size {b} is too large")))?,
+            ),
+            None => None,
+        };
+        p.fix_padding = !self.legacy_padding;
+        p.fix_hmac = !self.legacy_hmac;
+        p.salt = salt;
+        Ok(p)
+    }
+}
+
+fn open_file(path: &str, read_only: bool, direct: bool) -> Result<FileDevice, IntegrityVolumeError> {
+    let opts = FileOptions { read_only, direct, ..FileOptions::default() };
+    FileDevice::open(path, opts).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })
+}
+
+/// What a format did.
+#[derive(Debug, Clone)]
+pub struct FormatReport {
+    /// The superblock written.
+    pub superblock: Superblock,
+    /// Its layout.
+    pub layout: Layout,
+    /// Bytes wiped (0 with `no_wipe`).
+    pub wiped_bytes: u64,
+}
+
+/// Formats `path` (superblock + journal exactly as the kernel would), then, unless
+/// `no_wipe`, writes zeroes with valid tags over every block, reporting progress as
+/// `(done, total)` bytes.
+pub fn format(
+    path: &str,
+    p: &IntegrityParams,
+    salt: [u8; 16],
+    no_wipe: bool,
+    progress: impl FnMut(u64, u64),
+) -> Result<FormatReport, IntegrityVolumeError> {
+    let dev = Arc::new(open_file(path, false, p.direct)?);
+    // Like integritysetup: wipe old signatures in the superblock area first.
+    dev.write_at(0, &vec![0u8; SB_AREA_BYTES.min(dev.geometry().size as usize)], WriteFlags::empty())
+        .map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
+    let opts = targets::integrity::FormatOptions {
+        params: p.format_params(salt)?,
+        start: 0,
+        buffer_sectors: p.buffer_sectors,
+        sectors_per_bit: p.bitmap_sectors_per_bit,
+        journal_mac: None,
+    };
+    let target_err = |source| IntegrityVolumeError::Target { path: path.into(), source };
+    let (superblock, layout) = targets::integrity::format(&*dev, &opts).map_err(target_err)?;
+    let mut wiped = 0;
+    if !no_wipe {
+        let mut cfg = p.config()?;
+        cfg.mode = Mode::Direct;
+        cfg.read_only = false;
+        cfg.commit_time_ms = 0;
+        cfg.bitmap_flush_interval_ms = 0;
+        cfg.recalculate = false;
+        let t = IntegrityTarget::open(dev, cfg).map_err(target_err)?;
+        wiped = t.geometry().size;
+        t.wipe(progress).map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
+        t.close().map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
+    }
+    Ok(FormatReport { superblock, layout, wiped_bytes: wiped })
+}
+
+/// Opens `path` as a dm-integrity volume.
+pub fn open(
+    path: &str,
+    p: &IntegrityParams,
+) -> Result<Arc<IntegrityTarget<FileDevice>>, IntegrityVolumeError> {
+    let read_only = p.read_only || p.mode == Mode::Recovery;
+    let dev = open_file(path, read_only, p.direct)?;
+    let t = IntegrityTarget::open(dev, p.config()?)
+        .map_err(|source| IntegrityVolumeError::Target { path: path.into(), source })?;
+    Ok(Arc::new(t))
+}
+
+/// `integritysetup dump`: the superblock of `path` as integritysetup 2.6.1 prints it.
+pub fn dump(path: &str) -> Result<String, IntegrityVolumeError> {
+    let dev = open_file(path, true, false)?;
+    let mut area = vec![0u8; SB_AREA_BYTES];
+    dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
+    let sb = Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {
+        path: path.into(),
+        source: IntegrityError::Superblock(e),
+    })?;
+    Ok(dump_text(&sb, path))
+}
