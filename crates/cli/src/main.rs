@@ -27,6 +27,38 @@ struct Cli {
 enum Action {
     /// Open a volume and serve it over NBD until SIGINT/SIGTERM.
     Open(Box<actions::open::OpenArgs>),
+    /// Format a device as LUKS1 or LUKS2.
+    #[command(name = "luksFormat")]
+    LuksFormat(Box<actions::luks_format::LuksFormatArgs>),
+    /// Print a LUKS header (cryptsetup's layout).
+    #[command(name = "luksDump")]
+    LuksDump(actions::luks_header::DumpArgs),
+    /// Add a passphrase to a free keyslot.
+    #[command(name = "luksAddKey")]
+    LuksAddKey(Box<actions::luks_keyslot::AddKeyArgs>),
+    /// Destroy the keyslot a passphrase opens.
+    #[command(name = "luksRemoveKey")]
+    LuksRemoveKey(actions::luks_keyslot::RemoveKeyArgs),
+    /// Change a passphrase.
+    #[command(name = "luksChangeKey")]
+    LuksChangeKey(Box<actions::luks_keyslot::ChangeKeyArgs>),
+    /// Destroy a keyslot by number.
+    #[command(name = "luksKillSlot")]
+    LuksKillSlot(actions::luks_keyslot::KillSlotArgs),
+    /// Print or set the UUID of a LUKS device.
+    #[command(name = "luksUUID")]
+    LuksUuid(actions::luks_header::UuidArgs),
+    /// Exit 0 if the device has a LUKS header, else 1.
+    #[command(name = "isLuks")]
+    IsLuks(actions::luks_header::IsLuksArgs),
+    /// Save the LUKS header and keyslot areas to a file.
+    #[command(name = "luksHeaderBackup")]
+    LuksHeaderBackup(actions::luks_header::BackupArgs),
+    /// Restore a saved LUKS header (validated first).
+    #[command(name = "luksHeaderRestore")]
+    LuksHeaderRestore(actions::luks_header::BackupArgs),
+    /// Wipe every LUKS keyslot.
+    Erase(actions::luks_keyslot::EraseArgs),
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
     /// back by a real NBD client, with a short summary.
     Demo(actions::demo::DemoArgs),
@@ -63,6 +95,17 @@ fn main() -> ExitCode {
     let result = match cli.action {
         Action::Open(a) => actions::open::run(*a),
         Action::Demo(a) => actions::demo::run(a),
+        Action::LuksFormat(a) => actions::luks_format::run(*a),
+        Action::LuksDump(a) => actions::luks_header::dump(a),
+        Action::LuksAddKey(a) => actions::luks_keyslot::add_key(*a),
+        Action::LuksRemoveKey(a) => actions::luks_keyslot::remove_key(a),
+        Action::LuksChangeKey(a) => actions::luks_keyslot::change_key(*a),
+        Action::LuksKillSlot(a) => actions::luks_keyslot::kill_slot(a),
+        Action::LuksUuid(a) => actions::luks_header::uuid(a),
+        Action::IsLuks(a) => actions::luks_header::is_luks(a),
+        Action::LuksHeaderBackup(a) => actions::luks_header::backup(a),
+        Action::LuksHeaderRestore(a) => actions::luks_header::restore(a),
+        Action::Erase(a) => actions::luks_keyslot::erase(a),
         Action::Bench(a) => actions::bench::run(*a),
         Action::Benchmark(a) => actions::benchmark::run(a),
     };

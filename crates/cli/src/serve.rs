@@ -11,8 +11,9 @@ use nbd::{Export, ListenAddr, Server, ServerConfig};
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Where to listen: unix:PATH or tcp:HOST:PORT (TCP binds 127.0.0.1 unless told).
+    /// Required, except for actions that serve nothing (`open --test-passphrase`).
     #[arg(long, value_name = "ADDR")]
-    pub listen: String,
+    pub listen: Option<String>,
     /// Worker threads per NBD connection (requests in flight per client).
     #[arg(long, default_value_t = ServerConfig::default().threads_per_connection)]
     pub threads: usize,
@@ -23,14 +24,16 @@ pub struct ServeArgs {
 
 /// Serves `device` as export `name` until SIGINT or SIGTERM, then flushes and returns.
 pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_only: bool) -> Result<()> {
-    let addr: ListenAddr =
-        args.listen.parse().with_context(|| format!("invalid --listen {:?}", args.listen))?;
+    let Some(listen) = args.listen.as_deref() else {
+        anyhow::bail!(crate::actions::UsageError("--listen ADDR is required to serve a volume".into()));
+    };
+    let addr: ListenAddr = listen.parse().with_context(|| format!("invalid --listen {listen:?}"))?;
     let g = device.geometry();
     let export =
         Export { name: name.to_string(), description: format!("sealdisk {name}"), device, read_only };
     let config = ServerConfig { threads_per_connection: args.threads.max(1), ..ServerConfig::default() };
     let server = Server::new(vec![export], config);
-    let bound = server.bind(&addr).with_context(|| format!("listening on {}", args.listen))?;
+    let bound = server.bind(&addr).with_context(|| format!("listening on {listen}"))?;
     let handle = bound.shutdown_handle();
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
@@ -49,7 +52,7 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
         g.size,
         g.logical_block,
         if read_only { ", read-only" } else { "" },
-        args.listen
+        listen
     );
     bound.serve().context("NBD server failed")?;
     eprintln!("sealdisk: {name} flushed and closed");

@@ -3,6 +3,11 @@
 pub mod bench;
 pub mod benchmark;
 pub mod demo;
+pub mod luks;
+pub mod luks_format;
+pub mod luks_header;
+pub mod luks_keyslot;
+pub mod luks_open;
 pub mod open;
 
 use blockdev::BlockErrorKind;
@@ -18,6 +23,9 @@ pub struct UsageError(pub String);
 /// Maps an error chain to cryptsetup's exit codes.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
+        if let Some(code) = luks::exit_code(cause) {
+            return code;
+        }
         if cause.downcast_ref::<UsageError>().is_some() {
             return exit::BAD_ARGS;
         }

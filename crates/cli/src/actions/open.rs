@@ -21,9 +21,19 @@ Examples:
       --sector-size 4096 disk.img vol --listen unix:/tmp/vol.sock
   dmsetup table --showkeys vol | sealdisk open --table-file - vol --listen tcp:127.0.0.1:10809")]
 pub struct OpenArgs {
-    /// Device type; only `plain` so far (`--table-file` needs none).
-    #[arg(long = "type", short = 'M', default_value = "plain")]
-    pub kind: String,
+    /// Device type: plain, luks, luks1, luks2 (`--table-file` needs none). Without it, a
+    /// device with a LUKS header opens as LUKS, anything else as plain.
+    #[arg(long = "type", short = 'M')]
+    pub kind: Option<String>,
+    /// LUKS: detached header file.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<String>,
+    /// LUKS: only try this keyslot.
+    #[arg(long, short = 'S')]
+    pub key_slot: Option<u32>,
+    /// LUKS: check the passphrase and exit without serving (DEVICE only).
+    #[arg(long)]
+    pub test_passphrase: bool,
     /// Read a dm-crypt table line from FILE (`-` for stdin) instead of plain options.
     #[arg(long, value_name = "FILE")]
     pub table_file: Option<String>,
@@ -125,10 +135,13 @@ pub fn run(a: OpenArgs) -> Result<()> {
             (read_table(file)?, name.clone())
         }
         None => {
-            if a.kind != "plain" {
+            let kind = a.kind.clone().unwrap_or_else(|| super::luks_open::detect(a.header.as_deref().unwrap_or(&a.positional[0]), &opts));
+            if matches!(kind.as_str(), "luks" | "luks1" | "luks2") {
+                return super::luks_open::run(&a, &kind, &opts);
+            }
+            if kind != "plain" {
                 bail!(UsageError(format!(
-                    "device type {:?} is not supported yet (supported: plain, or --table-file)",
-                    a.kind
+                    "device type {kind:?} is not supported yet (supported: plain, luks, luks1, luks2, or --table-file)"
                 )));
             }
             let [device, name] = a.positional.as_slice() else {
@@ -176,7 +189,7 @@ fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTa
     Ok(volume::plain::table(device, &params, opts)?)
 }
 
-fn read_table(file: &str) -> Result<CryptTable> {
+pub(super) fn read_table(file: &str) -> Result<CryptTable> {
     let mut text = Zeroizing::new(String::new());
     if file == "-" {
         std::io::stdin().read_to_string(&mut text).context("reading the table line from stdin")?;
@@ -188,7 +201,7 @@ fn read_table(file: &str) -> Result<CryptTable> {
 }
 
 /// The table line with the key replaced by zeroes, as `dmsetup table` without --showkeys.
-fn masked(t: &CryptTable) -> String {
+pub(super) fn masked(t: &CryptTable) -> String {
     let mut m = t.clone();
     m.key.iter_mut().for_each(|b| *b = 0);
     m.to_string()

@@ -1,0 +1,225 @@
+//! What the LUKS actions share: passphrases (key file, stdin, terminal prompt), the
+//! `yesDialog` confirmation, PBKDF options, opening the metadata device, exit codes.
+//!
+//! Passphrase sources, as cryptsetup reads them:
+//!
+//! | source                              | what is read                                        |
+//! |-------------------------------------|-----------------------------------------------------|
+//! | `--key-file FILE`                   | the file's bytes from `--keyfile-offset`, at most `--keyfile-size` (default: all, ≤ 8 MiB) |
+//! | `--key-file -`                      | stdin the same way, to EOF, newlines included        |
+//! | no key file, stdin is a terminal    | a prompt on /dev/tty with echo off, without the newline |
+//! | no key file, stdin is not a terminal| stdin up to the first newline                        |
+//!
+//! Passphrases never come from argv.
+
+use std::fs::File;
+use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use sector_crypto::kdf::{HashAlg, Passphrase};
+use volume::luks::{LuksError, PbkdfParams, PbkdfType};
+use volume::VolumeError;
+use zeroize::Zeroizing;
+
+use super::UsageError;
+use crate::exit;
+
+/// cryptsetup's default ceiling on key-file size (`DEFAULT_KEYFILE_SIZE_MAXKB`, 8 MiB).
+const KEYFILE_MAX: usize = 8 << 20;
+
+/// The user declined a confirmation (cryptsetup: -EPERM, exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("Operation aborted.")]
+pub struct Aborted;
+
+/// Passphrases given twice differ (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("Passphrases do not match.")]
+pub struct Mismatch;
+
+/// Where the (existing) passphrase comes from.
+#[derive(Debug, Clone, Args)]
+pub struct KeyArgs {
+    /// Read the passphrase from FILE (`-` for stdin) instead of prompting.
+    #[arg(long, short = 'd', value_name = "FILE")]
+    pub key_file: Option<String>,
+    /// Skip this many bytes of the key file.
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    pub keyfile_offset: u64,
+    /// Read at most this many bytes of the key file.
+    #[arg(long, short = 'l', value_name = "BYTES")]
+    pub keyfile_size: Option<usize>,
+}
+
+/// PBKDF options for new keyslots (cryptsetup's names).
+#[derive(Debug, Clone, Args)]
+pub struct PbkdfArgs {
+    /// PBKDF for new keyslots: pbkdf2, argon2i, argon2id (LUKS2 default argon2id).
+    #[arg(long, value_name = "TYPE")]
+    pub pbkdf: Option<String>,
+    /// Hash for PBKDF2, the AF splitter and the volume key digest.
+    #[arg(long = "hash", default_value = "sha256")]
+    pub hash: String,
+    /// PBKDF benchmark target, in milliseconds.
+    #[arg(long, short = 'i', default_value_t = 2000, value_name = "MS")]
+    pub iter_time: u64,
+    /// Skip the benchmark: PBKDF2 iterations, or the Argon2 time cost.
+    #[arg(long, value_name = "N")]
+    pub pbkdf_force_iterations: Option<u32>,
+    /// Argon2 memory in KiB (the maximum when benchmarking).
+    #[arg(long, value_name = "KIB")]
+    pub pbkdf_memory: Option<u32>,
+    /// Argon2 parallel threads.
+    #[arg(long, value_name = "N")]
+    pub pbkdf_parallel: Option<u32>,
+}
+
+impl PbkdfArgs {
+    /// The volume-level parameters.
+    pub fn params(&self) -> Result<PbkdfParams> {
+        let kind = match &self.pbkdf {
+            Some(k) => Some(k.parse::<PbkdfType>().map_err(|e| UsageError(e.to_string()))?),
+            None => None,
+        };
+        let hash: HashAlg = self.hash.parse().map_err(|e| UsageError(format!("--hash: {e}")))?;
+        Ok(PbkdfParams {
+            kind,
+            hash,
+            iter_time: std::time::Duration::from_millis(self.iter_time.max(1)),
+            force_iterations: self.pbkdf_force_iterations,
+            memory_kib: self.pbkdf_memory,
+            parallel: self.pbkdf_parallel,
+        })
+    }
+}
+
+/// Reads a passphrase from a key file (or stdin for `-`), cryptsetup style.
+pub fn read_keyfile(path: &str, offset: u64, size: Option<usize>) -> Result<Passphrase> {
+    let limit = size.unwrap_or(KEYFILE_MAX);
+    let mut buf = Zeroizing::new(Vec::new());
+    if path == "-" {
+        let mut stdin = std::io::stdin().lock();
+        std::io::copy(&mut (&mut stdin).take(offset), &mut std::io::sink())
+            .context("skipping --keyfile-offset bytes of stdin")?;
+        stdin.take(limit as u64 + 1).read_to_end(&mut buf).context("reading the key file from stdin")?;
+    } else {
+        let mut f = File::open(path).with_context(|| format!("opening key file {path}"))?;
+        f.seek(SeekFrom::Start(offset)).with_context(|| format!("seeking in key file {path}"))?;
+        f.take(limit as u64 + 1).read_to_end(&mut buf).with_context(|| format!("reading key file {path}"))?;
+    }
+    if size.is_none() && buf.len() > KEYFILE_MAX {
+        bail!(UsageError(format!("key file {path} is larger than {KEYFILE_MAX} bytes")));
+    }
+    if let Some(s) = size {
+        if buf.len() < s {
+            bail!(UsageError(format!("cannot read {s} bytes from key file {path}")));
+        }
+        buf.truncate(s);
+    }
+    if buf.is_empty() {
+        bail!(UsageError(format!("key file {path} is empty")));
+    }
+    Ok(Passphrase::new(buf.to_vec()))
+}
+
+/// Prompts for a passphrase: on the terminal without echo, or one line of stdin.
+pub fn prompt(text: &str) -> Result<Passphrase> {
+    let line = if std::io::stdin().is_terminal() {
+        Zeroizing::new(rpassword::prompt_password(text).context("reading the passphrase from the terminal")?)
+    } else {
+        let mut line = Zeroizing::new(String::new());
+        std::io::stdin().read_line(&mut line).context("reading the passphrase from stdin")?;
+        while line.ends_with('\n') || line.ends_with('\r') {
+            line.pop();
+        }
+        line
+    };
+    if line.is_empty() {
+        bail!(UsageError("no passphrase given".into()));
+    }
+    Ok(Passphrase::new(line.as_bytes().to_vec()))
+}
+
+/// The existing passphrase: `--key-file`, or a prompt.
+pub fn passphrase(k: &KeyArgs, prompt_text: &str) -> Result<Passphrase> {
+    match &k.key_file {
+        Some(f) => read_keyfile(f, k.keyfile_offset, k.keyfile_size),
+        None => prompt(prompt_text),
+    }
+}
+
+/// A new passphrase: from `file` if given, else prompted twice on a terminal (once from a
+/// pipe), and the two must match.
+pub fn new_passphrase(
+    file: Option<&str>,
+    offset: u64,
+    size: Option<usize>,
+    prompt_text: &str,
+) -> Result<Passphrase> {
+    if let Some(f) = file {
+        return read_keyfile(f, offset, size);
+    }
+    let p = prompt(prompt_text)?;
+    if std::io::stdin().is_terminal() {
+        let again = prompt("Verify passphrase: ")?;
+        if again != p {
+            bail!(Mismatch);
+        }
+    }
+    Ok(p)
+}
+
+/// cryptsetup's `yesDialog`: asks only when stdin is a terminal and not in batch mode.
+pub fn confirm(msg: &str, batch: bool) -> Result<()> {
+    if batch || !std::io::stdin().is_terminal() {
+        return Ok(());
+    }
+    eprint!("\nWARNING!\n========\n{msg}\n\nAre you sure? (Type 'yes' in capital letters): ");
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer).context("reading the answer")?;
+    if answer.trim_end_matches(['\n', '\r']) != "YES" {
+        bail!(Aborted);
+    }
+    Ok(())
+}
+
+/// Opens the metadata device (`--header` or the device itself).
+pub fn open_meta(path: &str, read_only: bool) -> Result<blockdev::FileDevice> {
+    let opts = volume::OpenOptions { read_only, ..Default::default() };
+    Ok(volume::open_backing(path, &opts)?)
+}
+
+/// Wraps a LUKS error with the device path, for the error chain.
+pub fn luks_err(path: &str) -> impl Fn(LuksError) -> anyhow::Error + '_ {
+    move |source| VolumeError::Luks { path: path.to_owned(), source }.into()
+}
+
+/// cryptsetup's exit code for a LUKS error in the chain, if there is one.
+pub fn exit_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
+    if cause.downcast_ref::<Aborted>().is_some() || cause.downcast_ref::<Mismatch>().is_some() {
+        return Some(exit::PERMISSION);
+    }
+    let l = match cause.downcast_ref::<VolumeError>() {
+        Some(VolumeError::Luks { source, .. }) => source,
+        _ => cause.downcast_ref::<LuksError>()?,
+    };
+    Some(match l {
+        LuksError::WrongPassphrase | LuksError::VolumeKeyMismatch => exit::PERMISSION,
+        LuksError::Io { .. } => exit::DEVICE,
+        _ => exit::BAD_ARGS,
+    })
+}
+
+/// Parses a size with an optional k/m/g suffix (powers of 1024), as cryptsetup's
+/// `--luks2-metadata-size 64k`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok().and_then(|n| n.checked_mul(mul)).ok_or_else(|| format!("invalid size {s:?}"))
+}

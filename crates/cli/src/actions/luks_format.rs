@@ -1,0 +1,151 @@
+//! `sealdisk luksFormat DEVICE [KEYFILE]`: cryptsetup's options and defaults.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use volume::luks::{self, FormatParams, LuksVersion};
+
+use super::luks::{confirm, luks_err, new_passphrase, open_meta, parse_size, KeyArgs, PbkdfArgs};
+use super::UsageError;
+
+/// Arguments of `luksFormat`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Example (cheap KDF, for tests):
+  sealdisk luksFormat -q --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file pass disk.img")]
+pub struct LuksFormatArgs {
+    /// luks1, luks2 or luks (= luks2).
+    #[arg(long = "type", short = 'M', default_value = "luks2")]
+    pub kind: String,
+    /// Data cipher.
+    #[arg(long, short = 'c', default_value = "aes-xts-plain64")]
+    pub cipher: String,
+    /// Volume key size in bits (default 512 for XTS, else 256).
+    #[arg(long, short = 's')]
+    pub key_size: Option<usize>,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Keyslot for the passphrase (default 0).
+    #[arg(long, short = 'S')]
+    pub key_slot: Option<u32>,
+    /// Encryption sector size (LUKS2): 512, 1024, 2048, 4096.
+    #[arg(long, default_value_t = 512)]
+    pub sector_size: u32,
+    /// LUKS2 label.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// LUKS2 subsystem.
+    #[arg(long)]
+    pub subsystem: Option<String>,
+    /// UUID to use instead of a random one.
+    #[arg(long)]
+    pub uuid: Option<String>,
+    /// Data offset in 512-byte sectors.
+    #[arg(long, short = 'o')]
+    pub offset: Option<u64>,
+    /// LUKS2 metadata size: 16k, 32k, 64k, 128k, 256k, 512k, 1m, 2m, 4m.
+    #[arg(long, value_parser = parse_size)]
+    pub luks2_metadata_size: Option<u64>,
+    /// LUKS2 keyslots area size.
+    #[arg(long, value_parser = parse_size)]
+    pub luks2_keyslots_size: Option<u64>,
+    /// Use this volume key (raw bytes) instead of a random one.
+    #[arg(long, alias = "master-key-file", value_name = "FILE")]
+    pub volume_key_file: Option<String>,
+    /// Put the header in FILE (created or grown as needed); DEVICE holds only data.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(long = "batch-mode", short = 'q')]
+    pub batch_mode: bool,
+    /// The device, then optionally a key file with the passphrase.
+    #[arg(value_name = "DEVICE [KEYFILE]", required = true, num_args = 1..=2)]
+    pub positional: Vec<String>,
+}
+
+/// Runs `luksFormat`.
+pub fn run(a: LuksFormatArgs) -> Result<()> {
+    let device = a.positional[0].clone();
+    let version = match a.kind.as_str() {
+        "luks" | "luks2" => LuksVersion::V2,
+        "luks1" => LuksVersion::V1,
+        other => bail!(UsageError(format!("luksFormat --type {other:?}: use luks1 or luks2"))),
+    };
+    let key_bits = a.key_size.unwrap_or(if a.cipher.contains("xts") { 512 } else { 256 });
+    if !key_bits.is_multiple_of(8) {
+        bail!(UsageError(format!("--key-size {key_bits} is not a multiple of 8 bits")));
+    }
+    let volume_key = match &a.volume_key_file {
+        Some(f) => Some(crate::keys::read_key(
+            &crate::keys::KeySource { path: f.clone(), offset: 0, size: None },
+            key_bits / 8,
+        )?),
+        None => None,
+    };
+    let data_size = std::fs::metadata(&device).map(|m| m.len()).ok();
+    let params = FormatParams {
+        version,
+        cipher: a.cipher.clone(),
+        key_bytes: key_bits / 8,
+        pbkdf: a.pbkdf.params()?,
+        sector_size: a.sector_size,
+        label: a.label.clone(),
+        subsystem: a.subsystem.clone(),
+        uuid: a.uuid.clone(),
+        offset: a.offset,
+        metadata_size: a.luks2_metadata_size,
+        keyslots_size: a.luks2_keyslots_size,
+        volume_key,
+        key_slot: a.key_slot,
+        detached: a.header.is_some(),
+        data_size,
+    };
+    let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
+    // The data device must exist (and be readable) even with a detached header.
+    drop(open_meta(&device, true)?);
+    confirm(&format!("This will overwrite data on {meta_path} irrevocably."), a.batch_mode)?;
+    let key_file = a.positional.get(1).map(String::as_str).or(a.key.key_file.as_deref());
+    let pass = new_passphrase(
+        key_file,
+        a.key.keyfile_offset,
+        a.key.keyfile_size,
+        &format!("Enter passphrase for {device}: "),
+    )?;
+    if let Some(h) = &a.header {
+        grow_header_file(h, &params)?;
+    }
+    let meta = open_meta(&meta_path, false)?;
+    luks::format(&meta, &params, &pass)
+        .map_err(luks_err(&meta_path))
+        .with_context(|| format!("formatting {meta_path} as LUKS{}", version.number()))?;
+    log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
+    Ok(())
+}
+
+/// A detached header file is created, or grown, to hold the whole metadata (cryptsetup
+/// extends file-backed header devices the same way).
+fn grow_header_file(path: &str, p: &FormatParams) -> Result<()> {
+    let need = match p.version {
+        LuksVersion::V1 => {
+            let (_, end) = formats::luks1::standard_keyslot_layout(p.key_bytes as u32);
+            (end * 512).div_ceil(4096) * 4096
+        }
+        LuksVersion::V2 => {
+            let md = p.metadata_size.unwrap_or(16 << 10);
+            let ks = p.keyslots_size.unwrap_or((16 << 20) - 2 * md);
+            2 * md + ks
+        }
+    };
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("creating header file {path}"))?;
+    let len = f.metadata().with_context(|| format!("reading {path}"))?.len();
+    if f.metadata()?.file_type().is_file() && len < need {
+        f.set_len(need).with_context(|| format!("growing header file {path}"))?;
+    }
+    Ok(())
+}

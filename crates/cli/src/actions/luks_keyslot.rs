@@ -1,0 +1,225 @@
+//! Keyslot actions: `luksAddKey`, `luksRemoveKey`, `luksChangeKey`, `luksKillSlot`, `erase`.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use volume::luks::Luks;
+
+use super::luks::{confirm, luks_err, new_passphrase, open_meta, passphrase, KeyArgs, PbkdfArgs};
+use super::UsageError;
+
+/// Options every keyslot action has.
+#[derive(Debug, Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub key: KeyArgs,
+    /// Detached header file holding the LUKS metadata.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(long = "batch-mode", short = 'q')]
+    pub batch_mode: bool,
+}
+
+impl Common {
+    fn meta_path<'a>(&'a self, device: &'a str) -> &'a str {
+        self.header.as_deref().unwrap_or(device)
+    }
+}
+
+fn load(path: &str) -> Result<(blockdev::FileDevice, Luks)> {
+    let meta = open_meta(path, false)?;
+    let luks = Luks::load(&meta, true).map_err(luks_err(path))?;
+    luks.check_supported().map_err(luks_err(path))?;
+    Ok((meta, luks))
+}
+
+/// Arguments of `luksAddKey DEVICE [NEW_KEYFILE]`.
+#[derive(Debug, Args)]
+pub struct AddKeyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    /// Keyslot for the new passphrase (default: the first free one).
+    #[arg(long, short = 'S')]
+    pub key_slot: Option<u32>,
+    /// Read the new passphrase from FILE.
+    #[arg(long, value_name = "FILE")]
+    pub new_keyfile: Option<String>,
+    /// Skip this many bytes of the new key file.
+    #[arg(long, default_value_t = 0)]
+    pub new_keyfile_offset: u64,
+    /// Read at most this many bytes of the new key file.
+    #[arg(long)]
+    pub new_keyfile_size: Option<usize>,
+    /// Authorize with the volume key in FILE instead of an existing passphrase.
+    #[arg(long, alias = "master-key-file", value_name = "FILE")]
+    pub volume_key_file: Option<String>,
+    /// DEVICE, then optionally the new key file.
+    #[arg(value_name = "DEVICE [NEW_KEYFILE]", required = true, num_args = 1..=2)]
+    pub positional: Vec<String>,
+}
+
+/// Runs `luksAddKey`.
+pub fn add_key(a: AddKeyArgs) -> Result<()> {
+    let device = &a.positional[0];
+    let path = a.common.meta_path(device);
+    let (meta, mut luks) = load(path)?;
+    let vk = match &a.volume_key_file {
+        Some(f) => {
+            let src = crate::keys::KeySource { path: f.clone(), offset: 0, size: None };
+            let vk = crate::keys::read_key(&src, luks.key_bytes())?;
+            luks.verify_volume_key(&vk).map_err(luks_err(path))?;
+            vk
+        }
+        None => {
+            let old = passphrase(&a.common.key, "Enter any existing passphrase: ")?;
+            luks.unlock(&meta, &old, None).map_err(luks_err(path))?.1
+        }
+    };
+    let new_file = a.positional.get(1).or(a.new_keyfile.as_ref()).map(String::as_str);
+    if new_file == Some("-") && a.common.key.key_file.as_deref() == Some("-") {
+        bail!(UsageError("only one of the passphrases can come from stdin".into()));
+    }
+    let new = new_passphrase(
+        new_file,
+        a.new_keyfile_offset,
+        a.new_keyfile_size,
+        "Enter new passphrase for key slot: ",
+    )?;
+    let slot = luks
+        .add_keyslot(&meta, &vk, &new, a.key_slot, &a.pbkdf.params()?)
+        .map_err(luks_err(path))
+        .with_context(|| format!("adding a keyslot to {path}"))?;
+    log::info!("Key slot {slot} created.");
+    Ok(())
+}
+
+/// Arguments of `luksRemoveKey DEVICE [KEYFILE]`.
+#[derive(Debug, Args)]
+pub struct RemoveKeyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// DEVICE, then optionally a key file with the passphrase to remove.
+    #[arg(value_name = "DEVICE [KEYFILE]", required = true, num_args = 1..=2)]
+    pub positional: Vec<String>,
+}
+
+/// Runs `luksRemoveKey`: the keyslot that the passphrase opens is destroyed.
+pub fn remove_key(a: RemoveKeyArgs) -> Result<()> {
+    let device = &a.positional[0];
+    let path = a.common.meta_path(device);
+    let (meta, mut luks) = load(path)?;
+    let pass = match a.positional.get(1) {
+        Some(f) => super::luks::read_keyfile(f, a.common.key.keyfile_offset, a.common.key.keyfile_size)?,
+        None => passphrase(&a.common.key, "Enter passphrase to be deleted: ")?,
+    };
+    let (slot, _) = luks.unlock(&meta, &pass, None).map_err(luks_err(path))?;
+    if luks.active_keyslots().len() == 1 {
+        confirm(
+            "This is the last keyslot. Device will become unusable after purging this key.",
+            a.common.batch_mode,
+        )?;
+    }
+    luks.kill_keyslot(&meta, slot).map_err(luks_err(path))?;
+    log::info!("Key slot {slot} removed.");
+    Ok(())
+}
+
+/// Arguments of `luksChangeKey DEVICE [NEW_KEYFILE]`.
+#[derive(Debug, Args)]
+pub struct ChangeKeyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    /// Only try this keyslot.
+    #[arg(long, short = 'S')]
+    pub key_slot: Option<u32>,
+    /// Read the new passphrase from FILE.
+    #[arg(long, value_name = "FILE")]
+    pub new_keyfile: Option<String>,
+    /// Skip this many bytes of the new key file.
+    #[arg(long, default_value_t = 0)]
+    pub new_keyfile_offset: u64,
+    /// Read at most this many bytes of the new key file.
+    #[arg(long)]
+    pub new_keyfile_size: Option<usize>,
+    /// DEVICE, then optionally the new key file.
+    #[arg(value_name = "DEVICE [NEW_KEYFILE]", required = true, num_args = 1..=2)]
+    pub positional: Vec<String>,
+}
+
+/// Runs `luksChangeKey`.
+pub fn change_key(a: ChangeKeyArgs) -> Result<()> {
+    let device = &a.positional[0];
+    let path = a.common.meta_path(device);
+    let (meta, mut luks) = load(path)?;
+    let old = passphrase(&a.common.key, "Enter passphrase to be changed: ")?;
+    let (slot, vk) = luks.unlock(&meta, &old, a.key_slot).map_err(luks_err(path))?;
+    let new_file = a.positional.get(1).or(a.new_keyfile.as_ref()).map(String::as_str);
+    let new = new_passphrase(new_file, a.new_keyfile_offset, a.new_keyfile_size, "Enter new passphrase: ")?;
+    let new_slot = luks.change_keyslot(&meta, slot, &vk, &new, &a.pbkdf.params()?).map_err(luks_err(path))?;
+    log::info!("Key slot {slot} changed (now key slot {new_slot}).");
+    Ok(())
+}
+
+/// Arguments of `luksKillSlot DEVICE SLOT`.
+#[derive(Debug, Args)]
+pub struct KillSlotArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The device.
+    pub device: String,
+    /// The keyslot to destroy.
+    pub slot: u32,
+}
+
+/// Runs `luksKillSlot`: unless in batch mode, a passphrase of another keyslot must be given.
+pub fn kill_slot(a: KillSlotArgs) -> Result<()> {
+    let path = a.common.meta_path(&a.device);
+    let (meta, mut luks) = load(path)?;
+    if !luks.active_keyslots().contains(&a.slot) {
+        return Err(luks_err(path)(volume::luks::LuksError::KeyslotInactive(a.slot)));
+    }
+    let last = luks.active_keyslots().len() == 1;
+    if last {
+        confirm(
+            "This is the last keyslot. Device will become unusable after purging this key.",
+            a.common.batch_mode,
+        )?;
+    }
+    if !last && (a.common.key.key_file.is_some() || !a.common.batch_mode) {
+        let p = passphrase(&a.common.key, "Enter any remaining passphrase: ")?;
+        let others: Vec<u32> = luks.active_keyslots().into_iter().filter(|&s| s != a.slot).collect();
+        let ok = others.iter().any(|&s| luks.unlock(&meta, &p, Some(s)).is_ok());
+        if !ok {
+            return Err(luks_err(path)(volume::luks::LuksError::WrongPassphrase));
+        }
+    }
+    luks.kill_keyslot(&meta, a.slot).map_err(luks_err(path))?;
+    log::info!("Key slot {} removed.", a.slot);
+    Ok(())
+}
+
+/// Arguments of `erase DEVICE`.
+#[derive(Debug, Args)]
+pub struct EraseArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// The device.
+    pub device: String,
+}
+
+/// Runs `erase`: every keyslot is wiped.
+pub fn erase(a: EraseArgs) -> Result<()> {
+    let path = a.common.meta_path(&a.device);
+    let meta = open_meta(path, false)?;
+    let mut luks = Luks::load(&meta, true).map_err(luks_err(path))?;
+    confirm(
+        &format!("This operation will erase all keyslots on device {path}.\nDevice will become unusable after this operation."),
+        a.common.batch_mode,
+    )?;
+    luks.erase(&meta).map_err(luks_err(path))?;
+    Ok(())
+}
