@@ -733,3 +733,61 @@ fn keyslot_actions_through_the_cli() {
         "{out}"
     );
 }
+
+#[test]
+fn passphrase_from_a_pipe_is_one_line_and_keyfile_stdin_is_binary() {
+    use std::io::Write;
+    let v = Vol::new(24 << 20);
+    let fmt = [
+        "luksFormat",
+        "-q",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-file",
+        v.pass(),
+        v.img(),
+    ];
+    ok(&sealdisk(&fmt), "format");
+    let run_with = |args: &[&str], input: &[u8]| {
+        let mut c = Command::new(bin())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    // No key file, stdin not a terminal: up to the first newline.
+    ok(&run_with(&["open", "--test-passphrase", v.img()], b"correct horse\nignored"), "line from stdin");
+    // --key-file -: every byte, so a trailing newline is part of the passphrase.
+    assert_eq!(
+        run_with(&["open", "--test-passphrase", "--key-file", "-", v.img()], b"correct horse\n")
+            .status
+            .code(),
+        Some(2)
+    );
+    ok(
+        &run_with(&["open", "--test-passphrase", "--key-file", "-", v.img()], b"correct horse"),
+        "binary stdin",
+    );
+    // --keyfile-offset / --keyfile-size select the passphrase inside a larger file.
+    let f = v.file("big", b"xxxxcorrect horseyyyy");
+    ok(
+        &sealdisk(&[
+            "open",
+            "--test-passphrase",
+            "--key-file",
+            &f,
+            "--keyfile-offset",
+            "4",
+            "--keyfile-size",
+            "13",
+            v.img(),
+        ]),
+        "offset+size",
+    );
+}
