@@ -135,7 +135,9 @@ pub fn run(a: OpenArgs) -> Result<()> {
             (read_table(file)?, name.clone())
         }
         None => {
-            let kind = a.kind.clone().unwrap_or_else(|| super::luks_open::detect(a.header.as_deref().unwrap_or(&a.positional[0]), &opts));
+            let kind = a.kind.clone().unwrap_or_else(|| {
+                super::luks_open::detect(a.header.as_deref().unwrap_or(&a.positional[0]), &opts)
+            });
             if matches!(kind.as_str(), "luks" | "luks1" | "luks2") {
                 return super::luks_open::run(&a, &kind, &opts);
             }
