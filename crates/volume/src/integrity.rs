@@ -236,14 +236,24 @@ pub fn format(
     Ok(FormatReport { superblock, layout, wiped_bytes: wiped })
 }
 
-/// Opens `path` as a dm-integrity volume.
+/// Opens `path` as a dm-integrity volume. As with `integritysetup open`, the block size and
+/// (unless `-t` is given) the tag size come from the superblock; the hash and key do not.
 pub fn open(
     path: &str,
     p: &IntegrityParams,
 ) -> Result<Arc<IntegrityTarget<FileDevice>>, IntegrityVolumeError> {
     let read_only = p.read_only || p.mode == Mode::Recovery;
     let dev = open_file(path, read_only, p.direct)?;
-    let t = IntegrityTarget::open(dev, p.config()?)
+    let mut area = vec![0u8; SB_AREA_BYTES];
+    dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
+    let sb = Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {
+        path: path.into(),
+        source: IntegrityError::Superblock(e),
+    })?;
+    let mut cfg = p.config()?;
+    cfg.block_size = sb.block_size();
+    cfg.tag_size = Some(p.tag_size.unwrap_or(sb.integrity_tag_size as u32));
+    let t = IntegrityTarget::open(dev, cfg)
         .map_err(|source| IntegrityVolumeError::Target { path: path.into(), source })?;
     Ok(Arc::new(t))
 }
