@@ -153,3 +153,38 @@ fn crash_during_luks2_uuid_change_gives_old_or_new_uuid() {
         },
     );
 }
+
+/// A write or flush that fails part-way through a keyslot add (each one in turn, and a disk
+/// that dies for good) returns an error, leaves a header that loads with the old keyslots,
+/// and leaves the in-memory header unchanged.
+#[test]
+fn failed_write_during_keyslot_add_is_an_error_and_leaves_a_usable_header() {
+    use testkit::{Fault, FaultDevice, OpKinds};
+    for v in [LuksVersion::V1, LuksVersion::V2] {
+        let image = base(v);
+        let vk = {
+            let d = MemDevice::from_vec(image.clone(), 512);
+            Luks::load(&d, false).unwrap().unlock(&d, &pass("keep"), None).unwrap().1
+        };
+        let count = FaultDevice::new(MemDevice::from_vec(image.clone(), 512));
+        let mut l = Luks::load(&count, true).unwrap();
+        let before = count.ops();
+        l.add_keyslot(&count, &vk, &pass("added"), Some(2), &pbkdf()).unwrap();
+        let ops = count.ops() - before;
+        for n in 1..=ops {
+            for dead in [false, true] {
+                let f = if dead { Fault::from_nth(n) } else { Fault::nth(n) };
+                let dev = FaultDevice::new(MemDevice::from_vec(image.clone(), 512));
+                let mut l = Luks::load(&dev, true).unwrap();
+                dev.inject(f.only(OpKinds::WRITE | OpKinds::FLUSH));
+                if l.add_keyslot(&dev, &vk, &pass("added"), Some(2), &pbkdf()).is_ok() {
+                    continue; // the n-th op was a read
+                }
+                assert!(!l.active_keyslots().contains(&2), "{v:?} op {n}: in-memory header changed");
+                dev.clear();
+                let after = Luks::load(dev.inner(), false).unwrap_or_else(|e| panic!("{v:?} op {n}: {e:?}"));
+                assert!(opens(&after, dev.inner(), "keep", 0), "{v:?} op {n}: slot 0 lost");
+            }
+        }
+    }
+}

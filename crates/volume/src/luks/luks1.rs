@@ -122,23 +122,30 @@ pub(super) fn add_keyslot(
     let spec = h.cipher_spec();
     material(h, slot, &spec)?.store(meta, &area_key, vk)?;
     io::flush(meta, "keyslot area")?;
-    let ks = &mut h.keyslots[slot as usize];
+    // Change a copy; the caller's header changes only once the new one is on disk.
+    let mut next = h.clone();
+    let ks = &mut next.keyslots[slot as usize];
     ks.state = KeyslotState::Enabled;
     ks.iterations = iterations;
     ks.salt = salt;
     ks.stripes = STRIPES;
-    write_header(h, meta)
+    write_header(&next, meta)?;
+    *h = next;
+    Ok(())
 }
 
 pub(super) fn kill_keyslot(h: &mut Luks1Header, meta: &dyn BlockDevice, slot: u32) -> Result<(), LuksError> {
     let (off, len) = h.keyslot_area(slot as usize).ok_or(LuksError::KeyslotInactive(slot))?;
     io::wipe(meta, off, len, true, "keyslot area")?;
     io::flush(meta, "keyslot area")?;
-    let ks = &mut h.keyslots[slot as usize];
+    let mut next = h.clone();
+    let ks = &mut next.keyslots[slot as usize];
     ks.state = KeyslotState::Disabled;
     ks.iterations = 0;
     ks.salt = [0; 32];
-    write_header(h, meta)
+    write_header(&next, meta)?;
+    *h = next;
+    Ok(())
 }
 
 pub(super) fn backup(h: &Luks1Header, meta: &dyn BlockDevice) -> Result<Zeroizing<Vec<u8>>, LuksError> {

@@ -509,12 +509,16 @@ impl Luks {
         };
         match &mut self.header {
             LuksHeader::V1(h) => {
-                h.uuid = uuid.clone();
-                luks1::write_header(h, meta)?;
+                let mut next = h.clone();
+                next.uuid = uuid.clone();
+                luks1::write_header(&next, meta)?;
+                *h = next;
             }
             LuksHeader::V2(s) => {
-                s.header.uuid = uuid.clone();
-                luks2::write_header(s, meta)?;
+                let mut next = s.clone();
+                next.header.uuid = uuid.clone();
+                luks2::write_header(&mut next, meta)?;
+                *s = next;
             }
         }
         Ok(uuid)
