@@ -62,6 +62,8 @@ enum Action {
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
     /// back by a real NBD client, with a short summary.
     Demo(actions::demo::DemoArgs),
+    /// dm-integrity volumes, integritysetup-shaped: format, open (serve over NBD), dump, status.
+    Integrity(actions::integrity::IntegrityArgs),
     /// Measure: fio-style workloads on a temporary stack or an NBD URI, A/B comparisons,
     /// seed presets; with no arguments, the quick suite.
     Bench(Box<actions::bench::BenchArgs>),
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
     let result = match cli.action {
         Action::Open(a) => actions::open::run(*a),
         Action::Demo(a) => actions::demo::run(a),
+        Action::Integrity(a) => actions::integrity::run(a),
         Action::LuksFormat(a) => actions::luks_format::run(*a),
         Action::LuksDump(a) => actions::luks_header::dump(a),
         Action::LuksAddKey(a) => actions::luks_keyslot::add_key(*a),

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod benchmark;
 pub mod demo;
+pub mod integrity;
 pub mod luks;
 pub mod luks_format;
 pub mod luks_header;
