@@ -508,7 +508,6 @@ pub fn table(r: &ComparisonResult) -> String {
         "{spread}; change = bandwidth vs {}",
         r.variants.first().map(|v| v.name.as_str()).unwrap_or("-")
     );
-    let base = r.variants.first().map(|v| v.name.as_str()).unwrap_or("first");
     let pw = r.points.iter().map(|p| p.label.len()).max().unwrap_or(5).max(5);
     let vw = r.variants.iter().map(|v| v.name.len()).max().unwrap_or(7).max(7);
     let has_read = r.points.iter().any(|p| p.cells.iter().any(|c| c.read.is_some()));
@@ -516,15 +515,7 @@ pub fn table(r: &ComparisonResult) -> String {
     let mut hdr = format!("{:<pw$}  {:<vw$}", "point", "variant");
     for (name, on) in [("READ", has_read), ("WRITE", has_write)] {
         if on {
-            let _ = write!(
-                hdr,
-                " | {:<8} {:>18} {:>8} {:>9} {:>8}",
-                name,
-                "bw",
-                "IOPS",
-                "lat(us)",
-                format!("vs {}", trunc(base, 5))
-            );
+            let _ = write!(hdr, " | {:<8} {:>18} {:>8} {:>9} {:>8}", name, "bw", "IOPS", "lat(us)", "change");
         }
     }
     let _ = writeln!(out, "{hdr}");
@@ -563,13 +554,6 @@ pub fn table(r: &ComparisonResult) -> String {
         }
     }
     out
-}
-
-fn trunc(s: &str, n: usize) -> &str {
-    match s.char_indices().nth(n) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,8 @@ pub fn chart(r: &ComparisonResult) -> String {
     let bar = 22.0;
     let group = nv as f64 * bar + 24.0;
     let left = 70.0;
-    let plot_w = (np as f64 * group).max(360.0);
+    let text_w = r.title.len().max(r.knob.len()) as f64 * 7.0;
+    let plot_w = (np as f64 * group).max(360.0).max(text_w - 20.0);
     let width = left + plot_w + 20.0;
     let panel_h = 220.0;
     let top = 70.0 + 18.0 * ((nv as f64) / 3.0).ceil();
@@ -91,7 +92,7 @@ pub fn chart(r: &ComparisonResult) -> String {
                 left + plot_w,
                 left - 6.0,
                 y + 4.0,
-                if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+                if ymax >= 10.0 { format!("{v:.0}") } else { format!("{v:.2}") }
             );
         }
         for (pi, p) in r.points.iter().enumerate() {

@@ -4,27 +4,29 @@
 //! * Handshake: fixed newstyle, `NBD_OPT_STRUCTURED_REPLY` (libnbd asks for it by default,
 //!   so the server does the same work as for fio), then `NBD_OPT_GO` asking for block sizes;
 //!   `NBD_OPT_EXPORT_NAME` if the server does not know `GO`.
-//! * Transmission, one connection per clone:
+//! * Transmission, one connection per clone, driven by one thread with a non-blocking
+//!   socket, as libnbd drives fio's nbd engine (a second thread would add a cross-thread
+//!   wake-up to every request, which at QD1 costs more than the server's work):
 //!
 //! ```text
-//!   submitter (clone's thread)             reader thread
-//!   ─ take a free slot (blocks when         ─ read a reply header, find its slot by cookie
-//!     iodepth requests are in flight)       ─ read data into the slot's buffer (READ)
-//!   ─ next op; slot.start = now             ─ end = now; ctx.complete(op, start, end)
-//!   ─ write header (+ payload) at once      ─ give the slot back to the submitter
+//!   loop:
+//!     while a slot is free and the job has requests: slot.start = now; queue the request
+//!     write queued requests until the socket would block
+//!     read once: parse every complete reply; READ data of 32 KiB or more is read straight
+//!       into its slot's buffer; end = now; ctx.complete(op, start, end); slot is free
+//!     neither moved? poll(IN | OUT if requests wait)
 //! ```
-//!   At the end: wait for every slot, `FLUSH` if `end_fsync`, `DISC`, close.
+//!   At the end: every slot back, `FLUSH` if `end_fsync`, `DISC`, close.
 //!
 //! Latency is from just before the request is written to the socket to just after its reply
 //! is read: what fio's `clat` measures with libnbd, transport and server included.
 //! Constants and codecs come from `nbd::wire`, the server's own, so client and server cannot
 //! drift apart.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::{mpsc, Mutex};
 
 use nbd::wire::{
     self, cmd, cmd_flag, handshake_flag, info, opt, rep, reply, tflag, ChunkHeader, InfoRequest,
@@ -331,14 +333,356 @@ impl NbdTarget {
     }
 }
 
-/// One request slot: what is in flight under a cookie.
-#[derive(Debug)]
+/// One request slot: what is in flight under a cookie (the slot's index).
+#[derive(Debug, Default)]
 struct Slot {
     op: Option<Op>,
     flush: bool,
     start_ns: u64,
-    buf: Vec<u8>,
+    /// The request as sent: header, then the payload of a write.
+    req: Vec<u8>,
+    /// READ data lands here.
+    data: Vec<u8>,
     error: Option<u32>,
+}
+
+/// Where the reply parser is.
+#[derive(Debug, Clone, Copy)]
+enum RState {
+    /// Waiting for a reply header (simple, or a structured chunk with its fixed fields).
+    Header,
+    /// Receiving `left` more bytes of READ data into `slot`'s buffer at `at`; the reply is
+    /// complete afterwards if `done`.
+    Data { slot: usize, at: usize, left: usize, done: bool },
+}
+
+const INBUF: usize = 256 << 10;
+/// Data at least this long goes straight from the socket into the request's buffer.
+const DIRECT_READ: usize = 32 << 10;
+
+/// The connection's state, driven by one thread (as libnbd is, for fio): queue requests
+/// while fewer than `iodepth` are in flight, write what the socket takes, read what has
+/// arrived, parse replies, repeat; `poll` when neither side can move.
+struct Pipe<'c, 'a> {
+    ctx: &'c CloneCtx<'a>,
+    stream: Stream,
+    structured: bool,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    sendq: std::collections::VecDeque<usize>,
+    send_pos: usize,
+    inbuf: Vec<u8>,
+    in_start: usize,
+    in_end: usize,
+    state: RState,
+    worker: crate::engine::WorkerStats,
+}
+
+fn would_block(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted
+}
+
+impl Pipe<'_, '_> {
+    /// Queues `op` in a free slot (the caller checked there is one).
+    fn queue(&mut self, op: Op, max_block: u32, read_only: bool) -> Result<(), BenchError> {
+        if op.len > u64::from(max_block) {
+            return Err(BenchError::usage(format!(
+                "bs={} exceeds the server's maximum request of {max_block} bytes",
+                op.len
+            )));
+        }
+        if op.dir == Dir::Write && read_only {
+            return Err(BenchError::usage("the export is read-only".to_string()));
+        }
+        let i = self.free.pop().expect("caller checked for a free slot");
+        let len = op.len as usize;
+        let (typ, flags) = match op.dir {
+            Dir::Read => (cmd::READ, 0),
+            Dir::Write => (cmd::WRITE, if self.ctx.sync() { cmd_flag::FUA } else { 0 }),
+        };
+        let hdr = Request { flags, typ, cookie: i as u64, offset: op.offset, length: len as u32 }.encode();
+        let slot = &mut self.slots[i];
+        match op.dir {
+            Dir::Write => {
+                let want = Request::SIZE + len;
+                if slot.req.len() < want {
+                    // Random payload once per buffer, as fio's default buffers.
+                    let b = self.ctx.buffer(want, i as u64);
+                    slot.req = b.as_slice().to_vec();
+                }
+                slot.req.truncate(want);
+                slot.req[..Request::SIZE].copy_from_slice(&hdr);
+                self.ctx.prepare_write(&op, &mut slot.req[Request::SIZE..]);
+            }
+            Dir::Read => {
+                slot.req.clear();
+                slot.req.extend_from_slice(&hdr);
+                if slot.data.len() < len {
+                    slot.data.resize(len, 0);
+                }
+            }
+        }
+        slot.op = Some(op);
+        slot.flush = false;
+        slot.error = None;
+        slot.start_ns = self.ctx.now();
+        self.sendq.push_back(i);
+        Ok(())
+    }
+
+    /// Queues a FLUSH in a free slot.
+    fn queue_flush(&mut self) {
+        let i = self.free.pop().expect("caller checked for a free slot");
+        let slot = &mut self.slots[i];
+        slot.req.clear();
+        slot.req.extend_from_slice(
+            &Request { flags: 0, typ: cmd::FLUSH, cookie: i as u64, offset: 0, length: 0 }.encode(),
+        );
+        slot.op = None;
+        slot.flush = true;
+        slot.error = None;
+        self.sendq.push_back(i);
+    }
+
+    /// Writes queued requests until the socket would block. Returns whether anything moved.
+    fn send(&mut self) -> Result<bool, BenchError> {
+        let mut moved = false;
+        while let Some(&i) = self.sendq.front() {
+            let buf = &self.slots[i].req[self.send_pos..];
+            match self.stream.write(buf) {
+                Ok(0) => return Err(proto("the server closed the connection")),
+                Ok(n) => {
+                    moved = true;
+                    self.send_pos += n;
+                    if self.send_pos == self.slots[i].req.len() {
+                        self.sendq.pop_front();
+                        self.send_pos = 0;
+                    }
+                }
+                Err(e) if would_block(&e) => break,
+                Err(e) => return Err(io_err("sending a request")(e)),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// A reply for `slot` is complete.
+    fn finish(&mut self, i: usize, error: Option<u32>) -> Result<(), BenchError> {
+        let end = self.ctx.now();
+        let slot = &mut self.slots[i];
+        if slot.flush {
+            if let Some(errno) = error.or(slot.error) {
+                return Err(BenchError::NbdReply { what: "FLUSH".into(), errno });
+            }
+        } else {
+            let op = slot.op.take().ok_or_else(|| proto(format!("reply for idle cookie {i}")))?;
+            if let Some(errno) = error.or(slot.error) {
+                let what = format!("{:?} of {} bytes at offset {}", op.dir, op.len, op.offset);
+                return Err(BenchError::NbdReply { what, errno });
+            }
+            let data = if op.dir == Dir::Read { &slot.data[..op.len as usize] } else { &[][..] };
+            self.ctx.complete(&mut self.worker, &op, slot.start_ns, end, data)?;
+        }
+        slot.flush = false;
+        self.free.push(i);
+        Ok(())
+    }
+
+    fn slot_of(&self, cookie: u64) -> Result<usize, BenchError> {
+        let i = cookie as usize;
+        if i < self.slots.len() && (self.slots[i].op.is_some() || self.slots[i].flush) {
+            Ok(i)
+        } else {
+            Err(proto(format!("reply with unknown cookie {cookie}")))
+        }
+    }
+
+    /// Reads what the socket has (once) and parses every complete reply. Returns whether
+    /// anything moved.
+    fn receive(&mut self) -> Result<bool, BenchError> {
+        // Large READ data goes straight into its buffer.
+        if let RState::Data { slot, at, left, done } = self.state {
+            if self.in_start == self.in_end && left >= DIRECT_READ {
+                let buf = &mut self.slots[slot].data[at..at + left];
+                return match self.stream.read(buf) {
+                    Ok(0) => Err(proto("the server closed the connection in the middle of a reply")),
+                    Ok(n) => {
+                        self.state = RState::Data { slot, at: at + n, left: left - n, done };
+                        if n == left {
+                            self.state = RState::Header;
+                            if done {
+                                self.finish(slot, None)?;
+                            }
+                        }
+                        Ok(true)
+                    }
+                    Err(e) if would_block(&e) => Ok(false),
+                    Err(e) => Err(io_err("reading READ data")(e)),
+                };
+            }
+        }
+        if self.in_start > 0 {
+            self.inbuf.copy_within(self.in_start..self.in_end, 0);
+            self.in_end -= self.in_start;
+            self.in_start = 0;
+        }
+        if self.in_end == self.inbuf.len() {
+            return Err(proto("a reply message larger than the input buffer"));
+        }
+        match self.stream.read(&mut self.inbuf[self.in_end..]) {
+            Ok(0) => return Err(proto("the server closed the connection")),
+            Ok(n) => self.in_end += n,
+            Err(e) if would_block(&e) => return Ok(false),
+            Err(e) => return Err(io_err("reading a reply")(e)),
+        }
+        self.parse()?;
+        Ok(true)
+    }
+
+    /// Consumes every complete message (or data piece) in the input buffer.
+    fn parse(&mut self) -> Result<(), BenchError> {
+        loop {
+            let avail = self.in_end - self.in_start;
+            match self.state {
+                RState::Data { slot, at, left, done } => {
+                    if avail == 0 {
+                        return Ok(());
+                    }
+                    let n = avail.min(left);
+                    let src = &self.inbuf[self.in_start..self.in_start + n];
+                    self.slots[slot].data[at..at + n].copy_from_slice(src);
+                    self.in_start += n;
+                    if n == left {
+                        self.state = RState::Header;
+                        if done {
+                            self.finish(slot, None)?;
+                        }
+                    } else {
+                        self.state = RState::Data { slot, at: at + n, left: left - n, done };
+                        return Ok(());
+                    }
+                }
+                RState::Header => {
+                    let b = &self.inbuf[self.in_start..self.in_end];
+                    if b.len() < 4 {
+                        return Ok(());
+                    }
+                    let magic = u32::from_be_bytes(b[..4].try_into().expect("4 bytes"));
+                    if magic == wire::SIMPLE_REPLY_MAGIC {
+                        if b.len() < 16 {
+                            return Ok(());
+                        }
+                        let error = u32::from_be_bytes(b[4..8].try_into().expect("4 bytes"));
+                        let cookie = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
+                        self.in_start += 16;
+                        let i = self.slot_of(cookie)?;
+                        match self.slots[i].op {
+                            Some(op) if op.dir == Dir::Read && error == 0 => {
+                                self.state =
+                                    RState::Data { slot: i, at: 0, left: op.len as usize, done: true };
+                            }
+                            _ => self.finish(i, (error != 0).then_some(error))?,
+                        }
+                    } else if magic == wire::STRUCTURED_REPLY_MAGIC && self.structured {
+                        if b.len() < ChunkHeader::SIZE {
+                            return Ok(());
+                        }
+                        let c = ChunkHeader::decode(b[..ChunkHeader::SIZE].try_into().expect("20 bytes"))
+                            .ok_or_else(|| proto("bad chunk magic"))?;
+                        let done = c.flags & reply::FLAG_DONE != 0;
+                        let body = &b[ChunkHeader::SIZE..];
+                        let i = self.slot_of(c.cookie)?;
+                        match c.typ {
+                            reply::TYPE_OFFSET_DATA => {
+                                if body.len() < 8 {
+                                    return Ok(());
+                                }
+                                let off = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
+                                let n = c.length.checked_sub(8).ok_or_else(|| proto("short data chunk"))?
+                                    as usize;
+                                let op = self.slots[i]
+                                    .op
+                                    .ok_or_else(|| proto("data for a request that is not a READ"))?;
+                                let at = off
+                                    .checked_sub(op.offset)
+                                    .map(|a| a as usize)
+                                    .filter(|a| a + n <= op.len as usize);
+                                let at = at.ok_or_else(|| proto("data chunk outside its request"))?;
+                                self.in_start += ChunkHeader::SIZE + 8;
+                                self.state = RState::Data { slot: i, at, left: n, done };
+                                if n == 0 {
+                                    self.state = RState::Header;
+                                    if done {
+                                        self.finish(i, None)?;
+                                    }
+                                }
+                            }
+                            reply::TYPE_OFFSET_HOLE => {
+                                if body.len() < 12 {
+                                    return Ok(());
+                                }
+                                let off = u64::from_be_bytes(body[..8].try_into().expect("8 bytes"));
+                                let n = u32::from_be_bytes(body[8..12].try_into().expect("4 bytes")) as usize;
+                                let op = self.slots[i]
+                                    .op
+                                    .ok_or_else(|| proto("hole for a request that is not a READ"))?;
+                                let at = off
+                                    .checked_sub(op.offset)
+                                    .map(|a| a as usize)
+                                    .filter(|a| a + n <= op.len as usize);
+                                let at = at.ok_or_else(|| proto("hole chunk outside its request"))?;
+                                self.slots[i].data[at..at + n].fill(0);
+                                self.in_start += ChunkHeader::SIZE + 12;
+                                if done {
+                                    self.finish(i, None)?;
+                                }
+                            }
+                            t => {
+                                // NONE, errors, and types we ignore: the whole payload.
+                                let n = c.length as usize;
+                                if n > INBUF - ChunkHeader::SIZE {
+                                    return Err(proto(format!("reply chunk of type {t:#x} with {n} bytes")));
+                                }
+                                if body.len() < n {
+                                    return Ok(());
+                                }
+                                if t & 0x8000 != 0 {
+                                    let e = body
+                                        .get(0..4)
+                                        .map(|x| u32::from_be_bytes(x.try_into().expect("4 bytes")));
+                                    self.slots[i].error = Some(e.unwrap_or(wire::errno::EIO).max(1));
+                                }
+                                self.in_start += ChunkHeader::SIZE + n;
+                                if done {
+                                    self.finish(i, None)?;
+                                }
+                            }
+                        }
+                    } else {
+                        return Err(proto(format!("bad reply magic {magic:#010x}")));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Blocks until the socket is readable (or writable, when requests wait to be sent).
+    fn wait(&self) -> Result<(), BenchError> {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut flags = PollFlags::IN;
+        if !self.sendq.is_empty() {
+            flags |= PollFlags::OUT;
+        }
+        let fd = match &self.stream {
+            Stream::Unix(s) => PollFd::new(s, flags),
+            Stream::Tcp(s) => PollFd::new(s, flags),
+        };
+        let timeout = rustix::event::Timespec { tv_sec: 0, tv_nsec: 200_000_000 };
+        match poll(&mut [fd], Some(&timeout)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(io_err("polling the socket")(e.into())),
+        }
+    }
 }
 
 impl Target for NbdTarget {
@@ -349,235 +693,70 @@ impl Target for NbdTarget {
     fn run_clone(&self, ctx: &CloneCtx<'_>) -> Result<(), BenchError> {
         let conn = connect(&self.uri)?;
         let depth = ctx.iodepth();
-        let reader_stream = conn.stream.try_clone().map_err(io_err("cloning the socket"))?;
-        let mut writer = conn.stream;
-        let slots: Vec<Mutex<Slot>> = (0..depth)
-            .map(|_| Mutex::new(Slot { op: None, flush: false, start_ns: 0, buf: Vec::new(), error: None }))
-            .collect();
-        let (free_tx, free_rx) = mpsc::channel::<usize>();
-        for i in 0..depth {
-            free_tx.send(i).expect("receiver alive");
-        }
-        let closing = std::sync::atomic::AtomicBool::new(false);
-        let structured = conn.structured;
-        let max_block = self.max_block;
-        let read_only = self.read_only;
-
-        std::thread::scope(|s| {
-            let reader = s.spawn(|| {
-                let mut w = ctx.worker();
-                let r = read_replies(ctx, &mut w, reader_stream, &slots, free_tx, structured, &closing);
-                ctx.finish(w);
-                if r.is_err() {
-                    ctx.abort();
-                }
-                r
-            });
-            let sent = submit(ctx, &mut writer, &slots, &free_rx, depth, max_block, read_only, &closing);
-            if sent.is_err() {
-                ctx.abort();
-            }
-            // Unblocks the reader whatever happened.
-            writer.shutdown();
-            let read = reader
-                .join()
-                .unwrap_or_else(|_| Err(BenchError::Internal("NBD reader thread panicked".into())));
-            // The reader's error says more (an error reply, a broken stream) than the
-            // submitter's "connection closed".
-            match (sent, read) {
-                (_, Err(e)) | (Err(e), Ok(())) => Err(e),
-                (Ok(()), Ok(())) => Ok(()),
-            }
-        })
-    }
-}
-
-/// The submitter: keeps `depth` requests in flight until the source runs dry, then drains,
-/// flushes if asked, and disconnects.
-#[allow(clippy::too_many_arguments)]
-fn submit(
-    ctx: &CloneCtx<'_>,
-    w: &mut Stream,
-    slots: &[Mutex<Slot>],
-    free: &mpsc::Receiver<usize>,
-    depth: usize,
-    max_block: u32,
-    read_only: bool,
-    closing: &std::sync::atomic::AtomicBool,
-) -> Result<(), BenchError> {
-    let gone = || BenchError::NbdProtocol("the connection closed while requests were in flight".into());
-    let mut msg: Vec<u8> = Vec::new();
-    let mut random = ctx.buffer(0, 0);
-    loop {
-        let slot = free.recv().map_err(|_| gone())?;
-        let Some(op) = ctx.next_op() else { break };
-        if op.len > u64::from(max_block) {
-            return Err(BenchError::usage(format!(
-                "bs={} exceeds the server's maximum request of {max_block} bytes",
-                op.len
-            )));
-        }
-        if op.dir == Dir::Write && read_only {
-            return Err(BenchError::usage("the export is read-only".to_string()));
-        }
-        let len = op.len as usize;
-        let (typ, flags) = match op.dir {
-            Dir::Read => (cmd::READ, 0),
-            Dir::Write => (cmd::WRITE, if ctx.sync() { cmd_flag::FUA } else { 0 }),
+        let nonblocking = match &conn.stream {
+            Stream::Unix(s) => s.set_nonblocking(true),
+            Stream::Tcp(s) => s.set_nonblocking(true),
         };
-        let hdr = Request { flags, typ, cookie: slot as u64, offset: op.offset, length: len as u32 }.encode();
-        msg.clear();
-        msg.extend_from_slice(&hdr);
-        if op.dir == Dir::Write {
-            if random.len() < len {
-                random = ctx.buffer(len, 0);
-            }
-            msg.extend_from_slice(&random.as_slice()[..len]);
-            ctx.prepare_write(&op, &mut msg[Request::SIZE..]);
+        nonblocking.map_err(io_err("making the socket non-blocking"))?;
+        let mut p = Pipe {
+            ctx,
+            stream: conn.stream,
+            structured: conn.structured,
+            slots: (0..depth).map(|_| Slot::default()).collect(),
+            free: (0..depth).rev().collect(),
+            sendq: std::collections::VecDeque::new(),
+            send_pos: 0,
+            inbuf: vec![0u8; INBUF],
+            in_start: 0,
+            in_end: 0,
+            state: RState::Header,
+            worker: ctx.worker(),
+        };
+        let result = drive(&mut p, self.max_block, self.read_only);
+        if result.is_err() {
+            ctx.abort();
         }
-        {
-            let mut sl = slots[slot].lock().expect("slot lock");
-            sl.op = Some(op);
-            sl.flush = false;
-            sl.error = None;
-            if op.dir == Dir::Read && sl.buf.len() < len {
-                sl.buf.resize(len, 0);
-            }
-            sl.start_ns = ctx.now();
+        let w = std::mem::take(&mut p.worker);
+        ctx.finish(w);
+        if result.is_ok() {
+            // Polite goodbye; the server closes its side.
+            let _ = match &p.stream {
+                Stream::Unix(s) => s.set_nonblocking(false),
+                Stream::Tcp(s) => s.set_nonblocking(false),
+            };
+            let _ = p
+                .stream
+                .write_all(&Request { flags: 0, typ: cmd::DISC, cookie: 0, offset: 0, length: 0 }.encode());
         }
-        w.write_all(&msg).map_err(io_err("sending a request"))?;
+        p.stream.shutdown();
+        result
     }
-    // Every free slot is a token in `free`; one is in hand. Holding all `depth` of them
-    // means every request has completed.
-    for _ in 1..depth {
-        free.recv().map_err(|_| gone())?;
-    }
-    if ctx.end_fsync() {
-        {
-            let mut sl = slots[0].lock().expect("slot lock");
-            sl.op = None;
-            sl.flush = true;
-            sl.error = None;
-        }
-        w.write_all(&Request { flags: 0, typ: cmd::FLUSH, cookie: 0, offset: 0, length: 0 }.encode())
-            .map_err(io_err("sending FLUSH"))?;
-        free.recv().map_err(|_| gone())?;
-        let err = slots[0].lock().expect("slot lock").error;
-        if let Some(e) = err {
-            return Err(BenchError::NbdReply { what: "FLUSH".into(), errno: e });
-        }
-    }
-    closing.store(true, std::sync::atomic::Ordering::SeqCst);
-    let _ = w.write_all(&Request { flags: 0, typ: cmd::DISC, cookie: 0, offset: 0, length: 0 }.encode());
-    Ok(())
 }
 
-fn read_replies(
-    ctx: &CloneCtx<'_>,
-    w: &mut crate::engine::WorkerStats,
-    stream: Stream,
-    slots: &[Mutex<Slot>],
-    free: mpsc::Sender<usize>,
-    structured: bool,
-    closing: &std::sync::atomic::AtomicBool,
-) -> Result<(), BenchError> {
-    let mut r = BufReader::with_capacity(256 << 10, stream);
-    let mut magic = [0u8; 4];
+/// The event loop of one connection.
+fn drive(p: &mut Pipe<'_, '_>, max_block: u32, read_only: bool) -> Result<(), BenchError> {
+    let depth = p.slots.len();
+    let mut source_done = false;
+    let mut flushed = false;
     loop {
-        if let Err(e) = r.read_exact(&mut magic) {
-            if closing.load(std::sync::atomic::Ordering::SeqCst) || ctx.aborted() {
+        while !source_done && !p.free.is_empty() {
+            match p.ctx.next_op() {
+                Some(op) => p.queue(op, max_block, read_only)?,
+                None => source_done = true,
+            }
+        }
+        if source_done && p.free.len() == depth && p.sendq.is_empty() {
+            if p.ctx.end_fsync() && !flushed && !p.ctx.aborted() {
+                flushed = true;
+                p.queue_flush();
+            } else {
                 return Ok(());
             }
-            return Err(io_err("reading a reply")(e));
         }
-        let m = u32::from_be_bytes(magic);
-        let (cookie, done, error) = if m == wire::SIMPLE_REPLY_MAGIC {
-            let mut rest = [0u8; 12];
-            r.read_exact(&mut rest).map_err(io_err("reading a reply"))?;
-            let error = u32::from_be_bytes(rest[0..4].try_into().expect("4 bytes"));
-            let cookie = u64::from_be_bytes(rest[4..12].try_into().expect("8 bytes"));
-            let mut sl = lock_slot(slots, cookie)?;
-            if error == 0 {
-                if let Some(op) = sl.op.filter(|o| o.dir == Dir::Read) {
-                    let len = op.len as usize;
-                    r.read_exact(&mut sl.buf[..len]).map_err(io_err("reading READ data"))?;
-                }
-            }
-            (cookie, true, (error != 0).then_some(error))
-        } else if m == wire::STRUCTURED_REPLY_MAGIC && structured {
-            let mut h = [0u8; ChunkHeader::SIZE];
-            h[..4].copy_from_slice(&magic);
-            r.read_exact(&mut h[4..]).map_err(io_err("reading a reply chunk"))?;
-            let c = ChunkHeader::decode(&h).ok_or_else(|| proto("bad chunk magic"))?;
-            let mut sl = lock_slot(slots, c.cookie)?;
-            let mut error = None;
-            match c.typ {
-                reply::TYPE_OFFSET_DATA => {
-                    let off = read_u64(&mut r, "a data chunk offset")?;
-                    let n = c.length.checked_sub(8).ok_or_else(|| proto("short data chunk"))? as usize;
-                    let op = sl.op.ok_or_else(|| proto("data for a request that is not a READ"))?;
-                    let at =
-                        off.checked_sub(op.offset).map(|a| a as usize).filter(|a| a + n <= op.len as usize);
-                    let at = at.ok_or_else(|| proto("data chunk outside its request"))?;
-                    r.read_exact(&mut sl.buf[at..at + n]).map_err(io_err("reading READ data"))?;
-                }
-                reply::TYPE_OFFSET_HOLE => {
-                    let off = read_u64(&mut r, "a hole chunk offset")?;
-                    let mut l = [0u8; 4];
-                    r.read_exact(&mut l).map_err(io_err("reading a hole chunk"))?;
-                    let n = u32::from_be_bytes(l) as usize;
-                    let op = sl.op.ok_or_else(|| proto("hole for a request that is not a READ"))?;
-                    let at =
-                        off.checked_sub(op.offset).map(|a| a as usize).filter(|a| a + n <= op.len as usize);
-                    let at = at.ok_or_else(|| proto("hole chunk outside its request"))?;
-                    sl.buf[at..at + n].fill(0);
-                }
-                reply::TYPE_NONE => {}
-                t => {
-                    let mut payload = vec![0u8; c.length as usize];
-                    r.read_exact(&mut payload).map_err(io_err("reading a reply chunk"))?;
-                    if t & 0x8000 != 0 {
-                        let e = payload.get(0..4).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")));
-                        error = Some(e.unwrap_or(wire::errno::EIO).max(1));
-                    }
-                }
-            }
-            if error.is_some() {
-                sl.error = error;
-            }
-            let err = sl.error;
-            (c.cookie, c.flags & reply::FLAG_DONE != 0, err)
-        } else {
-            return Err(proto(format!("bad reply magic {m:#010x}")));
-        };
-        if !done {
-            continue;
-        }
-        let end = ctx.now();
-        let slot = cookie as usize;
-        {
-            let mut sl = slots[slot].lock().expect("slot lock");
-            if sl.flush {
-                sl.error = error;
-            } else {
-                let op = sl.op.take().ok_or_else(|| proto(format!("reply for idle cookie {cookie}")))?;
-                if let Some(errno) = error {
-                    let what = format!("{:?} of {} bytes at offset {}", op.dir, op.len, op.offset);
-                    return Err(BenchError::NbdReply { what, errno });
-                }
-                let start = sl.start_ns;
-                let len = op.len as usize;
-                let data = if op.dir == Dir::Read { &sl.buf[..len] } else { &[][..] };
-                ctx.complete(w, &op, start, end, data)?;
-            }
-        }
-        if free.send(slot).is_err() {
-            return Ok(());
+        let sent = p.send()?;
+        let received = p.receive()?;
+        if !sent && !received {
+            p.wait()?;
         }
     }
-}
-
-fn lock_slot(slots: &[Mutex<Slot>], cookie: u64) -> Result<std::sync::MutexGuard<'_, Slot>, BenchError> {
-    let s = slots.get(cookie as usize).ok_or_else(|| proto(format!("reply with unknown cookie {cookie}")))?;
-    Ok(s.lock().expect("slot lock"))
 }
