@@ -109,3 +109,19 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The kernel oracle: `$KERNEL_RUN`, else `shared/oracle/kernel-run` beside the checkout (as CI
+/// lays it out), else /work/shared. `None` (with a loud message) when there is none.
+pub fn kernel_run() -> Option<PathBuf> {
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/oracle/kernel-run");
+    let candidates = [
+        std::env::var_os("KERNEL_RUN").map(PathBuf::from),
+        Some(beside),
+        Some("/work/shared/oracle/kernel-run".into()),
+    ];
+    let found = candidates.into_iter().flatten().find(|p| p.exists());
+    if found.is_none() {
+        eprintln!("SKIPPED: no kernel-run oracle (set KERNEL_RUN or put shared/ beside the checkout)");
+    }
+    found
+}

@@ -13,6 +13,8 @@
 //!
 //! Boots a kernel (~30–60 s under TCG): `cargo test -p sealdisk --test integrity_kernel -- --ignored`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -154,16 +156,6 @@ fn sha_hex(b: &[u8]) -> String {
     Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn kernel_run() -> Option<PathBuf> {
-    let p = PathBuf::from("/work/shared/oracle/kernel-run");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} not found", p.display());
-        None
-    }
-}
-
 fn open_opts(c: &Case) -> String {
     let mut o = format!("-I {}", c.alg);
     if c.alg.starts_with("hmac") {
@@ -180,7 +172,7 @@ fn open_opts(c: &Case) -> String {
 #[test]
 #[ignore = "boots Linux under qemu (kernel-run), ~1 min"]
 fn sealdisk_volumes_open_in_the_kernel_and_kernel_writes_read_back() {
-    let Some(kr) = kernel_run() else { return };
+    let Some(kr) = common::kernel_run() else { return };
     let dir = tempfile::tempdir().unwrap();
     let key_path = dir.path().join("key");
     std::fs::write(&key_path, key()).unwrap();

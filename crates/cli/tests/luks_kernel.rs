@@ -61,16 +61,6 @@ const CASES: &[Case] = &[
     },
 ];
 
-fn kernel_run() -> Option<PathBuf> {
-    let p = PathBuf::from("/work/shared/oracle/kernel-run");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: {} not found", p.display());
-        None
-    }
-}
-
 fn sha_hex(b: &[u8]) -> String {
     Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -89,7 +79,7 @@ fn params(path: &str) -> OpenParams {
 #[test]
 #[ignore = "boots Linux under qemu (kernel-run), ~1 min"]
 fn sealdisk_luks_volumes_open_in_the_kernel_and_kernel_writes_read_back() {
-    let Some(kr) = kernel_run() else { return };
+    let Some(kr) = common::kernel_run() else { return };
     let dir = tempfile::tempdir().unwrap();
     let pass = dir.path().join("pass");
     std::fs::write(&pass, b"kernel interop").unwrap();
