@@ -1,4 +1,4 @@
-//! The progress line on stderr: elapsed, time (or requests) left, live IOPS and bandwidth.
+//! The progress line on stderr: share done, live IOPS, average bandwidth, time left.
 //! Hidden when stderr is not a terminal or when the caller turns it off.
 
 use std::io::IsTerminal;
@@ -34,7 +34,7 @@ impl Progress {
             None => total_ops.unwrap_or(0),
         };
         let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr_with_hz(5));
-        let style = ProgressStyle::with_template("{prefix:.bold} [{bar:24}] {percent:>3}% {msg} eta {eta}")
+        let style = ProgressStyle::with_template("{prefix:.bold} [{bar:20}] {percent:>3}% {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> ");
         bar.set_style(style);
@@ -45,22 +45,19 @@ impl Progress {
 
     /// Updates the line; `last` is `(ios, elapsed_ns)` at the previous tick.
     pub(crate) fn tick(&self, live: &LiveCounters, elapsed_ns: u64, last: (u64, u64)) -> (u64, u64) {
-        let r = live.read_ios.load(Ordering::Relaxed);
-        let w = live.write_ios.load(Ordering::Relaxed);
-        let ios = r + w;
+        let ios = live.read_ios.load(Ordering::Relaxed) + live.write_ios.load(Ordering::Relaxed);
         let Some(bar) = &self.bar else { return (ios, elapsed_ns) };
         let dt = elapsed_ns.saturating_sub(last.1) as f64 / 1e9;
         if dt > 0.0 {
             let iops = (ios - last.0.min(ios)) as f64 / dt;
             let bytes = live.bytes.load(Ordering::Relaxed) as f64;
             let secs = (elapsed_ns as f64 / 1e9).max(1e-9);
-            bar.set_message(format!(
-                "{} IOPS, {} avg (r={} w={})",
-                fmt_count(iops),
-                fmt_bw(bytes / secs),
-                r,
-                w
-            ));
+            let left = match (self.time_based, bar.length()) {
+                (Some(total), _) => (total.as_secs_f64() - secs).max(0.0),
+                (None, Some(n)) if ios > 0 => secs * n.saturating_sub(ios) as f64 / ios as f64,
+                _ => 0.0,
+            };
+            bar.set_message(format!("{} IOPS {} | {left:.1}s left", fmt_count(iops), fmt_bw(bytes / secs)));
         }
         match self.time_based {
             Some(_) => bar.set_position(elapsed_ns / 1_000_000),

@@ -392,8 +392,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .unwrap_or(false),
     };
     let c = suite::comparison(&o);
-    let extra: Box<dyn Fn(&ComparisonResult) -> String> = Box::new(suite::summary);
-    run_comparisons(&a, vec![c], run_opts, rep, json, Some(extra))
+    run_comparisons(&a, vec![c], run_opts, rep, json, Some(suite::summary))
 }
 
 fn run_comparisons(
@@ -402,7 +401,7 @@ fn run_comparisons(
     run: RunOptions,
     mut rep: Report,
     json: bool,
-    summary: Option<Box<dyn Fn(&ComparisonResult) -> String>>,
+    summary: Option<fn(&ComparisonResult) -> String>,
 ) -> Result<()> {
     for c in &comps {
         compare::check(c).map_err(usage)?;

@@ -1,0 +1,137 @@
+//! `sealdisk bench` and `sealdisk benchmark` from the command line: a single job on a
+//! temporary volume (text and JSON), a two-variant comparison with its chart, the preset list,
+//! a preset that waits for a missing layer, and `benchmark`'s JSON. Short runs; no timing
+//! assertions.
+
+use std::process::Command;
+
+fn sealdisk(args: &[&str], dir: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sealdisk"))
+        .args(args)
+        .env("SEALDISK_BENCH_DIR", dir)
+        .output()
+        .expect("running sealdisk")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn single_job_prints_fio_text_and_leaves_no_volume_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sealdisk(
+        &[
+            "bench",
+            "--rw=randrw",
+            "--bs=4k",
+            "--size=4M",
+            "--iodepth=4",
+            "--verify",
+            "--stack=crypt",
+            "--crypt-mode=inline",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    for want in [
+        "randrw-4k: (jobs=1)",
+        "read: IOPS=",
+        "write: IOPS=",
+        "clat percentiles",
+        "99.99th=",
+        "cpu          : usr=",
+        "verify",
+        "Run status",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in:\n{s}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temporary volume removed");
+}
+
+#[test]
+fn json_output_is_one_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sealdisk(
+        &[
+            "bench",
+            "--rw=read",
+            "--bs=64k",
+            "--size=2M",
+            "--stack=raw",
+            "--output-format=json",
+            "--no-progress",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is only the JSON report");
+    assert_eq!(v["schema"], "sealdisk-bench-report/1");
+    assert_eq!(v["jobs"][0]["read"]["io_bytes"], 2 << 20);
+    assert_eq!(v["jobs"][0]["options"]["bs"], 65536);
+}
+
+#[test]
+fn compare_prints_the_side_by_side_table_and_writes_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("chart.svg");
+    let vols = dir.path().join("vols");
+    std::fs::create_dir(&vols).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sealdisk"))
+        .args([
+            "bench",
+            "--compare",
+            "--variant",
+            "pool:crypt-mode=pool",
+            "--variant",
+            "inline:crypt-mode=inline",
+        ])
+        .args(["--rw=readwrite", "--size=2M", "--sweep-bs=4k,64k", "--repeat=2", "--svg"])
+        .arg(&svg)
+        .arg("--dir")
+        .arg(&vols)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("pool")
+            && s.contains("inline")
+            && s.contains("READ")
+            && s.contains("WRITE")
+            && s.contains("64k"),
+        "{s}"
+    );
+    assert!(s.contains('%'), "change column: {s}");
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn presets_are_listed_and_missing_layers_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sealdisk(&["bench", "--list-presets"], dir.path());
+    assert!(out.status.success());
+    let s = text(&out.stdout);
+    for p in ["dm-crypt-workqueue", "iv-sector-size", "ext4-parallel-dio", "integrity-ahash", "integrity-rmw"]
+    {
+        assert!(s.contains(p), "{p} missing from:\n{s}");
+    }
+    let out = sealdisk(&["bench", "--preset", "integrity-rmw"], dir.path());
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("not implemented yet"), "{}", text(&out.stderr));
+    let out = sealdisk(&["bench", "--preset", "nope"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn benchmark_reports_ciphers_hashes_and_pbkdf2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sealdisk(&["benchmark", "--time-per-test", "2", "--output-format", "json"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["micro"]["pbkdf2_sha256_iterations_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["micro"]["ciphers"].as_array().unwrap().len(), 8);
+    let out = sealdisk(&["benchmark", "--time-per-test", "2"], dir.path());
+    assert!(text(&out.stdout).contains("PBKDF2-sha256"));
+}
