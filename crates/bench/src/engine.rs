@@ -74,7 +74,13 @@ pub struct WorkerStats {
     write: LatencyRecorder,
     verified: u64,
     last_completion_ns: u64,
+    /// Completions not yet added to the shared live counters: (reads, writes, bytes).
+    /// Batched so that workers do not bounce the counters' cache line on every request.
+    pending: (u64, u64, u64),
 }
+
+/// Completions a worker accumulates before updating the live counters.
+const LIVE_BATCH: u64 = 64;
 
 #[derive(Debug, Default)]
 struct Merged {
@@ -186,7 +192,7 @@ impl CloneCtx<'_> {
                 if op.measured {
                     w.read.record(ns, op.len);
                 }
-                self.live.read_ios.fetch_add(1, Ordering::Relaxed);
+                w.pending.0 += 1;
             }
             Dir::Write => {
                 if let Some(m) = self.written {
@@ -195,18 +201,29 @@ impl CloneCtx<'_> {
                 if op.measured {
                     w.write.record(ns, op.len);
                 }
-                self.live.write_ios.fetch_add(1, Ordering::Relaxed);
+                w.pending.1 += 1;
             }
         }
-        self.live.bytes.fetch_add(op.len, Ordering::Relaxed);
+        w.pending.2 += op.len;
+        if w.pending.0 + w.pending.1 >= LIVE_BATCH {
+            self.flush_live(w);
+        }
         if op.measured {
             w.last_completion_ns = w.last_completion_ns.max(end_ns);
         }
         Ok(())
     }
 
+    fn flush_live(&self, w: &mut WorkerStats) {
+        let (r, wr, b) = std::mem::take(&mut w.pending);
+        self.live.read_ios.fetch_add(r, Ordering::Relaxed);
+        self.live.write_ios.fetch_add(wr, Ordering::Relaxed);
+        self.live.bytes.fetch_add(b, Ordering::Relaxed);
+    }
+
     /// Hands a worker's statistics back (call once per worker, also after an error).
-    pub fn finish(&self, w: WorkerStats) {
+    pub fn finish(&self, mut w: WorkerStats) {
+        self.flush_live(&mut w);
         let mut m = self.merged.lock().expect("merge lock");
         m.read.merge(&w.read);
         m.write.merge(&w.write);

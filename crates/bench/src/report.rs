@@ -65,6 +65,8 @@ pub struct Report {
     pub sealdisk_version: &'static str,
     /// `git describe --always --dirty` of the source tree, when it can be found.
     pub git: Option<String>,
+    /// The commit (`git rev-parse HEAD`), when it can be found.
+    pub commit: Option<String>,
     /// Seconds since the Unix epoch at the start.
     pub time_unix: u64,
     /// The command line.
@@ -102,7 +104,8 @@ impl Report {
         Report {
             schema: SCHEMA_ID,
             sealdisk_version: env!("CARGO_PKG_VERSION"),
-            git: git_describe(),
+            git: git(&["describe", "--always", "--dirty", "--tags"]),
+            commit: git(&["rev-parse", "HEAD"]),
             time_unix,
             command,
             machine: Machine::probe(),
@@ -118,11 +121,13 @@ impl Report {
     }
 }
 
-/// `git describe --always --dirty` of the tree this crate was built from, if it is there.
-pub fn git_describe() -> Option<String> {
+/// A `git` query about the tree this crate was built from, if it is still there.
+fn git(args: &[&str]) -> Option<String> {
     let dir = env!("CARGO_MANIFEST_DIR");
     let out = std::process::Command::new("git")
-        .args(["-C", dir, "describe", "--always", "--dirty", "--tags"])
+        .arg("-C")
+        .arg(dir)
+        .args(args)
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;

@@ -275,8 +275,23 @@ impl StackSpec {
         // Real blocks, no holes: writes must not pay for allocation, reads not hit holes.
         let _ = rustix::fs::fallocate(file.as_file(), rustix::fs::FallocateFlags::empty(), 0, size);
         let path = file.into_temp_path();
+        let device = self.stack_on(&path)?;
+        Ok(BuiltStack { device, description: self.describe(), path: Backing::Temporary(path) })
+    }
+
+    /// Stacks the layers on an existing file or block device (fio's `filename`). Nothing
+    /// is created or deleted; a crypt layer gets a fresh random key, so whatever the file
+    /// held reads back as noise and writes destroy it.
+    pub fn open_existing(&self, path: &Path) -> Result<BuiltStack, BenchError> {
+        self.check()?;
+        let device = self.stack_on(path)?;
+        let description = format!("{} {}", self.describe(), path.display());
+        Ok(BuiltStack { device, description, path: Backing::Existing(path.to_path_buf()) })
+    }
+
+    fn stack_on(&self, path: &Path) -> Result<Arc<dyn BlockDevice>, BenchError> {
         let opts = FileOptions { direct: self.direct, ..FileOptions::default() };
-        let backing = FileDevice::open(&path, opts)
+        let backing = FileDevice::open(path, opts)
             .map_err(|e| BenchError::setup(format!("opening {}", path.display()), e))?;
         let below: Arc<dyn BlockDevice> = match self.lock {
             LockKind::None => Arc::new(backing),
@@ -314,24 +329,35 @@ impl StackSpec {
                 return Err(BenchError::Internal("check() lets only buildable stacks through".into()))
             }
         };
-        Ok(BuiltStack { device, description: self.describe(), path })
+        Ok(device)
     }
 }
 
-/// A stack on a temporary volume; the volume is deleted on drop.
+#[derive(Debug)]
+enum Backing {
+    /// Deleted on drop.
+    Temporary(tempfile::TempPath),
+    /// The user's; left alone.
+    Existing(PathBuf),
+}
+
+/// A stack on a volume: a temporary one (deleted on drop) or an existing file.
 #[derive(Debug)]
 pub struct BuiltStack {
     /// The top of the stack.
     pub device: Arc<dyn BlockDevice>,
     /// What it is.
     pub description: String,
-    path: tempfile::TempPath,
+    path: Backing,
 }
 
 impl BuiltStack {
     /// The backing file.
     pub fn path(&self) -> &Path {
-        &self.path
+        match &self.path {
+            Backing::Temporary(p) => p,
+            Backing::Existing(p) => p,
+        }
     }
 
     /// Writes the whole device once, sequentially in 1 MiB requests from two threads, and

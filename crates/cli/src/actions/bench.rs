@@ -93,6 +93,10 @@ pub struct BenchArgs {
     /// An NBD URI (nbd+unix:///NAME?socket=PATH, nbd://HOST:PORT/NAME) instead of a temporary volume.
     #[arg(long, conflicts_with = "stack")]
     pub target: Option<String>,
+    /// Build the stack on this existing file or block device instead of a temporary volume
+    /// (fio's filename). A crypt layer gets a random key: writes destroy the content.
+    #[arg(long, conflicts_with = "target", value_name = "PATH")]
+    pub filename: Option<PathBuf>,
     /// Stack on the temporary volume: raw, crypt (later integrity, crypt-integrity, luks2).
     #[arg(long)]
     pub stack: Option<String>,
@@ -205,9 +209,9 @@ fn job(a: &BenchArgs) -> Result<JobSpec> {
     if a.name.is_none() {
         j.name = format!("{}-{}", j.rw, format_size(j.bs));
     }
-    // fio: --size is the region. With a target, the region; with a temporary volume, its
-    // size (and the region is all of it).
-    if a.target.is_some() {
+    // fio: --size is the region. With a target or a file, the region; with a temporary
+    // volume, its size (and the region is all of it).
+    if a.target.is_some() || a.filename.is_some() {
         if let Some(sz) = &a.size {
             j.size = Some(parse_size(sz).map_err(usage)?);
         }
@@ -330,15 +334,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return run_comparisons(&a, vec![c], run_opts, rep, json, None);
     }
 
-    if a.target.is_some() || a.any_job_option() || a.any_stack_option() {
+    if a.target.is_some() || a.filename.is_some() || a.any_job_option() || a.any_stack_option() {
         let spec = job(&a)?;
-        let (result, _volume) = match &a.target {
-            Some(uri) => {
+        let (result, _volume) = match (&a.target, &a.filename) {
+            (Some(uri), _) => {
                 let uri: NbdUri = uri.parse().map_err(usage)?;
                 let t = NbdTarget::connect(&uri).with_context(|| format!("connecting to {uri}"))?;
                 (bench::run_job(&t, &spec, &run_opts)?, None)
             }
-            None => {
+            (None, Some(path)) => {
+                let built = stack(&a)?.open_existing(path).map_err(usage)?;
+                if !json {
+                    eprintln!("bench: {}", built.description);
+                }
+                let t = DeviceTarget::new(built.device.clone(), built.description.clone());
+                (bench::run_job(&t, &spec, &run_opts)?, Some(built))
+            }
+            (None, None) => {
                 let st = stack(&a)?;
                 let size = volume_size(&a, 256 << 20)?;
                 let d = dir(&a)?;
