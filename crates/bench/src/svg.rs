@@ -26,6 +26,27 @@ fn nice_max(v: f64) -> f64 {
     10.0 * e
 }
 
+/// Tick intervals for an axis up to `max` (a `nice_max`): steps of 1, 2, 2.5 or 5 × 10^k.
+fn ticks_for(max: f64) -> u32 {
+    let m = max / 10f64.powf(max.log10().floor());
+    if (m - 2.0).abs() < 1e-9 {
+        4
+    } else {
+        5
+    }
+}
+
+/// `1234`, `56.7`, `3.21`.
+fn short(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 /// The chart as an SVG document.
 pub fn chart(r: &ComparisonResult) -> String {
     let nv = r.variants.len().max(1);
@@ -83,9 +104,10 @@ pub fn chart(r: &ComparisonResult) -> String {
             r#"<text x="{left}" y="{}" font-weight="bold">{name} bandwidth (MiB/s)</text>"#,
             y0 - 6.0
         );
-        for t in 0..=4 {
-            let v = ymax * t as f64 / 4.0;
-            let y = base - panel_h * t as f64 / 4.0;
+        let ticks = ticks_for(ymax);
+        for t in 0..=ticks {
+            let v = ymax * t as f64 / ticks as f64;
+            let y = base - panel_h * t as f64 / ticks as f64;
             let _ = writeln!(
                 s,
                 r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
@@ -96,7 +118,9 @@ pub fn chart(r: &ComparisonResult) -> String {
             );
         }
         for (pi, p) in r.points.iter().enumerate() {
-            let gx = left + pi as f64 * group + 12.0;
+            // Groups spread over the plot, bars centred in their slot.
+            let slot = plot_w / np as f64;
+            let gx = left + pi as f64 * slot + (slot - nv as f64 * bar) / 2.0;
             for (vi, c) in p.cells.iter().enumerate() {
                 let Some(d) = get(c) else { continue };
                 let h = |b: f64| (b / 1048576.0 / ymax * panel_h).min(panel_h);
@@ -113,6 +137,13 @@ pub fn chart(r: &ComparisonResult) -> String {
                     d.bw_bytes.median / 1048576.0,
                     d.bw_bytes.min / 1048576.0,
                     d.bw_bytes.max / 1048576.0
+                );
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="9">{}</text>"#,
+                    x + (bar - 3.0) / 2.0,
+                    base - h(d.bw_bytes.max).max(bh) - 4.0,
+                    short(d.bw_bytes.median / 1048576.0)
                 );
                 if d.bw_bytes.max > d.bw_bytes.min {
                     let cx = x + (bar - 3.0) / 2.0;
@@ -177,6 +208,7 @@ mod tests {
         let svg = chart(&r);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<rect x=").count(), 2 + 2, "2 legend swatches + 2 bars");
+        assert_eq!((ticks_for(250.0), ticks_for(200.0), ticks_for(1.0)), (5, 4, 5));
         assert!(svg.contains("a &lt;b&gt;") && svg.contains("k &amp; k"));
         assert!(svg.contains("READ bandwidth") && !svg.contains("WRITE bandwidth"));
         assert_eq!(nice_max(13.2), 20.0);
