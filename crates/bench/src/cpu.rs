@@ -1,13 +1,15 @@
 //! Process CPU time from `getrusage(RUSAGE_SELF)`: every thread of this process, including
 //! threads that have already exited (crypto pool, NBD client readers).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrusage, UsageWho};
 
 /// A snapshot of the process's resource usage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuSnapshot {
+    /// When it was taken.
+    pub at: Instant,
     /// User time.
     pub user: Duration,
     /// System time.
@@ -26,20 +28,21 @@ impl CpuSnapshot {
                         + Duration::from_micros(t.tv_usec().max(0) as u64)
                 };
                 CpuSnapshot {
+                    at: Instant::now(),
                     user: tv(u.user_time()),
                     sys: tv(u.system_time()),
                     ctx: (u.voluntary_context_switches().max(0) + u.involuntary_context_switches().max(0))
                         as u64,
                 }
             }
-            Err(_) => CpuSnapshot::default(),
+            Err(_) => CpuSnapshot { at: Instant::now(), user: Duration::ZERO, sys: Duration::ZERO, ctx: 0 },
         }
     }
 
-    /// `(user %, sys %, context switches)` between `self` and a later snapshot over a wall
-    /// time of `wall_ns`; 100% is one core, as fio's `usr=`/`sys=`.
-    pub fn usage_since(&self, earlier: &CpuSnapshot, wall_ns: u64) -> (f64, f64, u64) {
-        let wall = (wall_ns as f64 / 1e9).max(1e-9);
+    /// `(user %, sys %, context switches)` from `earlier` to `self`, over the wall time
+    /// between them; 100% is one core, as fio's `usr=`/`sys=`.
+    pub fn usage_since(&self, earlier: &CpuSnapshot) -> (f64, f64, u64) {
+        let wall = self.at.saturating_duration_since(earlier.at).as_secs_f64().max(1e-6);
         let pct = |a: Duration, b: Duration| a.saturating_sub(b).as_secs_f64() / wall * 100.0;
         (pct(self.user, earlier.user), pct(self.sys, earlier.sys), self.ctx.saturating_sub(earlier.ctx))
     }
@@ -59,7 +62,7 @@ mod tests {
         std::hint::black_box(x);
         let b = CpuSnapshot::now();
         assert!(b.user + b.sys >= a.user + a.sys);
-        let (u, s, _) = b.usage_since(&a, 1_000_000_000);
+        let (u, s, _) = b.usage_since(&a);
         assert!(u >= 0.0 && s >= 0.0);
     }
 }

@@ -236,6 +236,11 @@ impl CloneCtx<'_> {
         self.abort.load(Ordering::Relaxed)
     }
 
+    /// Whether the job is stopping: an error, or a stop from outside (a signal).
+    pub fn stopping(&self) -> bool {
+        self.aborted() || self.stop.is_some_and(|s| s.load(Ordering::Relaxed))
+    }
+
     /// Stops every clone of the job (after an error).
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Relaxed);
@@ -361,14 +366,22 @@ pub fn run_job(target: &dyn Target, spec: &JobSpec, opts: &RunOptions) -> Result
             let mut last = (0u64, 0u64);
             while !done.load(Ordering::Relaxed) {
                 let now = clock.now_ns();
-                {
+                let snapped = {
                     let mut at = cpu_at_ramp.lock().expect("cpu lock");
                     if at.is_none() && now >= ramp_end_ns {
                         *at = Some(CpuSnapshot::now());
                     }
-                }
+                    at.is_some()
+                };
                 last = progress.tick(&live, now.saturating_sub(t0), last);
-                std::thread::sleep(Duration::from_millis(100));
+                // Wake up close to the end of ramp, so the CPU window starts with the
+                // measured one (±1 ms); 100 ms ticks after that.
+                let nap = if snapped {
+                    100_000_000
+                } else {
+                    ramp_end_ns.saturating_sub(now).clamp(1_000_000, 100_000_000)
+                };
+                std::thread::sleep(Duration::from_nanos(nap));
             }
         });
         let handles: Vec<_> = ctxs
@@ -415,7 +428,7 @@ pub fn run_job(target: &dyn Target, spec: &JobSpec, opts: &RunOptions) -> Result
     let window_start = ramp_end_ns.max(t0);
     let window = last.saturating_sub(window_start);
     let cpu_from = cpu_at_ramp.into_inner().expect("cpu lock").unwrap_or(cpu_start);
-    let (usr_cpu, sys_cpu, ctxsw) = cpu_end.usage_since(&cpu_from, window.max(1));
+    let (usr_cpu, sys_cpu, ctxsw) = cpu_end.usage_since(&cpu_from);
 
     if let Some(map) = &written {
         // Read back everything written, with nothing else in flight.

@@ -357,6 +357,10 @@ enum RState {
 }
 
 const INBUF: usize = 256 << 10;
+/// How long a stopping job waits for replies still in flight.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a server may stay silent with requests in flight.
+const NO_REPLY_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// Data at least this long goes straight from the socket into the request's buffer.
 const DIRECT_READ: usize = 32 << 10;
 
@@ -738,6 +742,7 @@ fn drive(p: &mut Pipe<'_, '_>, max_block: u32, read_only: bool) -> Result<(), Be
     let depth = p.slots.len();
     let mut source_done = false;
     let mut flushed = false;
+    let mut last_progress = std::time::Instant::now();
     loop {
         while !source_done && !p.free.is_empty() {
             match p.ctx.next_op() {
@@ -755,7 +760,22 @@ fn drive(p: &mut Pipe<'_, '_>, max_block: u32, read_only: bool) -> Result<(), Be
         }
         let sent = p.send()?;
         let received = p.receive()?;
-        if !sent && !received {
+        if sent || received {
+            last_progress = std::time::Instant::now();
+        } else {
+            // A stopped job does not wait long for a silent server; a running one gives up
+            // only after a long silence with requests in flight.
+            let quiet = last_progress.elapsed();
+            if p.ctx.stopping() && quiet > STOP_GRACE {
+                return Err(BenchError::Interrupted);
+            }
+            if quiet > NO_REPLY_LIMIT {
+                return Err(proto(format!(
+                    "no reply for {} s with {} requests in flight",
+                    quiet.as_secs(),
+                    depth - p.free.len()
+                )));
+            }
             p.wait()?;
         }
     }
