@@ -274,7 +274,7 @@ fn merge_dir(results: &[JobResult], read: bool) -> Option<Sample> {
 enum Built {
     /// The volume lives (and is deleted) with the target.
     Stack {
-        _volume: BuiltStack,
+        volume: Box<BuiltStack>,
         target: DeviceTarget,
     },
     Nbd(NbdTarget),
@@ -286,6 +286,17 @@ impl Built {
             Built::Stack { target, .. } => target,
             Built::Nbd(t) => t,
         }
+    }
+
+    /// Closes and reopens a built stack (`reopen=1`: cold caches for every job).
+    fn reopen(&mut self) -> Result<(), BenchError> {
+        if let Built::Stack { volume, target } = self {
+            // The target holds a reference to the device: release it before the reopen.
+            *target = DeviceTarget::new(std::sync::Arc::new(blockdev::MemDevice::new(0, 512)), "");
+            volume.reopen()?;
+            *target = DeviceTarget::new(volume.device.clone(), volume.description.clone());
+        }
+        Ok(())
     }
 }
 
@@ -333,7 +344,7 @@ pub fn run_comparison(
     on_job: &mut dyn FnMut(ReportJob),
 ) -> Result<ComparisonResult, BenchError> {
     check(c)?;
-    let mut built = Vec::new();
+    let mut built: Vec<Built> = Vec::new();
     for v in &c.variants {
         built.push(match &v.target {
             Some(uri) => Built::Nbd(NbdTarget::connect(uri)?),
@@ -349,7 +360,7 @@ pub fn run_comparison(
                 let b = v.stack.build(&env.dir, c.volume_size)?;
                 b.precondition()?;
                 let t = DeviceTarget::new(b.device.clone(), b.description.clone());
-                Built::Stack { _volume: b, target: t }
+                Built::Stack { volume: Box::new(b), target: t }
             }
         });
     }
@@ -360,6 +371,9 @@ pub fn run_comparison(
                 let mut results = Vec::new();
                 for j in &p.jobs {
                     let job = job_for(v, j)?;
+                    if v.target.is_none() && v.stack.reopen {
+                        built[vi].reopen()?;
+                    }
                     let mut run = env.run.clone();
                     run.label = format!("[{}/{}] {} {}", rep + 1, c.repetitions, v.name, p.label);
                     let r = run_job(built[vi].target(), &job, &run)?;
@@ -604,7 +618,10 @@ mod tests {
         assert!(check(&c).is_err());
         let mut integ = StackSpec::default();
         integ.set("stack", "integrity").unwrap();
+        integ.set("integrity-alg", "no-such-hash").unwrap();
         c.variants.push(Variant::new("b", integ));
-        assert!(matches!(check(&c), Err(BenchError::NotImplemented(m)) if m.contains("variant b")));
+        assert!(
+            matches!(check(&c), Err(BenchError::Setup { context, .. }) if context.contains("no-such-hash"))
+        );
     }
 }

@@ -6,11 +6,13 @@
 //!                        Target ──────┴──────┐
 //!              DeviceTarget (Arc<dyn BlockDevice>)   NbdTarget (nbd+unix://, nbd://)
 //!                        ▲
-//!   StackSpec (raw | crypt [| integrity | luks2]) ──build──► temporary volume on a real fs
+//!   StackSpec (raw | crypt | integrity | crypt-integrity | luks2) ──build──► temporary volume
+//!             (integrity and LUKS2 formatted and opened through `volume`, as a user would)
 //!
 //!   compare: variants × points × repetitions (interleaved) ──► medians, spread, side-by-side
 //!            table, SVG chart
 //!   presets: one per seed experiment, each a list of comparisons (presets.rs)
+//!   format_speed: integritysetup format (with wipe) beside a raw sequential write
 //!   suite:   `sealdisk bench` with no arguments (suite.rs)
 //!   micro:   `sealdisk benchmark`, cipher / hash / KDF throughput in memory (micro.rs)
 //! ```
@@ -25,6 +27,7 @@ pub mod clock;
 pub mod compare;
 pub mod cpu;
 pub mod engine;
+pub mod format_speed;
 pub mod gen;
 pub mod locks;
 pub mod micro;

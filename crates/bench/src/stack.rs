@@ -8,19 +8,35 @@
 //!                                                  └─ Arc<dyn BlockDevice> ──► DeviceTarget
 //! ```
 //!
-//! **Extension point.** A new layer (dm-integrity, LUKS2) is a new [`StackKind`]: give it
-//! its knobs in [`StackSpec`] (`set`), its description, and a branch in [`StackSpec::build`].
-//! Until the layer exists its kind is accepted by the parser and refused by
-//! [`StackSpec::check`] with [`BenchError::NotImplemented`], so presets that need it are
-//! listed, shaped, and say what is missing.
+//! Stacks that need a formatted volume are made through the `volume` crate's public API, as
+//! a user would make them, on the temporary file:
+//!
+//! ```text
+//!   integrity         volume::integrity::format(no_wipe) ─► volume::integrity::open
+//!   crypt-integrity   the same, then CryptTarget (plain aes-xts) over the IntegrityTarget
+//!   luks2             volume::luks::format (PBKDF2, 1000 iterations) ─► volume::luks::open
+//! ```
+//! No wipe: the precondition pass writes every block (valid tags) before anything reads.
+//! The file is made large enough for the metadata, and the top of the stack is cut to
+//! exactly the requested size, so every variant of a comparison has the same region.
+//!
+//! **Extension point.** A new layer is a new [`StackKind`]: give it its knobs in
+//! [`StackSpec`] (`set`), its description, and a branch in [`StackSpec::build`]. A kind whose
+//! layer does not exist yet is refused by [`StackSpec::check`] with
+//! [`BenchError::NotImplemented`], so presets that need it are listed, shaped, and say what is
+//! missing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, FileDevice, FileOptions, RangeLocked, WriteFlags};
+use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, RangeLocked, Slice, WriteFlags};
 use rand::RngCore;
+use sector_crypto::kdf::Passphrase;
+use sector_crypto::tag::TagHash;
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+use targets::integrity::{HashMode, Mode};
 use targets::{CryptConfig, CryptMode, CryptTarget};
+use volume::integrity::IntegrityParams;
 
 use crate::locks::GlobalLocked;
 use crate::spec::{parse_bool, parse_size};
@@ -33,11 +49,13 @@ pub enum StackKind {
     Raw,
     /// Plain dm-crypt over the file.
     Crypt,
-    /// dm-integrity over the file (not implemented yet).
+    /// dm-integrity over the file (a volume formatted by `volume::integrity`).
     Integrity,
-    /// dm-crypt over dm-integrity (authenticated encryption; not implemented yet).
+    /// dm-crypt over dm-integrity, the shape LUKS2 authenticated encryption stacks. Until
+    /// `CryptTarget` has AEAD modes this is plain aes-xts over an integrity volume with an
+    /// internal hash: the same I/O (data + tags per block, journal) and the same hashing cost.
     CryptIntegrity,
-    /// A LUKS2 volume (not implemented yet).
+    /// A LUKS2 volume (made by `volume::luks::format`, opened by `volume::luks::open`).
     Luks2,
 }
 
@@ -85,29 +103,74 @@ impl std::str::FromStr for LockKind {
     }
 }
 
-/// dm-integrity knobs, for when `IntegrityTarget` lands (the seeds' integrity presets use them).
+/// dm-integrity knobs (integritysetup's options, plus the engine's two performance knobs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IntegrityKnobs {
-    /// Internal hash (`crc32c`, `sha256`, `hmac-sha256`).
+    /// Internal hash (`-I`): `crc32c`, `sha256`, `hmac-sha256`, ... (HMACs get a random key).
     pub hash: String,
-    /// `journal`, `bitmap` or `direct`.
-    pub mode: String,
+    /// `J` (journal), `B` (bitmap) or `D` (direct).
+    pub mode: Mode,
+    /// Integrity block size (`-s`, 512..4096). The bench default is 4096 (integritysetup's
+    /// is 512): the workloads are 4k and up.
+    pub block_size: u32,
     /// Metadata buffer size in 512-byte sectors (`buffer_sectors`, kernel default 128).
     pub buffer_sectors: u32,
-    /// Compute the tags of one request in parallel (the ahash analogue) instead of inline.
-    pub parallel_hash: bool,
+    /// `--interleave-sectors` (`None`: integritysetup's 32768).
+    pub interleave_sectors: Option<u32>,
+    /// `-t` tag size (`None`: the digest size).
+    pub tag_size: Option<u32>,
+    /// Where tags are computed: inline (shash), pool (ahash-like offload), auto.
+    pub hash_mode: HashMode,
+    /// Always read a metadata buffer before writing it, even when a write covers it whole
+    /// (the engine's `skip_rmw` off: the kernel before the seed-004 patch).
+    pub rmw: bool,
 }
 
 impl Default for IntegrityKnobs {
     fn default() -> Self {
         IntegrityKnobs {
             hash: "crc32c".into(),
-            mode: "journal".into(),
+            mode: Mode::Journal,
+            block_size: 4096,
             buffer_sectors: 128,
-            parallel_hash: false,
+            interleave_sectors: None,
+            tag_size: None,
+            hash_mode: HashMode::Auto,
+            rmw: false,
         }
     }
 }
+
+fn parse_integrity_mode(s: &str) -> Result<Mode, BenchError> {
+    Ok(match s {
+        "J" | "j" | "journal" => Mode::Journal,
+        "B" | "b" | "bitmap" => Mode::Bitmap,
+        "D" | "d" | "direct" => Mode::Direct,
+        _ => return Err(BenchError::usage(format!("integrity-mode={s}: expected J, B or D"))),
+    })
+}
+
+fn parse_hash_mode(s: &str) -> Result<HashMode, BenchError> {
+    Ok(match s {
+        "inline" => HashMode::Inline,
+        "pool" => HashMode::Pool,
+        "auto" => HashMode::Auto,
+        _ => return Err(BenchError::usage(format!("hash-mode={s}: expected inline, pool or auto"))),
+    })
+}
+
+fn hash_mode_name(m: HashMode) -> &'static str {
+    match m {
+        HashMode::Inline => "inline",
+        HashMode::Pool => "pool",
+        HashMode::Auto => "auto",
+    }
+}
+
+/// PBKDF2 iterations of the bench's LUKS2 keyslot: the minimum, so that opening costs nothing.
+pub const LUKS2_PBKDF2_ITERATIONS: u32 = sector_crypto::kdf::PBKDF2_MIN_ITERATIONS;
+/// Bytes before the payload of a default LUKS2 header (cryptsetup's 16 MiB data offset).
+const LUKS2_DATA_OFFSET: u64 = 16 << 20;
 
 /// A stack to build on a temporary volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,6 +193,9 @@ pub struct StackSpec {
     pub direct: bool,
     /// dm-integrity knobs.
     pub integrity: IntegrityKnobs,
+    /// Close and reopen the volume before every job (cold metadata caches, as after a fresh
+    /// `integritysetup open`); the harness does it where it runs jobs (`compare`).
+    pub reopen: bool,
 }
 
 impl Default for StackSpec {
@@ -144,6 +210,7 @@ impl Default for StackSpec {
             lock: LockKind::None,
             direct: false,
             integrity: IntegrityKnobs::default(),
+            reopen: false,
         }
     }
 }
@@ -195,10 +262,21 @@ impl StackSpec {
             }
             "lock" => self.lock = value.parse()?,
             "direct" => self.direct = parse_bool(key, value)?,
-            "integrity" | "hash" | "internal-hash" => self.integrity.hash = value.to_string(),
-            "integrity-mode" => self.integrity.mode = value.to_string(),
+            "integrity-alg" | "integrity" | "hash" | "internal-hash" => {
+                self.integrity.hash = value.to_string()
+            }
+            "integrity-mode" => self.integrity.mode = parse_integrity_mode(value)?,
+            "block-size" => self.integrity.block_size = parse_size(value)? as u32,
             "buffer-sectors" => self.integrity.buffer_sectors = num(value)?,
-            "parallel-hash" | "hash-offload" => self.integrity.parallel_hash = parse_bool(key, value)?,
+            "interleave-sectors" => self.integrity.interleave_sectors = Some(num(value)?),
+            "tag-size" => self.integrity.tag_size = Some(num(value)?),
+            "hash-mode" => self.integrity.hash_mode = parse_hash_mode(value)?,
+            "parallel-hash" | "hash-offload" => {
+                self.integrity.hash_mode =
+                    if parse_bool(key, value)? { HashMode::Pool } else { HashMode::Inline }
+            }
+            "rmw" => self.integrity.rmw = parse_bool(key, value)?,
+            "reopen" => self.reopen = parse_bool(key, value)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -225,41 +303,133 @@ impl StackSpec {
         };
         let i = &self.integrity;
         let integ = || {
-            format!(
-                "integrity({}, {} mode, buffer_sectors={}, {} hashing)",
+            let mut s = format!(
+                "integrity({}, {}, {}-byte blocks, buffer_sectors={}, hash {}",
                 i.hash,
-                i.mode,
+                i.mode.letter(),
+                i.block_size,
                 i.buffer_sectors,
-                if i.parallel_hash { "parallel" } else { "inline" }
-            )
+                hash_mode_name(i.hash_mode)
+            );
+            if let Some(n) = i.interleave_sectors {
+                s.push_str(&format!(", interleave_sectors={n}"));
+            }
+            if let Some(t) = i.tag_size {
+                s.push_str(&format!(", tag_size={t}"));
+            }
+            if i.rmw {
+                s.push_str(", rmw forced");
+            }
+            s.push(')');
+            s
         };
         let layers = match self.kind {
             StackKind::Raw => "raw".to_string(),
             StackKind::Crypt => crypt(),
             StackKind::Integrity => integ(),
             StackKind::CryptIntegrity => format!("{} over {}", crypt(), integ()),
-            StackKind::Luks2 => format!("luks2 {}", crypt()),
+            StackKind::Luks2 => format!("luks2 {} [pbkdf2, {LUKS2_PBKDF2_ITERATIONS} iterations]", crypt()),
         };
-        format!("{layers}{lock} over file ({io})")
+        let reopen = if self.reopen { ", reopened before each job" } else { "" };
+        format!("{layers}{lock} over file ({io}{reopen})")
     }
 
     /// Checks that this stack can be built here (before any volume is made).
     pub fn check(&self) -> Result<(), BenchError> {
+        let check_cipher = || -> Result<(), BenchError> {
+            let spec: CipherSpec =
+                self.cipher.parse().map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
+            let key = VolumeKey::new(vec![0x42; (self.key_bits / 8) as usize]);
+            let params = SectorParams {
+                sector_size: self.sector_size,
+                iv_offset: 0,
+                iv_large_sectors: self.iv_large_sectors,
+            };
+            SectorCipher::new(&spec, &key, params)
+                .map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
+            Ok(())
+        };
+        let check_integrity = || -> Result<(), BenchError> {
+            let i = &self.integrity;
+            TagHash::new(&i.hash, self.hmac_key_for_check().as_deref())
+                .map_err(|e| BenchError::setup(format!("integrity algorithm {}", i.hash), e))?;
+            if !matches!(i.block_size, 512 | 1024 | 2048 | 4096) {
+                return Err(BenchError::usage(format!(
+                    "block-size={}: expected 512, 1024, 2048 or 4096",
+                    i.block_size
+                )));
+            }
+            if i.buffer_sectors == 0 {
+                return Err(BenchError::usage("buffer-sectors must be at least 1"));
+            }
+            if self.lock != LockKind::None {
+                return Err(BenchError::usage("lock= applies to the raw and crypt stacks only"));
+            }
+            Ok(())
+        };
         match self.kind {
             StackKind::Raw => Ok(()),
-            StackKind::Crypt => {
-                let spec: CipherSpec = self.cipher.parse().map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
-                let key = VolumeKey::new(vec![0x42; (self.key_bits / 8) as usize]);
-                let params = SectorParams { sector_size: self.sector_size, iv_offset: 0, iv_large_sectors: self.iv_large_sectors };
-                SectorCipher::new(&spec, &key, params).map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
-                Ok(())
+            StackKind::Crypt => check_cipher(),
+            StackKind::Integrity => check_integrity(),
+            StackKind::CryptIntegrity => check_integrity().and_then(|_| check_cipher()),
+            StackKind::Luks2 => {
+                if self.lock != LockKind::None {
+                    return Err(BenchError::usage("lock= applies to the raw and crypt stacks only"));
+                }
+                check_cipher()
             }
-            StackKind::Integrity | StackKind::CryptIntegrity => Err(BenchError::NotImplemented(
-                "this stack needs the dm-integrity target (IntegrityTarget), which is not implemented yet".into(),
-            )),
-            StackKind::Luks2 => Err(BenchError::NotImplemented(
-                "this stack needs LUKS2 volume assembly (volume::open for LUKS2), which is not implemented yet".into(),
-            )),
+        }
+    }
+
+    fn hmac_key_for_check(&self) -> Option<Vec<u8>> {
+        self.integrity.hash.contains("hmac").then(|| vec![0x42; 32])
+    }
+
+    /// Whether the stack is a volume the harness formats itself (integrity, LUKS2).
+    pub fn needs_format(&self) -> bool {
+        matches!(self.kind, StackKind::Integrity | StackKind::CryptIntegrity | StackKind::Luks2)
+    }
+
+    /// The integritysetup parameters of this stack's integrity layer, with `key` for an HMAC.
+    pub fn integrity_params(&self, key: &[u8]) -> IntegrityParams {
+        let i = &self.integrity;
+        let mut p = IntegrityParams {
+            integrity: i.hash.clone(),
+            key: i.hash.contains("hmac").then(|| zeroize::Zeroizing::new(key.to_vec())),
+            tag_size: i.tag_size,
+            sector_size: i.block_size,
+            mode: i.mode,
+            buffer_sectors: i.buffer_sectors,
+            direct: self.direct,
+            skip_rmw: !i.rmw,
+            hash_mode: i.hash_mode,
+            ..IntegrityParams::default()
+        };
+        if let Some(n) = i.interleave_sectors {
+            p.interleave_sectors = n;
+        }
+        p
+    }
+
+    /// Size of the file an integrity volume of at least `size` provided bytes is made on.
+    pub(crate) fn integrity_file_size(&self, size: u64) -> u64 {
+        self.backing_size(size, 4 << 20)
+    }
+
+    /// Size of a backing file that gives at least `size` payload bytes, with `slack` extra
+    /// bytes for an integrity layout (doubled on each retry).
+    fn backing_size(&self, size: u64, slack: u64) -> u64 {
+        match self.kind {
+            StackKind::Raw | StackKind::Crypt => size,
+            StackKind::Luks2 => size + LUKS2_DATA_OFFSET,
+            StackKind::Integrity | StackKind::CryptIntegrity => {
+                let i = &self.integrity;
+                let tag = u64::from(i.tag_size.unwrap_or(32));
+                let tags = size / u64::from(i.block_size) * tag;
+                // Journal (device/128, at most 64 MiB), tags, padding per interleave area.
+                let journal = (size >> 7).min(64 << 20);
+                (size + journal + tags + slack).div_ceil(1 << 20) << 20
+            }
         }
     }
 
@@ -267,29 +437,101 @@ impl StackSpec {
     /// The file is removed when the returned stack is dropped.
     pub fn build(&self, dir: &Path, size: u64) -> Result<BuiltStack, BenchError> {
         self.check()?;
-        let file =
-            tempfile::Builder::new().prefix("sealdisk-bench-").suffix(".img").tempfile_in(dir).map_err(
-                |e| BenchError::setup(format!("creating a temporary volume in {}", dir.display()), e),
-            )?;
-        file.as_file().set_len(size).map_err(|e| BenchError::setup("sizing the temporary volume", e))?;
-        // Real blocks, no holes: writes must not pay for allocation, reads not hit holes.
-        let _ = rustix::fs::fallocate(file.as_file(), rustix::fs::FallocateFlags::empty(), 0, size);
-        let path = file.into_temp_path();
-        let device = self.stack_on(&path)?;
-        Ok(BuiltStack { device, description: self.describe(), path: Backing::Temporary(path) })
+        let secrets = Secrets::random();
+        let mut slack = 4 << 20;
+        loop {
+            let path = temp_volume(dir, self.backing_size(size, slack))?;
+            self.format(&path, &secrets)?;
+            let device = self.stack_on(&path, &secrets)?;
+            let have = device.geometry().size;
+            if have < size {
+                if slack >= 1 << 30 {
+                    return Err(BenchError::Internal(format!(
+                        "{}: a volume of {have} bytes where {size} were asked",
+                        self.describe()
+                    )));
+                }
+                drop(device);
+                slack *= 4;
+                continue;
+            }
+            let device = cut(device, size)?;
+            return Ok(BuiltStack {
+                device,
+                description: self.describe(),
+                path: Backing::Temporary(path),
+                spec: self.clone(),
+                secrets,
+                size,
+            });
+        }
+    }
+
+    /// Formats `path` for the stacks that need it (no wipe).
+    fn format(&self, path: &Path, secrets: &Secrets) -> Result<(), BenchError> {
+        let p = path_str(path)?;
+        match self.kind {
+            StackKind::Raw | StackKind::Crypt => Ok(()),
+            StackKind::Integrity | StackKind::CryptIntegrity => {
+                let mut params = self.integrity_params(&secrets.hmac_key);
+                params.direct = false;
+                volume::integrity::format(p, &params, secrets.salt, true, |_, _| {})
+                    .map(|_| ())
+                    .map_err(|e| BenchError::setup(format!("formatting {p} for dm-integrity"), e))
+            }
+            StackKind::Luks2 => {
+                let meta = FileDevice::open(path, FileOptions::default())
+                    .map_err(|e| BenchError::setup(format!("opening {p}"), e))?;
+                let fp = volume::luks::FormatParams {
+                    cipher: self.cipher.clone(),
+                    key_bytes: (self.key_bits / 8) as usize,
+                    sector_size: self.sector_size,
+                    pbkdf: volume::luks::PbkdfParams {
+                        kind: Some(volume::luks::PbkdfType::Pbkdf2),
+                        force_iterations: Some(LUKS2_PBKDF2_ITERATIONS),
+                        ..volume::luks::PbkdfParams::default()
+                    },
+                    data_size: Some(meta.geometry().size),
+                    ..volume::luks::FormatParams::default()
+                };
+                volume::luks::format(&meta, &fp, &secrets.passphrase())
+                    .map(|_| ())
+                    .map_err(|e| BenchError::setup(format!("formatting {p} as LUKS2"), e))?;
+                meta.flush().map_err(|e| BenchError::setup(format!("flushing {p}"), e))
+            }
+        }
     }
 
     /// Stacks the layers on an existing file or block device (fio's `filename`). Nothing
     /// is created or deleted; a crypt layer gets a fresh random key, so whatever the file
-    /// held reads back as noise and writes destroy it.
+    /// held reads back as noise and writes destroy it. Stacks that need a format (integrity,
+    /// LUKS2) are refused: the harness formats only volumes it made.
     pub fn open_existing(&self, path: &Path) -> Result<BuiltStack, BenchError> {
         self.check()?;
-        let device = self.stack_on(path)?;
+        if self.needs_format() {
+            return Err(BenchError::usage(format!(
+                "{}: this stack formats its volume; run it on a temporary volume (--dir), not --filename",
+                self.describe()
+            )));
+        }
+        let secrets = Secrets::random();
+        let device = self.stack_on(path, &secrets)?;
+        let size = device.geometry().size;
         let description = format!("{} {}", self.describe(), path.display());
-        Ok(BuiltStack { device, description, path: Backing::Existing(path.to_path_buf()) })
+        Ok(BuiltStack {
+            device,
+            description,
+            path: Backing::Existing(path.to_path_buf()),
+            spec: self.clone(),
+            secrets,
+            size,
+        })
     }
 
-    fn stack_on(&self, path: &Path) -> Result<Arc<dyn BlockDevice>, BenchError> {
+    fn stack_on(&self, path: &Path, secrets: &Secrets) -> Result<Arc<dyn BlockDevice>, BenchError> {
+        if self.needs_format() {
+            return self.open_formatted(path, secrets);
+        }
         let opts = FileOptions { direct: self.direct, ..FileOptions::default() };
         let backing = FileDevice::open(path, opts)
             .map_err(|e| BenchError::setup(format!("opening {}", path.display()), e))?;
@@ -299,38 +541,123 @@ impl StackSpec {
             LockKind::RwLock => Arc::new(GlobalLocked::shared_reads(backing)),
             LockKind::Mutex => Arc::new(GlobalLocked::exclusive(backing)),
         };
-        let device: Arc<dyn BlockDevice> = match self.kind {
-            StackKind::Raw => below,
-            StackKind::Crypt => {
-                let spec: CipherSpec = self
-                    .cipher
-                    .parse()
-                    .map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
-                let mut key = vec![0u8; (self.key_bits / 8) as usize];
-                rand::rng().fill_bytes(&mut key);
-                let params = SectorParams {
-                    sector_size: self.sector_size,
-                    iv_offset: 0,
-                    iv_large_sectors: self.iv_large_sectors,
-                };
-                let cipher = SectorCipher::new(&spec, &VolumeKey::new(key), params)
-                    .map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
-                let cfg = CryptConfig {
-                    read_mode: self.crypt_mode,
-                    write_mode: self.crypt_mode,
-                    ..CryptConfig::default()
-                };
-                Arc::new(
-                    CryptTarget::new(below, cipher, cfg)
-                        .map_err(|e| BenchError::setup("stacking the crypt layer", e))?,
-                )
-            }
-            StackKind::Integrity | StackKind::CryptIntegrity | StackKind::Luks2 => {
-                return Err(BenchError::Internal("check() lets only buildable stacks through".into()))
-            }
-        };
-        Ok(device)
+        match self.kind {
+            StackKind::Raw => Ok(below),
+            _ => self.crypt_over(below, &secrets.crypt_key),
+        }
     }
+
+    fn crypt_over(
+        &self,
+        below: Arc<dyn BlockDevice>,
+        key: &[u8],
+    ) -> Result<Arc<dyn BlockDevice>, BenchError> {
+        let spec: CipherSpec =
+            self.cipher.parse().map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
+        let key = key[..(self.key_bits / 8) as usize].to_vec();
+        let params = SectorParams {
+            sector_size: self.sector_size,
+            iv_offset: 0,
+            iv_large_sectors: self.iv_large_sectors,
+        };
+        let cipher = SectorCipher::new(&spec, &VolumeKey::new(key), params)
+            .map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
+        let cfg =
+            CryptConfig { read_mode: self.crypt_mode, write_mode: self.crypt_mode, ..CryptConfig::default() };
+        Ok(Arc::new(
+            CryptTarget::new(below, cipher, cfg)
+                .map_err(|e| BenchError::setup("stacking the crypt layer", e))?,
+        ))
+    }
+
+    /// Opens a volume [`Self::format`] made, the way a user would.
+    fn open_formatted(&self, path: &Path, secrets: &Secrets) -> Result<Arc<dyn BlockDevice>, BenchError> {
+        let p = path_str(path)?;
+        match self.kind {
+            StackKind::Integrity | StackKind::CryptIntegrity => {
+                let params = self.integrity_params(&secrets.hmac_key);
+                let t: Arc<dyn BlockDevice> = volume::integrity::open(p, &params)
+                    .map_err(|e| BenchError::setup(format!("opening dm-integrity volume {p}"), e))?;
+                if self.kind == StackKind::Integrity {
+                    Ok(t)
+                } else {
+                    self.crypt_over(t, &secrets.crypt_key)
+                }
+            }
+            StackKind::Luks2 => {
+                let op = volume::luks::OpenParams {
+                    device: p.to_string(),
+                    header: None,
+                    version: Some(volume::luks::LuksVersion::V2),
+                    key_slot: None,
+                    flags: volume::luks::CryptOptions::default(),
+                    open: volume::OpenOptions {
+                        read_only: false,
+                        direct: self.direct,
+                        crypt_mode: self.crypt_mode,
+                    },
+                };
+                let opened = volume::luks::open(&op, &secrets.passphrase())
+                    .map_err(|e| BenchError::setup(format!("opening LUKS2 volume {p}"), e))?;
+                Ok(opened.volume.device)
+            }
+            StackKind::Raw | StackKind::Crypt => Err(BenchError::Internal("not a formatted stack".into())),
+        }
+    }
+}
+
+/// Key material of a built stack, kept so that a reopen finds the same data.
+#[derive(Debug, Clone)]
+struct Secrets {
+    crypt_key: Vec<u8>,
+    hmac_key: Vec<u8>,
+    salt: [u8; 16],
+    passphrase: Vec<u8>,
+}
+
+impl Secrets {
+    fn random() -> Self {
+        let mut r = rand::rng();
+        let mut crypt_key = vec![0u8; 128];
+        r.fill_bytes(&mut crypt_key);
+        let mut hmac_key = vec![0u8; 32];
+        r.fill_bytes(&mut hmac_key);
+        let mut salt = [0u8; 16];
+        r.fill_bytes(&mut salt);
+        Secrets { crypt_key, hmac_key, salt, passphrase: b"sealdisk-bench".to_vec() }
+    }
+
+    fn passphrase(&self) -> Passphrase {
+        Passphrase::new(self.passphrase.clone())
+    }
+}
+
+fn path_str(path: &Path) -> Result<&str, BenchError> {
+    path.to_str().ok_or_else(|| BenchError::usage(format!("{}: not a UTF-8 path", path.display())))
+}
+
+/// A preallocated temporary file of `bytes` in `dir`, removed when the path is dropped.
+fn temp_volume(dir: &Path, bytes: u64) -> Result<tempfile::TempPath, BenchError> {
+    let file = tempfile::Builder::new()
+        .prefix("sealdisk-bench-")
+        .suffix(".img")
+        .tempfile_in(dir)
+        .map_err(|e| BenchError::setup(format!("creating a temporary volume in {}", dir.display()), e))?;
+    file.as_file().set_len(bytes).map_err(|e| BenchError::setup("sizing the temporary volume", e))?;
+    // Real blocks, no holes: writes must not pay for allocation, reads not hit holes.
+    let _ = rustix::fs::fallocate(file.as_file(), rustix::fs::FallocateFlags::empty(), 0, bytes);
+    Ok(file.into_temp_path())
+}
+
+/// `dev` cut to exactly `size` bytes (a formatted volume gives a little more).
+fn cut(dev: Arc<dyn BlockDevice>, size: u64) -> Result<Arc<dyn BlockDevice>, BenchError> {
+    let have = dev.geometry().size;
+    if have == size {
+        return Ok(dev);
+    }
+    let block = u64::from(dev.geometry().logical_block);
+    let size = size / block * block;
+    Ok(Arc::new(Slice::new(dev, 0, size).map_err(|e| BenchError::setup("cutting the volume to size", e))?))
 }
 
 #[derive(Debug)]
@@ -349,6 +676,9 @@ pub struct BuiltStack {
     /// What it is.
     pub description: String,
     path: Backing,
+    spec: StackSpec,
+    secrets: Secrets,
+    size: u64,
 }
 
 impl BuiltStack {
@@ -364,6 +694,21 @@ impl BuiltStack {
     /// flushes: reads then hit real data (ciphertext), and every variant starts alike.
     pub fn precondition(&self) -> Result<(), BenchError> {
         precondition(&*self.device)
+    }
+
+    /// Closes the stack (a dm-integrity volume commits its journal or clears its bitmap, as
+    /// on suspend) and opens it again with the same keys: caches start cold. Nobody else may
+    /// hold [`Self::device`] (drop every clone first).
+    pub fn reopen(&mut self) -> Result<(), BenchError> {
+        if Arc::strong_count(&self.device) != 1 {
+            return Err(BenchError::Internal("reopen: the device is still in use".into()));
+        }
+        // Dropping the last reference closes the stack before it is opened again.
+        self.device = Arc::new(MemDevice::new(0, 512));
+        let path = self.path().to_path_buf();
+        let dev = self.spec.stack_on(&path, &self.secrets)?;
+        self.device = cut(dev, self.size)?;
+        Ok(())
     }
 }
 
@@ -444,12 +789,111 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_layers_say_what_is_missing() {
+    fn integrity_options_parse_and_describe() {
+        let mut s = StackSpec::default();
+        for (k, v) in [
+            ("stack", "integrity"),
+            ("integrity-alg", "sha256"),
+            ("integrity-mode", "B"),
+            ("block-size", "512"),
+            ("buffer-sectors", "1"),
+            ("interleave-sectors", "65536"),
+            ("hash-mode", "pool"),
+            ("rmw", "1"),
+        ] {
+            assert!(s.set(k, v).unwrap(), "{k}");
+        }
+        assert_eq!(s.integrity.mode, Mode::Bitmap);
+        assert_eq!(s.integrity.hash_mode, HashMode::Pool);
+        assert_eq!(
+            s.describe(),
+            "integrity(sha256, B, 512-byte blocks, buffer_sectors=1, hash pool, interleave_sectors=65536, \
+             rmw forced) over file (buffered)"
+        );
+        s.check().unwrap();
+        assert!(s.set("integrity-mode", "R").is_err());
+        assert!(s.set("hash-mode", "gpu").is_err());
+        s.set("parallel-hash", "0").unwrap();
+        assert_eq!(s.integrity.hash_mode, HashMode::Inline);
+        let p = s.integrity_params(&[7; 32]);
+        assert_eq!(
+            (p.sector_size, p.buffer_sectors, p.interleave_sectors, p.skip_rmw),
+            (512, 1, 65536, false)
+        );
+        assert!(p.key.is_none(), "sha256 takes no key");
+        s.set("integrity-alg", "hmac-sha256").unwrap();
+        assert!(s.integrity_params(&[7; 32]).key.is_some());
+        s.set("block-size", "1000").unwrap();
+        assert!(s.check().is_err());
+        let mut l = StackSpec::default();
+        l.set("stack", "luks2").unwrap();
+        l.set("lock", "range").unwrap();
+        assert!(l.check().is_err(), "locks apply to raw and crypt only");
+    }
+
+    /// Builds `s`, writes, reads back, reopens, reads again: the data survive a close.
+    fn round_trip(s: &StackSpec, dir: &Path) -> BuiltStack {
+        let mut b = s.build(dir, 4 << 20).unwrap();
+        assert_eq!(b.device.geometry().size, 4 << 20, "{}", b.description);
+        b.precondition().unwrap();
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+        b.device.write_at(12288, &data, WriteFlags::empty()).unwrap();
+        let mut r = vec![0u8; 8192];
+        b.device.read_at(12288, &mut r).unwrap();
+        assert_eq!(r, data, "{}", b.description);
+        b.reopen().unwrap();
+        let mut r = vec![0u8; 8192];
+        b.device.read_at(12288, &mut r).unwrap();
+        assert_eq!(r, data, "after reopen: {}", b.description);
+        assert!(std::fs::metadata(b.path()).unwrap().len() >= 4 << 20);
+        b
+    }
+
+    #[test]
+    fn formatted_stacks_build_round_trip_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        let mut i = StackSpec::default();
+        i.set("stack", "integrity").unwrap();
+        for mode in ["J", "B", "D"] {
+            i.set("integrity-mode", mode).unwrap();
+            round_trip(&i, dir);
+        }
+        let mut small = i.clone();
+        small.set("block-size", "512").unwrap();
+        small.set("buffer-sectors", "1").unwrap();
+        small.set("rmw", "1").unwrap();
+        round_trip(&small, dir);
+        let mut ci = StackSpec::default();
+        ci.set("stack", "crypt-integrity").unwrap();
+        ci.set("integrity-alg", "hmac-sha256").unwrap();
+        let b = round_trip(&ci, dir);
+        let raw = std::fs::read(b.path()).unwrap();
+        assert!(!raw.windows(8).any(|w| w == [0, 7, 14, 21, 28, 35, 42, 49]), "plaintext on disk");
+        let mut l = StackSpec::default();
+        l.set("stack", "luks2").unwrap();
+        let b = round_trip(&l, dir);
+        assert_eq!(&std::fs::read(b.path()).unwrap()[..6], b"LUKS\xba\xbe");
+        assert!(b.description.starts_with("luks2 crypt(aes-xts-plain64"), "{}", b.description);
+    }
+
+    #[test]
+    fn reopen_refuses_a_device_still_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = StackSpec::raw().build(dir.path(), 1 << 20).unwrap();
+        let held = b.device.clone();
+        assert!(b.reopen().is_err());
+        drop(held);
+        b.reopen().unwrap();
+    }
+
+    #[test]
+    fn formatted_stacks_refuse_existing_files() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        f.as_file().set_len(8 << 20).unwrap();
         let mut s = StackSpec::default();
         s.set("stack", "integrity").unwrap();
-        let e = s.check().unwrap_err();
-        assert!(matches!(e, BenchError::NotImplemented(_)));
-        assert!(e.to_string().contains("dm-integrity"), "{e}");
+        assert!(matches!(s.open_existing(f.path()), Err(BenchError::Usage(_))));
     }
 
     #[test]

@@ -20,6 +20,13 @@
 //!
 //! Latency is from just before the request is written to the socket to just after its reply
 //! is read: what fio's `clat` measures with libnbd, transport and server included.
+//!
+//! Against the same server this client costs less per request than fio + libnbd: about
+//! two system calls per 4 KiB READ at QD1 (one `sendto`, one `recvfrom` that finds the
+//! whole reply), where libnbd makes six (a `poll`, then separate `recvfrom`s for the
+//! chunk header, offset and data). On a 15–20 µs round trip that is visible: 4 KiB read
+//! IOPS at QD1 come out 5–25% above fio's, and at QD32 on 2 cores (where fio's client
+//! thread saturates a core) more; writes and 1 MiB requests agree within about 15%.
 //! Constants and codecs come from `nbd::wire`, the server's own, so client and server cannot
 //! drift apart.
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bench::compare::{self, CompareEnv, Comparison, ComparisonResult, Point, Variant};
+use bench::format_speed::{self, FormatComparison};
 use bench::presets::{self, PresetOptions};
 use bench::report::{self, Report, ReportJob};
 use bench::spec::{format_size, parse_duration, parse_size};
@@ -23,13 +24,16 @@ use super::UsageError;
 /// Arguments of `sealdisk bench` (fio's option names, `--name=value`).
 #[derive(Debug, Args)]
 #[command(after_help = "\
-With no arguments: the quick suite (raw file vs plain dm-crypt, inline and auto; 4k random \
-QD1/QD32 and 1M sequential), about a minute, ending in one summary table.
+With no arguments: the quick suite (raw file vs plain dm-crypt inline and auto, LUKS2, \
+dm-integrity and crypt over dm-integrity; 4k random QD1/QD32 and 1M sequential), about two \
+minutes, ending in one summary table.
 
 Examples:
   sealdisk bench
   sealdisk bench --rw=randread --bs=4k --size=256M --iodepth=32 --runtime=5 --time_based
   sealdisk bench --stack=crypt --crypt-mode=inline --sector-size=512 --rw=randrw --direct=1
+  sealdisk bench --stack=integrity --integrity-alg=sha256 --integrity-mode=B --hash-mode=pool \
+      --rw=write --bs=1M --runtime=5 --time_based
   sealdisk bench --target='nbd+unix:///vol?socket=/tmp/vol.sock' --rw=randread --iodepth=32 --runtime=5
   sealdisk bench --compare --variant pool:crypt-mode=pool --variant inline:crypt-mode=inline \\
       --rw=readwrite --bs=4k --runtime=3 --time_based --repeat=3 --svg=wq.svg
@@ -97,7 +101,9 @@ pub struct BenchArgs {
     /// (fio's filename). A crypt layer gets a random key: writes destroy the content.
     #[arg(long, conflicts_with = "target", value_name = "PATH")]
     pub filename: Option<PathBuf>,
-    /// Stack on the temporary volume: raw, crypt (later integrity, crypt-integrity, luks2).
+    /// Stack on the temporary volume: raw, crypt, integrity, crypt-integrity (crypt over
+    /// integrity), luks2 (PBKDF2 with 1000 iterations). Integrity and LUKS2 volumes are
+    /// formatted without a wipe and written whole before the job.
     #[arg(long)]
     pub stack: Option<String>,
     /// Cipher of the crypt layer.
@@ -115,6 +121,27 @@ pub struct BenchArgs {
     /// Lock under the layers: none, range, rwlock, mutex.
     #[arg(long)]
     pub lock: Option<String>,
+    /// dm-integrity internal hash: crc32c (default), sha256, hmac-sha256 (random key), ...
+    #[arg(long, value_name = "ALG")]
+    pub integrity_alg: Option<String>,
+    /// dm-integrity mode: J (journal, default), B (bitmap), D (direct).
+    #[arg(long, value_name = "J|B|D")]
+    pub integrity_mode: Option<String>,
+    /// dm-integrity block size: 512..4096 (default 4096).
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// dm-integrity metadata buffer size in 512-byte sectors (default 128).
+    #[arg(long)]
+    pub buffer_sectors: Option<u32>,
+    /// dm-integrity interleave sectors (default 32768).
+    #[arg(long)]
+    pub interleave_sectors: Option<u32>,
+    /// dm-integrity tag hashing: inline, pool, auto (default: inline up to 64 KiB).
+    #[arg(long, value_name = "inline|pool|auto")]
+    pub hash_mode: Option<String>,
+    /// dm-integrity: read every metadata buffer before writing it (skip_rmw off).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    pub rmw: Option<String>,
     /// Directory for temporary volumes (default: $SEALDISK_BENCH_DIR, else the temp dir unless tmpfs).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -169,6 +196,13 @@ impl BenchArgs {
             || self.sector_size.is_some()
             || self.crypt_mode.is_some()
             || self.lock.is_some()
+            || self.integrity_alg.is_some()
+            || self.integrity_mode.is_some()
+            || self.block_size.is_some()
+            || self.buffer_sectors.is_some()
+            || self.interleave_sectors.is_some()
+            || self.hash_mode.is_some()
+            || self.rmw.is_some()
     }
 }
 
@@ -230,6 +264,13 @@ fn stack(a: &BenchArgs) -> Result<StackSpec> {
         ("crypt-mode", a.crypt_mode.clone()),
         ("lock", a.lock.clone()),
         ("direct", a.direct.clone()),
+        ("integrity-alg", a.integrity_alg.clone()),
+        ("integrity-mode", a.integrity_mode.clone()),
+        ("block-size", a.block_size.map(|x| x.to_string())),
+        ("buffer-sectors", a.buffer_sectors.map(|x| x.to_string())),
+        ("interleave-sectors", a.interleave_sectors.map(|x| x.to_string())),
+        ("hash-mode", a.hash_mode.clone()),
+        ("rmw", a.rmw.clone()),
     ];
     for (k, v) in pairs {
         if let Some(v) = v {
@@ -280,6 +321,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let names: Vec<_> = presets::all().iter().map(|p| p.name).collect();
             UsageError(format!("no preset {name:?}; presets: {}", names.join(", ")))
         })?;
+        if a.any_job_option()
+            || a.any_stack_option()
+            || a.target.is_some()
+            || a.filename.is_some()
+            || a.compare
+        {
+            bail!(UsageError(format!(
+                "preset {name} defines its own workload and stacks; only --runtime, --ramp_time, --repeat and --size scale it"
+            )));
+        }
         if let Some(needs) = p.needs {
             bail!(bench::BenchError::NotImplemented(format!(
                 "preset {name} needs {needs}, which is not implemented yet (its workload is defined: {})",
@@ -293,7 +344,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             size: a.size.as_deref().map(parse_size).transpose().map_err(usage)?,
         };
         let comps = p.comparisons(&o);
-        return run_comparisons(&a, comps, run_opts, rep, json, None);
+        let formats: Vec<_> = p.format_comparison(&o).into_iter().collect();
+        return run_comparisons(&a, formats, comps, run_opts, rep, json, None);
     }
 
     if a.compare {
@@ -331,7 +383,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             repetitions: a.repeat.unwrap_or(3),
             volume_size: volume_size(&a, 256 << 20)?,
         };
-        return run_comparisons(&a, vec![c], run_opts, rep, json, None);
+        return run_comparisons(&a, Vec::new(), vec![c], run_opts, rep, json, None);
     }
 
     if a.target.is_some() || a.filename.is_some() || a.any_job_option() || a.any_stack_option() {
@@ -404,22 +456,43 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .unwrap_or(false),
     };
     let c = suite::comparison(&o);
-    run_comparisons(&a, vec![c], run_opts, rep, json, Some(suite::summary))
+    run_comparisons(&a, Vec::new(), vec![c], run_opts, rep, json, Some(suite::summary))
 }
 
+/// Runs the format-speed comparisons, then the comparisons of jobs, printing each table.
 fn run_comparisons(
     a: &BenchArgs,
+    formats: Vec<FormatComparison>,
     comps: Vec<Comparison>,
     run: RunOptions,
     mut rep: Report,
     json: bool,
     summary: Option<fn(&ComparisonResult) -> String>,
 ) -> Result<()> {
+    for f in &formats {
+        format_speed::check(f).map_err(usage)?;
+    }
     for c in &comps {
         compare::check(c).map_err(usage)?;
     }
     let env = CompareEnv { dir: dir(a)?, run, chatty: !json };
     let started = std::time::Instant::now();
+    for f in &formats {
+        if !json {
+            eprintln!(
+                "bench: {} — {} variants × {} repetitions, {} each",
+                f.title,
+                f.variants.len(),
+                f.repetitions,
+                format_size(f.volume_size)
+            );
+        }
+        let r = format_speed::run(f, &env)?;
+        if !json {
+            println!("\n{}", compare::table(&r));
+        }
+        rep.comparisons.push(r);
+    }
     for c in &comps {
         if !json {
             let cells = c.points.len() * c.variants.len() * c.repetitions as usize;
