@@ -1,7 +1,7 @@
 //! `sealdisk bench` and `sealdisk benchmark` from the command line: a single job on a
 //! temporary volume (text and JSON), a two-variant comparison with its chart, the preset list,
-//! a preset that waits for a missing layer, and `benchmark`'s JSON. Short runs; no timing
-//! assertions.
+//! the integrity presets (format speed, read-modify-write) and stacks, and `benchmark`'s JSON.
+//! Short runs; no timing assertions.
 
 use std::process::Command;
 
@@ -108,20 +108,67 @@ fn compare_prints_the_side_by_side_table_and_writes_a_chart() {
 }
 
 #[test]
-fn presets_are_listed_and_missing_layers_are_named() {
+fn presets_are_listed_and_unknown_ones_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = sealdisk(&["bench", "--list-presets"], dir.path());
     assert!(out.status.success());
     let s = text(&out.stdout);
-    for p in ["dm-crypt-workqueue", "iv-sector-size", "ext4-parallel-dio", "integrity-ahash", "integrity-rmw"]
-    {
+    for p in [
+        "dm-crypt-workqueue",
+        "iv-sector-size",
+        "ext4-parallel-dio",
+        "integrity-ahash",
+        "integrity-rmw",
+        "integrity-modes",
+    ] {
         assert!(s.contains(p), "{p} missing from:\n{s}");
     }
-    let out = sealdisk(&["bench", "--preset", "integrity-rmw"], dir.path());
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("not implemented yet"), "{}", text(&out.stderr));
+    assert!(!s.contains("not implemented yet"), "{s}");
     let out = sealdisk(&["bench", "--preset", "nope"], dir.path());
     assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn integrity_presets_run_format_speed_and_rmw_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = ["--size=8M", "--repeat=1", "--runtime=100ms", "--no-progress", "--output-format=json"];
+    let run = |preset: &str| {
+        let mut args = vec!["bench", "--preset", preset];
+        args.extend(short);
+        let out = sealdisk(&args, dir.path());
+        assert!(out.status.success(), "{preset}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["comparisons"].as_array().unwrap().clone()
+    };
+    let ahash = run("integrity-ahash");
+    assert_eq!(ahash.len(), 2, "format speed, then the dd jobs");
+    assert_eq!(ahash[0]["points"][0]["label"], "format");
+    assert_eq!(ahash[0]["variants"].as_array().unwrap().len(), 5);
+    assert_eq!(ahash[1]["variants"].as_array().unwrap().len(), 6);
+    let rmw = run("integrity-rmw");
+    let names: Vec<_> = rmw[0]["variants"].as_array().unwrap().iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, ["buf1", "buf1-rmw", "buf128", "buf128-rmw"]);
+    assert!(rmw[0]["variants"][1]["stack"].as_str().unwrap().contains("rmw forced"));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temporary volumes removed");
+}
+
+#[test]
+fn integrity_and_luks2_stacks_run_single_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    for stack in [
+        &["--stack=integrity", "--integrity-alg=hmac-sha256", "--integrity-mode=B", "--hash-mode=pool"][..],
+        &["--stack=crypt-integrity", "--block-size=512", "--buffer-sectors=1", "--rmw"][..],
+        &["--stack=luks2"][..],
+    ] {
+        let mut args = vec!["bench", "--rw=randrw", "--bs=4k", "--size=4M", "--iodepth=2", "--verify"];
+        args.extend(stack);
+        let out = sealdisk(&args, dir.path());
+        assert!(out.status.success(), "{stack:?}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("write: IOPS="), "{stack:?}");
+    }
+    let out = sealdisk(&["bench", "--stack=integrity", "--integrity-mode=X", "--rw=read"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "usage error: {}", text(&out.stderr));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "temporary volumes removed");
 }
 
 #[test]

@@ -36,7 +36,7 @@ mod pbkdf;
 use std::time::Duration;
 
 use blockdev::{BlockDevice, BlockError};
-use formats::dm::{CryptOptions, CryptTable};
+use formats::dm::CryptTable;
 use formats::luks1::{Luks1Error, Luks1Header};
 use formats::luks2::{CopyKind, HeaderSalts, Luks2Error, Luks2Header};
 use sector_crypto::kdf::{HashAlg, KdfError, Passphrase};
@@ -44,6 +44,8 @@ use sector_crypto::{CryptoError, VolumeKey};
 use zeroize::Zeroizing;
 
 pub use dump::{dump, dump_volume_key};
+/// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).
+pub use formats::dm::CryptOptions;
 pub use pbkdf::{default_parallel, PbkdfParams, PbkdfType};
 
 /// LUKS1 keyslots.
