@@ -17,7 +17,7 @@ use formats::integrity::{FormatParams, Layout, Superblock};
 use sector_crypto::tag::TagHash;
 use sector_crypto::CryptoError;
 pub use targets::integrity::{HashMode, IntegrityStatus, IntegrityTarget, Mode};
-use targets::integrity::{IntegrityConfig, IntegrityError};
+use targets::integrity::{IntegrityConfig, IntegrityError, JournalCipher, JournalCryptSpec};
 use zeroize::Zeroizing;
 
 /// Why an integrity volume operation failed.
@@ -108,6 +108,14 @@ pub struct IntegrityParams {
     pub skip_rmw: bool,
     /// Engine knob: where tags are computed.
     pub hash_mode: HashMode,
+    /// `--journal-integrity` (`journal_mac:`), e.g. hmac-sha256.
+    pub journal_integrity: Option<String>,
+    /// `--journal-integrity-key-file` contents.
+    pub journal_integrity_key: Option<Zeroizing<Vec<u8>>>,
+    /// `--journal-crypt` (`journal_crypt:`): ctr-aes / cbc-aes (or ctr(aes) / cbc(aes)).
+    pub journal_crypt: Option<String>,
+    /// `--journal-crypt-key-file` contents.
+    pub journal_crypt_key: Option<Zeroizing<Vec<u8>>>,
 }
 
 impl Default for IntegrityParams {
@@ -133,6 +141,10 @@ impl Default for IntegrityParams {
             direct: false,
             skip_rmw: true,
             hash_mode: HashMode::Auto,
+            journal_integrity: None,
+            journal_integrity_key: None,
+            journal_crypt: None,
+            journal_crypt_key: None,
         }
     }
 }
@@ -141,6 +153,40 @@ impl IntegrityParams {
     fn hash(&self) -> Result<TagHash, IntegrityVolumeError> {
         TagHash::new(&self.integrity, self.key.as_deref().map(|k| k.as_slice()))
             .map_err(|source| IntegrityVolumeError::Hash { alg: self.integrity.clone(), source })
+    }
+
+    fn journal_mac(&self) -> Result<Option<TagHash>, IntegrityVolumeError> {
+        match &self.journal_integrity {
+            None => Ok(None),
+            Some(alg) => TagHash::new(alg, self.journal_integrity_key.as_deref().map(|k| k.as_slice()))
+                .map(Some)
+                .map_err(|source| IntegrityVolumeError::Hash { alg: alg.clone(), source }),
+        }
+    }
+
+    fn journal_crypt(&self) -> Result<Option<JournalCryptSpec>, IntegrityVolumeError> {
+        let Some(alg) = &self.journal_crypt else { return Ok(None) };
+        let cipher = JournalCipher::parse(alg).ok_or_else(|| {
+            IntegrityVolumeError::Params(format!(
+                "journal encryption {alg} is not supported (ctr-aes and cbc-aes are)"
+            ))
+        })?;
+        let key = self
+            .journal_crypt_key
+            .as_ref()
+            .ok_or_else(|| IntegrityVolumeError::Params("--journal-crypt needs --journal-crypt-key-file".into()))?;
+        if !matches!(key.len(), 16 | 24 | 32) {
+            return Err(IntegrityVolumeError::Params(format!(
+                "journal encryption key of {} bytes: {alg} takes 16, 24 or 32",
+                key.len()
+            )));
+        }
+        if self.mode == Mode::Bitmap {
+            return Err(IntegrityVolumeError::Params(
+                "journal encryption is not supported in bitmap mode".into(),
+            ));
+        }
+        Ok(Some(JournalCryptSpec { cipher, key: key.to_vec() }))
     }
 
     /// The target configuration these options describe.
@@ -158,6 +204,8 @@ impl IntegrityParams {
         c.read_only = self.read_only;
         c.skip_rmw = self.skip_rmw;
         c.hash_mode = self.hash_mode;
+        c.journal_mac = self.journal_mac()?;
+        c.journal_crypt = self.journal_crypt()?;
         Ok(c)
     }
 
@@ -216,7 +264,8 @@ pub fn format(
         start: 0,
         buffer_sectors: p.buffer_sectors,
         sectors_per_bit: p.bitmap_sectors_per_bit,
-        journal_mac: None,
+        journal_mac: p.journal_mac()?,
+        journal_crypt: p.journal_crypt()?,
     };
     let target_err = |source| IntegrityVolumeError::Target { path: path.into(), source };
     let (superblock, layout) = targets::integrity::format(&*dev, &opts).map_err(target_err)?;

@@ -102,6 +102,27 @@ struct IntegrityOpts {
     /// Recalculate tags automatically (in the background, from recalc_sector).
     #[arg(long)]
     integrity_recalculate: bool,
+    /// Journal integrity algorithm (`journal_mac`): hmac-sha1, hmac-sha256, hmac-sha512, or an
+    /// unkeyed hash (crc32c, sha256, ...).
+    #[arg(long, value_name = "ALG")]
+    journal_integrity: Option<String>,
+    /// Read the journal integrity key from a file.
+    #[arg(long, value_name = "FILE")]
+    journal_integrity_key_file: Option<String>,
+    /// The size of the journal integrity key in bytes (as integritysetup reads it; its help
+    /// says BITS). Default: the whole key file.
+    #[arg(long, value_name = "BYTES")]
+    journal_integrity_key_size: Option<usize>,
+    /// Journal encryption algorithm (`journal_crypt`): ctr-aes or cbc-aes.
+    #[arg(long, value_name = "ALG")]
+    journal_crypt: Option<String>,
+    /// Read the journal encryption key from a file.
+    #[arg(long, value_name = "FILE")]
+    journal_crypt_key_file: Option<String>,
+    /// The size of the journal encryption key in bytes (16, 24 or 32). Default: the whole
+    /// key file.
+    #[arg(long, value_name = "BYTES")]
+    journal_crypt_key_size: Option<usize>,
     /// Do not ask for confirmation.
     #[arg(short = 'q', long)]
     batch_mode: bool,
@@ -121,7 +142,40 @@ enum HashModeArg {
     Pool,
 }
 
+/// A key read from a file, if any.
+type Key = Option<Zeroizing<Vec<u8>>>;
+
+/// Reads a key file, cut to `size` bytes when given.
+fn read_key(file: &str, size: Option<usize>) -> Result<Zeroizing<Vec<u8>>> {
+    let mut k = Zeroizing::new(std::fs::read(file).with_context(|| format!("reading key file {file}"))?);
+    if let Some(n) = size {
+        if k.len() < n {
+            bail!(UsageError(format!("key file {file} holds {} bytes, need {n}", k.len())));
+        }
+        k.truncate(n);
+    }
+    Ok(k)
+}
+
 impl IntegrityOpts {
+    fn journal_keys(&self) -> Result<(Key, Key)> {
+        let mac_key = match (&self.journal_integrity, &self.journal_integrity_key_file) {
+            (Some(_), Some(f)) => Some(read_key(f, self.journal_integrity_key_size)?),
+            (Some(a), None) if a.starts_with("hmac") => {
+                bail!(UsageError(format!("{a} needs --journal-integrity-key-file")))
+            }
+            (None, Some(_)) => bail!(UsageError("--journal-integrity-key-file needs --journal-integrity".into())),
+            _ => None,
+        };
+        let crypt_key = match (&self.journal_crypt, &self.journal_crypt_key_file) {
+            (Some(_), Some(f)) => Some(read_key(f, self.journal_crypt_key_size)?),
+            (Some(a), None) => bail!(UsageError(format!("{a} needs --journal-crypt-key-file"))),
+            (None, Some(_)) => bail!(UsageError("--journal-crypt-key-file needs --journal-crypt".into())),
+            (None, None) => None,
+        };
+        Ok((mac_key, crypt_key))
+    }
+
     fn mode(&self) -> Result<Mode> {
         Ok(match (self.bitmap, self.no_journal, self.recovery) {
             (false, false, false) => Mode::Journal,
@@ -133,6 +187,7 @@ impl IntegrityOpts {
     }
 
     fn params(&self) -> Result<IntegrityParams> {
+        let (journal_integrity_key, journal_crypt_key) = self.journal_keys()?;
         let key = match &self.integrity_key_file {
             Some(f) => {
                 let mut k =
@@ -175,6 +230,10 @@ impl IntegrityOpts {
                 HashModeArg::Inline => HashMode::Inline,
                 HashModeArg::Pool => HashMode::Pool,
             },
+            journal_integrity: self.journal_integrity.clone(),
+            journal_integrity_key,
+            journal_crypt: self.journal_crypt.clone(),
+            journal_crypt_key,
         })
     }
 }

@@ -44,7 +44,9 @@
 //! Not here: `journal_crypt` (encryption of the journal area: stream ciphers XOR a keystream
 //! over the whole area and the base commit ids; block ciphers encrypt each section with
 //! IV = E_K(le32(section)‖0…)). The caller decrypts the journal before handing it to these
-//! functions. TODO(issue 4): a sans-IO description of the keystream/IV layout.
+//! functions; the keystream/IV layout and the ciphers (ctr(aes), cbc(aes)) are in
+//! `targets::integrity::JournalCrypt` (crates/targets/src/integrity/jcrypt.rs), checked
+//! against Linux 6.1 both ways (crates/cli/tests/integrity_journal_crypt.rs).
 use super::superblock::SALT_SIZE;
 
 /// `JOURNAL_BLOCK_SECTORS`: metadata sectors at the head of each section.

@@ -34,6 +34,8 @@ pub struct FormatOptions {
     pub sectors_per_bit: Option<u64>,
     /// `journal_mac:` (keyed): section MACs and, with fix_hmac, the superblock MAC.
     pub journal_mac: Option<TagHash>,
+    /// `journal_crypt:` the journal is written encrypted (ctr(aes) or cbc(aes)).
+    pub journal_crypt: Option<super::JournalCryptSpec>,
 }
 
 /// Writes a fresh superblock and an initialised journal to `next` (see the module docs).
@@ -53,7 +55,13 @@ pub fn format<D: BlockDevice>(
     };
     let (sb, layout) = Layout::format(&params, &dp).map_err(IntegrityError::Layout)?;
     let salt = sb.hmac_salt().copied();
-    let ids = CommitIds::plain();
+    let crypt = match &opts.journal_crypt {
+        Some(spec) => Some(super::JournalCrypt::new(spec, &layout).ok_or_else(|| {
+            IntegrityError::Params(format!("journal_crypt key of {} bytes (16, 24 or 32)", spec.key.len()))
+        })?),
+        None => None,
+    };
+    let ids = crypt.as_ref().map_or_else(CommitIds::plain, |c| c.commit_ids());
     let mut journal = vec![0u8; layout.journal_bytes() as usize];
     let sbytes = layout.journal.section_bytes();
     for (i, section) in journal.chunks_exact_mut(sbytes).enumerate() {
@@ -62,6 +70,9 @@ pub fn format<D: BlockDevice>(
             let input = section_mac_input(&layout.journal, section, i as u32, salt.as_ref());
             store_section_mac(section, &section_mac_bytes(&mac.mac(&input)));
         }
+    }
+    if let Some(c) = &crypt {
+        c.encrypt(0, &mut journal);
     }
     next.write_at(layout.journal_byte_offset(), &journal, WriteFlags::empty())
         .map_err(io("writing the journal"))?;

@@ -20,6 +20,7 @@
 //! serialises entry allocation), and commit and copy-out run under it, so a reader that looks
 //! a block up in `index` sees either the journal copy or a data area the writer has finished.
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use blockdev::{BlockDevice, BlockResult, WriteFlags};
 use formats::integrity::journal::{
@@ -27,6 +28,8 @@ use formats::integrity::journal::{
     store_section_mac, CommitIds, JournalGeometry, JournalView, SECTOR_HI_UNUSED,
 };
 use sector_crypto::tag::TagHash;
+
+use super::jcrypt::JournalCrypt;
 
 /// The in-memory journal and its positions.
 #[derive(Debug)]
@@ -51,6 +54,8 @@ pub(crate) struct JournalState {
     pub(crate) threshold: u64,
     pub(crate) commits: u64,
     pub(crate) copyouts: u64,
+    /// `journal_crypt`: sections are encrypted on their way to the device.
+    crypt: Option<Arc<JournalCrypt>>,
 }
 
 /// What the journal needs from the engine to copy entries out and to MAC sections.
@@ -70,6 +75,7 @@ pub(crate) trait JournalSink {
 impl JournalState {
     /// A journal continuing at `section` with `commit_seq` (after replay), every entry unused
     /// in memory.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         bytes: Vec<u8>,
         geom: JournalGeometry,
@@ -78,12 +84,13 @@ impl JournalState {
         section: u32,
         commit_seq: u8,
         threshold: u64,
+        crypt: Option<Arc<JournalCrypt>>,
     ) -> Self {
         let mut j = JournalState {
             bytes,
             geom,
             sections,
-            ids: CommitIds::plain(),
+            ids: crypt.as_ref().map_or_else(CommitIds::plain, |c| c.commit_ids()),
             commit_seq,
             base,
             free_section: section,
@@ -97,6 +104,7 @@ impl JournalState {
             threshold,
             commits: 0,
             copyouts: 0,
+            crypt,
         };
         for i in 0..sections {
             for e in 0..geom.section_entries {
@@ -210,7 +218,14 @@ impl JournalState {
             }
             let lo = from as usize * sb;
             let hi = (from + count) as usize * sb;
-            dev.write_at(self.base + lo as u64, &self.bytes[lo..hi], WriteFlags::empty())
+            match &self.crypt {
+                Some(c) => {
+                    let mut enc = self.bytes[lo..hi].to_vec();
+                    c.encrypt(from, &mut enc);
+                    dev.write_at(self.base + lo as u64, &enc, WriteFlags::empty())
+                }
+                None => dev.write_at(self.base + lo as u64, &self.bytes[lo..hi], WriteFlags::empty()),
+            }
         };
         write(start, first)?;
         write(0, n - first)

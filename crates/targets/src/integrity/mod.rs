@@ -32,7 +32,8 @@
 //! | `crypto_shash` per block                             | inline or on the rayon pool ([`HashMode`])  |
 //! | a failed metadata/journal write fails the device    | poisoned: writes refused until reopened     |
 //!
-//! Not implemented: `journal_crypt`, `meta_device`, inline mode (`I`), resize.
+//! `journal_crypt`: ctr(aes) and cbc(aes) (`jcrypt`); not chacha20.
+//! Not implemented: `meta_device`, inline mode (`I`), resize.
 //!
 //! **Ownership of the device below.** The target assumes nobody else writes the device while
 //! it is open. It keeps the journal (or bitmap) in memory and writes it back on
@@ -40,6 +41,7 @@
 //! area re-initialised in B), like the kernel's suspend.
 mod bitmap;
 mod format;
+mod jcrypt;
 mod journal;
 mod meta;
 mod tagged;
@@ -54,6 +56,7 @@ use blockdev::{
     BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, RangeLock, WriteFlags, ZeroFlags,
 };
 pub use format::{format, FormatOptions};
+pub use jcrypt::{JournalCipher, JournalCrypt, JournalCryptSpec};
 use formats::integrity::journal::{self as fj, CommitIds, JournalError, JournalResume, JournalView};
 use formats::integrity::superblock::{verify_sb_mac, write_sb_mac, SB_AREA_BYTES};
 pub use formats::integrity::Mode;
@@ -117,6 +120,8 @@ pub struct IntegrityConfig {
     pub recalculate: bool,
     /// `journal_mac:` (keyed already).
     pub journal_mac: Option<TagHash>,
+    /// `journal_crypt:` (ctr(aes) or cbc(aes); not in mode B).
+    pub journal_crypt: Option<JournalCryptSpec>,
     /// Refuse writes.
     pub read_only: bool,
     /// A write covering whole metadata buffers does not read them first. Off: always
@@ -146,6 +151,7 @@ impl IntegrityConfig {
             allow_discards: false,
             recalculate: false,
             journal_mac: None,
+            journal_crypt: None,
             read_only: false,
             skip_rmw: true,
             hash_mode: HashMode::Auto,
@@ -249,6 +255,7 @@ struct Inner<D> {
     mode: Mode,
     hash: Option<TagHash>,
     journal_mac: Option<TagHash>,
+    journal_crypt: Option<Arc<JournalCrypt>>,
     hash_mode: HashMode,
     allow_discards: bool,
     read_only: bool,
@@ -320,6 +327,9 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         if cfg.mode == Mode::Bitmap && cfg.internal_hash.is_none() {
             return Err(IntegrityError::Params("bitmap mode needs an internal hash".into()));
         }
+        if cfg.journal_crypt.is_some() && cfg.mode == Mode::Bitmap {
+            return Err(IntegrityError::Params("journal_crypt is not supported in bitmap mode".into()));
+        }
         if cfg.allow_discards && cfg.internal_hash.is_none() {
             return Err(IntegrityError::Params("allow_discards needs an internal hash".into()));
         }
@@ -381,10 +391,17 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         let salt = sb.hmac_salt().copied();
         let read_only = cfg.read_only || cfg.mode == Mode::Recovery;
         let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
+        let journal_crypt = match &cfg.journal_crypt {
+            Some(spec) => Some(Arc::new(JournalCrypt::new(spec, &layout).ok_or_else(|| {
+                IntegrityError::Params(format!("journal_crypt key of {} bytes (16, 24 or 32)", spec.key.len()))
+            })?)),
+            None => None,
+        };
         let mut inner = Inner {
             mode: cfg.mode,
             hash: cfg.internal_hash.clone(),
             journal_mac: cfg.journal_mac.clone(),
+            journal_crypt,
             hash_mode: cfg.hash_mode,
             allow_discards: cfg.allow_discards,
             read_only,
@@ -1063,6 +1080,7 @@ impl<D: BlockDevice> Inner<D> {
             section,
             seq,
             self.layout.free_sectors_threshold(cfg.journal_watermark),
+            self.journal_crypt.clone(),
         )
     }
 
@@ -1117,6 +1135,9 @@ impl<D: BlockDevice> Inner<D> {
                 }
             }
         } else {
+            if let Some(c) = &self.journal_crypt {
+                c.decrypt(0, &mut bytes);
+            }
             let (section, seq) = self.replay(&mut bytes)?;
             let j = self.journal_state(bytes, section, seq, cfg);
             match self.mode {
@@ -1157,7 +1178,7 @@ impl<D: BlockDevice> Inner<D> {
     /// `replay_journal`: returns where commits continue (section, commit_seq).
     fn replay(&self, bytes: &mut [u8]) -> Result<(u32, u8), IntegrityError> {
         let l = self.layout;
-        let ids = CommitIds::plain();
+        let ids = self.journal_crypt.as_ref().map_or_else(CommitIds::plain, |c| c.commit_ids());
         let view = JournalView::new(l.journal, l.journal_sections, bytes).map_err(IntegrityError::Journal)?;
         let plan = fj::scan(&view, &ids, self.mode == Mode::Journal).map_err(IntegrityError::Journal)?;
         let mac_fn;
@@ -1205,6 +1226,7 @@ impl<D: BlockDevice> Inner<D> {
                     0,
                     commit_seq,
                     0,
+                    self.journal_crypt.clone(),
                 );
                 j.clear(self, &list).map_err(io("clearing the journal"))?;
                 bytes.copy_from_slice(&j.bytes);
@@ -1240,6 +1262,7 @@ impl<D: BlockDevice> Inner<D> {
                 0,
                 1,
                 0,
+                self.journal_crypt.clone(),
             );
             j.init_all(self, 0);
             j.write_all(&self.next)?;

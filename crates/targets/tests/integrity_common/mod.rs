@@ -63,6 +63,7 @@ impl Shape {
             buffer_sectors: 128,
             sectors_per_bit: None,
             journal_mac: self.mac(),
+            journal_crypt: None,
         }
     }
     /// Formats `dev` and wipes it (zeroes with valid tags).
