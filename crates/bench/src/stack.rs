@@ -119,6 +119,9 @@ pub struct IntegrityKnobs {
     pub interleave_sectors: Option<u32>,
     /// `-t` tag size (`None`: the digest size).
     pub tag_size: Option<u32>,
+    /// `-j` journal size in bytes (`None`: the kernel's default, 1/128 of the device, at
+    /// most 64 MiB: 2 MiB on a 256 MiB volume).
+    pub journal_size: Option<u64>,
     /// Where tags are computed: inline (shash), pool (ahash-like offload), auto.
     pub hash_mode: HashMode,
     /// Always read a metadata buffer before writing it, even when a write covers it whole
@@ -135,6 +138,7 @@ impl Default for IntegrityKnobs {
             buffer_sectors: 128,
             interleave_sectors: None,
             tag_size: None,
+            journal_size: None,
             hash_mode: HashMode::Auto,
             rmw: false,
         }
@@ -270,6 +274,7 @@ impl StackSpec {
             "buffer-sectors" => self.integrity.buffer_sectors = num(value)?,
             "interleave-sectors" => self.integrity.interleave_sectors = Some(num(value)?),
             "tag-size" => self.integrity.tag_size = Some(num(value)?),
+            "journal-size" => self.integrity.journal_size = Some(parse_size(value)?),
             "hash-mode" => self.integrity.hash_mode = parse_hash_mode(value)?,
             "parallel-hash" | "hash-offload" => {
                 self.integrity.hash_mode =
@@ -316,6 +321,9 @@ impl StackSpec {
             }
             if let Some(t) = i.tag_size {
                 s.push_str(&format!(", tag_size={t}"));
+            }
+            if let Some(j) = i.journal_size {
+                s.push_str(&format!(", journal {}", crate::spec::format_size(j)));
             }
             if i.rmw {
                 s.push_str(", rmw forced");
@@ -397,6 +405,7 @@ impl StackSpec {
             integrity: i.hash.clone(),
             key: i.hash.contains("hmac").then(|| zeroize::Zeroizing::new(key.to_vec())),
             tag_size: i.tag_size,
+            journal_size: i.journal_size,
             sector_size: i.block_size,
             mode: i.mode,
             buffer_sectors: i.buffer_sectors,
@@ -427,7 +436,7 @@ impl StackSpec {
                 let tag = u64::from(i.tag_size.unwrap_or(32));
                 let tags = size / u64::from(i.block_size) * tag;
                 // Journal (device/128, at most 64 MiB), tags, padding per interleave area.
-                let journal = (size >> 7).min(64 << 20);
+                let journal = i.journal_size.unwrap_or((size >> 7).min(64 << 20));
                 (size + journal + tags + slack).div_ceil(1 << 20) << 20
             }
         }
@@ -798,6 +807,7 @@ mod tests {
             ("block-size", "512"),
             ("buffer-sectors", "1"),
             ("interleave-sectors", "65536"),
+            ("journal-size", "8M"),
             ("hash-mode", "pool"),
             ("rmw", "1"),
         ] {
@@ -808,7 +818,7 @@ mod tests {
         assert_eq!(
             s.describe(),
             "integrity(sha256, B, 512-byte blocks, buffer_sectors=1, hash pool, interleave_sectors=65536, \
-             rmw forced) over file (buffered)"
+             journal 8M, rmw forced) over file (buffered)"
         );
         s.check().unwrap();
         assert!(s.set("integrity-mode", "R").is_err());
@@ -820,6 +830,7 @@ mod tests {
             (p.sector_size, p.buffer_sectors, p.interleave_sectors, p.skip_rmw),
             (512, 1, 65536, false)
         );
+        assert_eq!(p.journal_size, Some(8 << 20));
         assert!(p.key.is_none(), "sha256 takes no key");
         s.set("integrity-alg", "hmac-sha256").unwrap();
         assert!(s.integrity_params(&[7; 32]).key.is_some());

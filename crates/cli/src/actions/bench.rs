@@ -136,6 +136,9 @@ pub struct BenchArgs {
     /// dm-integrity interleave sectors (default 32768).
     #[arg(long)]
     pub interleave_sectors: Option<u32>,
+    /// dm-integrity journal size (default: 1/128 of the device, at most 64M).
+    #[arg(long)]
+    pub journal_size: Option<String>,
     /// dm-integrity tag hashing: inline, pool, auto (default: inline up to 64 KiB).
     #[arg(long, value_name = "inline|pool|auto")]
     pub hash_mode: Option<String>,
@@ -201,6 +204,7 @@ impl BenchArgs {
             || self.block_size.is_some()
             || self.buffer_sectors.is_some()
             || self.interleave_sectors.is_some()
+            || self.journal_size.is_some()
             || self.hash_mode.is_some()
             || self.rmw.is_some()
     }
@@ -269,6 +273,7 @@ fn stack(a: &BenchArgs) -> Result<StackSpec> {
         ("block-size", a.block_size.map(|x| x.to_string())),
         ("buffer-sectors", a.buffer_sectors.map(|x| x.to_string())),
         ("interleave-sectors", a.interleave_sectors.map(|x| x.to_string())),
+        ("journal-size", a.journal_size.clone()),
         ("hash-mode", a.hash_mode.clone()),
         ("rmw", a.rmw.clone()),
     ];
