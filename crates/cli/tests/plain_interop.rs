@@ -117,7 +117,8 @@ fn fio_verify_through_nbd_512_byte_sectors() {
         &["--cipher", "aes-xts-plain64", "--key-size", "256", "--key-file", &keyf, &img, "f"],
         None,
     );
-    let out = run_tool(Command::new("fio").args([
+    // fio writes its verify state file into the current directory: keep it in the temp dir.
+    let out = run_tool(Command::new("fio").current_dir(dir.path()).args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={}", srv.uri()),
