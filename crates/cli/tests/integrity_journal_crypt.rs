@@ -59,9 +59,12 @@ fn params(crypt: &str, mac: Option<&str>) -> IntegrityParams {
 }
 
 fn opts(crypt: &str, mac: Option<&str>) -> String {
-    let mut o = format!("--journal-crypt {crypt} --journal-crypt-key-file /kr/jkey --journal-crypt-key-size 32");
+    let mut o =
+        format!("--journal-crypt {crypt} --journal-crypt-key-file /kr/jkey --journal-crypt-key-size 32");
     if let Some(m) = mac {
-        o += &format!(" --journal-integrity {m} --journal-integrity-key-file /kr/mkey --journal-integrity-key-size 32");
+        o += &format!(
+            " --journal-integrity {m} --journal-integrity-key-file /kr/mkey --journal-integrity-key-size 32"
+        );
     }
     o
 }
@@ -222,7 +225,8 @@ fn journal_crypt_interop_with_the_kernel() {
         manifest += &format!("{name}\t{kernel_sha}\n");
         if regen {
             let o = Command::new("xz").arg("-9e").arg("-k").arg("-c").arg(&img).output().unwrap();
-            std::fs::write(testdata().join("journal-crypt").join(format!("{name}.img.xz")), o.stdout).unwrap();
+            std::fs::write(testdata().join("journal-crypt").join(format!("{name}.img.xz")), o.stdout)
+                .unwrap();
         }
         let ours = sealdisk_replay(&img, &params(crypt, mac));
         if &ours != kernel_sha {

@@ -558,7 +558,10 @@ mod tests {
         assert_eq!(hex(&t.mac(MSG)), "f7bc83f430538424b13298e6aa6fb143ef4d59a14946175997479dbc2d1a3cd8");
         let c = TagHash::new("crc32c", None).unwrap();
         assert_eq!(c.mac(MSG), 0x2262_0404u32.to_le_bytes());
-        assert_eq!(hex(&TagHash::new("sha1", None).unwrap().mac(MSG)), "2fd4e1c67a2d28fced849ee1bb76e7391b93eb12");
+        assert_eq!(
+            hex(&TagHash::new("sha1", None).unwrap().mac(MSG)),
+            "2fd4e1c67a2d28fced849ee1bb76e7391b93eb12"
+        );
     }
 
     #[test]

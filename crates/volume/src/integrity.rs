@@ -171,10 +171,9 @@ impl IntegrityParams {
                 "journal encryption {alg} is not supported (ctr-aes and cbc-aes are)"
             ))
         })?;
-        let key = self
-            .journal_crypt_key
-            .as_ref()
-            .ok_or_else(|| IntegrityVolumeError::Params("--journal-crypt needs --journal-crypt-key-file".into()))?;
+        let key = self.journal_crypt_key.as_ref().ok_or_else(|| {
+            IntegrityVolumeError::Params("--journal-crypt needs --journal-crypt-key-file".into())
+        })?;
         if !matches!(key.len(), 16 | 24 | 32) {
             return Err(IntegrityVolumeError::Params(format!(
                 "journal encryption key of {} bytes: {alg} takes 16, 24 or 32",

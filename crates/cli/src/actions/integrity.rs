@@ -164,7 +164,9 @@ impl IntegrityOpts {
             (Some(a), None) if a.starts_with("hmac") => {
                 bail!(UsageError(format!("{a} needs --journal-integrity-key-file")))
             }
-            (None, Some(_)) => bail!(UsageError("--journal-integrity-key-file needs --journal-integrity".into())),
+            (None, Some(_)) => {
+                bail!(UsageError("--journal-integrity-key-file needs --journal-integrity".into()))
+            }
             _ => None,
         };
         let crypt_key = match (&self.journal_crypt, &self.journal_crypt_key_file) {

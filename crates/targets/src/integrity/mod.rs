@@ -56,7 +56,6 @@ use blockdev::{
     BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, RangeLock, WriteFlags, ZeroFlags,
 };
 pub use format::{format, FormatOptions};
-pub use jcrypt::{JournalCipher, JournalCrypt, JournalCryptSpec};
 use formats::integrity::journal::{self as fj, CommitIds, JournalError, JournalResume, JournalView};
 use formats::integrity::superblock::{verify_sb_mac, write_sb_mac, SB_AREA_BYTES};
 pub use formats::integrity::Mode;
@@ -64,6 +63,7 @@ use formats::integrity::{
     BitmapGeometry, DeviceParams, Layout, LayoutError, SbCheck, SbFlags, Superblock, SuperblockError,
     DISCARD_FILLER,
 };
+pub use jcrypt::{JournalCipher, JournalCrypt, JournalCryptSpec};
 use rayon::prelude::*;
 use sector_crypto::tag::TagHash;
 pub use tagged::TaggedDevice;
@@ -393,7 +393,10 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
         let journal_crypt = match &cfg.journal_crypt {
             Some(spec) => Some(Arc::new(JournalCrypt::new(spec, &layout).ok_or_else(|| {
-                IntegrityError::Params(format!("journal_crypt key of {} bytes (16, 24 or 32)", spec.key.len()))
+                IntegrityError::Params(format!(
+                    "journal_crypt key of {} bytes (16, 24 or 32)",
+                    spec.key.len()
+                ))
             })?)),
             None => None,
         };
