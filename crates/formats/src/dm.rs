@@ -384,7 +384,8 @@ mod tests {
 
     #[test]
     fn malformed_lines_are_refused_precisely() {
-        let cases: &[(&str, fn(&TableError) -> bool)] = &[
+        type Expect = fn(&TableError) -> bool;
+        let cases: &[(&str, Expect)] = &[
             ("0 8 crypt aes-xts-plain64", |e| matches!(e, TableError::TooFewFields(4))),
             ("0 8 linear /dev/x 0 a b c", |e| matches!(e, TableError::WrongTarget(_))),
             ("8 8 crypt c 00 0 /dev/x 0", |e| matches!(e, TableError::NonZeroStart(8))),
