@@ -426,7 +426,7 @@ impl StackSpec {
     }
 
     /// Size of a backing file that gives at least `size` payload bytes, with `slack` extra
-    /// bytes for an integrity layout (doubled on each retry).
+    /// bytes for an integrity layout (multiplied by 4 on each retry of `build`).
     fn backing_size(&self, size: u64, slack: u64) -> u64 {
         match self.kind {
             StackKind::Raw | StackKind::Crypt => size,
