@@ -125,3 +125,31 @@ pub fn kernel_run() -> Option<PathBuf> {
     }
     found
 }
+
+/// Boots the kernel oracle `kr` on `disks` with `files` copied in, runs `script`, echoes its
+/// output, asserts it succeeded and returns what the guest printed.
+pub fn boot_kernel(kr: &Path, files: &[PathBuf], disks: &[PathBuf], script: &Path) -> String {
+    let mut cmd = Command::new(kr);
+    cmd.arg("--timeout").arg("900");
+    for f in files {
+        cmd.arg("--file").arg(f);
+    }
+    for d in disks {
+        cmd.arg("--disk").arg(d);
+    }
+    cmd.arg(script);
+    let out = cmd.output().unwrap();
+    let log = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("{log}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kernel-run failed");
+    log
+}
+
+/// The guest's `KEY name value` lines as a map from name to value.
+pub fn tagged_lines(log: &str, key: &str) -> std::collections::HashMap<String, String> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+        .filter_map(|r| r.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string())))
+        .collect()
+}

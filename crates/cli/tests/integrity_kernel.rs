@@ -224,26 +224,9 @@ fn sealdisk_volumes_open_in_the_kernel_and_kernel_writes_read_back() {
     std::fs::write(dir.path().join("cases.txt"), &cases_txt).unwrap();
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/integrity/sealdisk-to-kernel.sh");
-    let mut cmd = Command::new(kr);
-    cmd.arg("--timeout").arg("900");
-    for f in ["cases.txt", "pattern-K", "key"] {
-        cmd.arg("--file").arg(dir.path().join(f));
-    }
-    for d in &disks {
-        cmd.arg("--disk").arg(d);
-    }
-    cmd.arg(&script);
-    let out = cmd.output().unwrap();
-    let log = String::from_utf8_lossy(&out.stdout).to_string();
-    eprintln!("{log}");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "kernel-run failed");
-    let lines = |key: &str| -> std::collections::HashMap<String, String> {
-        log.lines()
-            .filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-            .filter_map(|r| r.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string())))
-            .collect()
-    };
+    let files: Vec<PathBuf> = ["cases.txt", "pattern-K", "key"].iter().map(|f| dir.path().join(f)).collect();
+    let log = common::boot_kernel(&kr, &files, &disks, &script);
+    let lines = |key: &str| common::tagged_lines(&log, key);
     let (sha, status, status2, wrote) = (lines("SHA"), lines("STATUS"), lines("STATUS2"), lines("WROTE"));
     for (c, path, mut content, p) in expected {
         assert_eq!(sha.get(c.name), Some(&sha_hex(&content)), "{}: the kernel reads different data", c.name);
