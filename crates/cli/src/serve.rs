@@ -20,6 +20,10 @@ pub struct ServeArgs {
     /// Open the backing file with O_DIRECT.
     #[arg(long)]
     pub direct: bool,
+    /// Send buffer per Unix-socket connection in bytes (SO_SNDBUF, capped by the kernel at
+    /// net.core.wmem_max; 0 = the kernel's default). Large reads leave in fewer pieces.
+    #[arg(long, value_name = "BYTES", default_value_t = ServerConfig::default().unix_send_buffer)]
+    pub send_buffer: usize,
 }
 
 /// Serves `device` as export `name` until SIGINT or SIGTERM, then flushes and returns.
@@ -31,7 +35,11 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
     let g = device.geometry();
     let export =
         Export { name: name.to_string(), description: format!("sealdisk {name}"), device, read_only };
-    let config = ServerConfig { threads_per_connection: args.threads.max(1), ..ServerConfig::default() };
+    let config = ServerConfig {
+        threads_per_connection: args.threads.max(1),
+        unix_send_buffer: args.send_buffer,
+        ..ServerConfig::default()
+    };
     let server = Server::new(vec![export], config);
     let bound = server.bind(&addr).with_context(|| format!("listening on {listen}"))?;
     let handle = bound.shutdown_handle();
