@@ -2,6 +2,8 @@
 # Side-by-side benchmark of sealdisk against its NBD peers, with fio's libnbd engine.
 #
 # Variants (each a server on a unix socket, each over its own preallocated backing file):
+#   nbdkit-null     nbdkit's null plugin: no storage, no encryption; what fio's client, the
+#                   socket and nbdkit's request handling cost on their own
 #   nbdkit-file     nbdkit's file plugin, no filter, no encryption (the unencrypted baseline)
 #   nbdkit-luks     nbdkit's file plugin + luks filter, LUKS1 aes-xts-plain64, 512-bit key
 #   qemu-nbd-luks   qemu-nbd's luks driver over the same kind of LUKS1 image
@@ -9,16 +11,22 @@
 #                   crypto placement (inline up to 64 KiB, larger requests split across cores)
 #   sealdisk-pool   the same with --crypt-mode pool (every request handed to the crypto pool)
 #   sealdisk-inline the same with --perf-no_read_workqueue --perf-no_write_workqueue
+#   sealdisk-nocrypt sealdisk with cipher_null-ecb: the same server and engine, no AES (not
+#                   in the default set); how much of a gap to nbdkit-file is the cipher's
 # Every variant runs the same fio jobs in the same run; repetitions are interleaved
 # (A B C A B C) and the report gives medians. Method and caveats: BENCHMARKING.md.
 #
 # Usage: scripts/bench-peers.sh            (knobs in the environment, see BENCHMARKING.md)
-#   SIZE=1G RUNTIME=10 RAMP=2 REPS=1 CACHE=buffered|direct
-#   VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
+#   SIZE=1G RUNTIME=10 RAMP=2 REPS=1 CACHE=buffered|direct PAGECACHE=small|keep
+#   VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 #   JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 #   SEALDISK_BIN=path (skip the cargo build)  QEMU_AIO=threads|io_uring|native
 #   BENCH_DIR=target/bench-tmp (backing files)  OUT_DIR=target/bench-results/<stamp>
 #   KEEP_TMP=1 (keep the backing files; reports, fio JSON and server logs always stay in OUT_DIR)
+# Before every job the backing file is written back and, with PAGECACHE=small (the default),
+# dropped from the page cache and read back in 4 KiB pages, so every variant starts each job
+# on the same cache state (scripts/bench-lib/pagecache.py says why); PAGECACHE=keep leaves
+# the cache as the server's own writes made it. With CACHE=direct the file is only dropped.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,9 +38,11 @@ RUNTIME="${RUNTIME:-10}"
 RAMP="${RAMP:-2}"
 REPS="${REPS:-1}"
 CACHE="${CACHE:-buffered}"
-ALL_VARIANTS="nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
+PAGECACHE="${PAGECACHE:-small}"
+DEFAULT_VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
+ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt"
 ALL_JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
-VARIANTS="$(echo "${VARIANTS:-$ALL_VARIANTS}" | tr ',' ' ')"
+VARIANTS="$(echo "${VARIANTS:-$DEFAULT_VARIANTS}" | tr ',' ' ')"
 JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
 BENCH_DIR="${BENCH_DIR:-$ROOT/target/bench-tmp}"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -56,6 +66,7 @@ for j in $JOBS; do
   [[ " $ALL_JOBS " == *" $j "* ]] || die "unknown job '$j' (known: $ALL_JOBS)"
 done
 [[ "$CACHE" == buffered || "$CACHE" == direct ]] || die "CACHE must be buffered or direct, not '$CACHE'"
+[[ "$PAGECACHE" == small || "$PAGECACHE" == keep ]] || die "PAGECACHE must be small or keep, not '$PAGECACHE'"
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer"
 [[ "$RUNTIME" =~ ^[1-9][0-9]*$ ]] || die "RUNTIME must be a positive number of seconds"
 [[ "$RAMP" =~ ^[0-9]+$ ]] || die "RAMP must be a number of seconds"
@@ -176,6 +187,8 @@ server_cmd() {
   local v="$1" sock="$2" nbdkit_cache=default qemu_cache=writeback sealdisk_direct=()
   if [[ "$CACHE" == direct ]]; then nbdkit_cache=none; qemu_cache=none; sealdisk_direct=(--direct); fi
   case "$v" in
+    nbdkit-null)
+      printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" null "size=$SIZE_BYTES" ;;
     nbdkit-file)
       printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" \
         file "file=$WORK/raw.img" "cache=$nbdkit_cache" ;;
@@ -187,6 +200,10 @@ server_cmd() {
         --object "secret,id=sec0,file=$PASSFILE" \
         "--cache=$qemu_cache" "--aio=$QEMU_AIO" --discard=ignore --detect-zeroes=off \
         --image-opts "driver=luks,key-secret=sec0,file.driver=file,file.filename=$WORK/luks1.img" ;;
+    sealdisk-nocrypt)
+      printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher cipher_null-ecb --key-size 0 \
+        --key-file /dev/null --sector-size 4096 "${sealdisk_direct[@]}" \
+        "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
     sealdisk-auto|sealdisk-pool|sealdisk-inline)
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
         --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
@@ -196,8 +213,9 @@ server_cmd() {
   esac
 }
 
-backing_of() {
+backing_of() { # the variant's backing file; nothing for nbdkit-null
   case "$1" in
+    nbdkit-null) ;;
     nbdkit-file) echo "$WORK/raw.img" ;;
     nbdkit-luks|qemu-nbd-luks) echo "$WORK/luks1.img" ;;
     sealdisk-*) echo "$WORK/sealdisk.img" ;;
@@ -251,6 +269,22 @@ proc_cpu_ticks() { # utime+stime of all threads of a process, in clock ticks
   echo "${t:-0}"
 }
 
+# ---------------------------------------------------------------- page cache
+reset_pagecache() { # reset_pagecache FILE
+  if [[ "$CACHE" == direct ]]; then
+    python3 "$LIB/pagecache.py" drop "$1"
+  elif [[ "$PAGECACHE" == small ]]; then
+    python3 "$LIB/pagecache.py" small "$1"
+  else
+    sync "$1"
+  fi
+}
+pagecache_desc() {
+  if [[ "$CACHE" == direct ]]; then echo "backing file written back and dropped (pagecache.py drop)"
+  elif [[ "$PAGECACHE" == small ]]; then echo "backing file written back, dropped, read back in 4 KiB pages (pagecache.py small)"
+  else echo "backing file written back (sync), cache left as the server made it"; fi
+}
+
 # ---------------------------------------------------------------- fio jobs
 # job_args JOB: the fio options of one job (the same for every variant).
 job_args() {
@@ -284,7 +318,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
 # ---------------------------------------------------------------- the run
 {
   echo "command=$CMDLINE"
-  echo "env=SIZE=$SIZE RUNTIME=$RUNTIME RAMP=$RAMP REPS=$REPS CACHE=$CACHE QEMU_AIO=$QEMU_AIO"
+  echo "env=SIZE=$SIZE RUNTIME=$RUNTIME RAMP=$RAMP REPS=$REPS CACHE=$CACHE PAGECACHE=$PAGECACHE QEMU_AIO=$QEMU_AIO"
   echo "variants=$VARIANTS"
   echo "jobs=$JOBS"
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -308,6 +342,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
   for j in $JOBS; do
     echo "job.$j=fio ${FIO_COMMON[*]} $(job_args "$j") --uri=nbd+unix:///$EXPORT?socket=SOCK"
   done
+  echo "pagecache=before every job: $(pagecache_desc)"
   echo "precondition=fio --ioengine=nbd --rw=write --bs=1M --iodepth=8 --size=$SIZE_BYTES --end_fsync=1 (once per server start)"
 } >"$OUT_DIR/meta.txt"
 
@@ -328,7 +363,9 @@ for rep in $(seq "$REPS"); do
     run_fio precondition "$uri" "$dir/precondition.json" "$dir/precondition.log" \
       --ioengine=nbd --size="$SIZE_BYTES" --rw=write --bs=1M --iodepth=8 --end_fsync=1 --output-format=json
     for j in $JOBS; do
-      sync "$img"   # no dirty pages from the previous job are written back during this one
+      # No dirty pages from the previous job are written back during this one, and every
+      # variant starts the job on the same page-cache state.
+      [[ -n "$img" ]] && reset_pagecache "$img"
       t0=$(proc_cpu_ticks "$SERVER_PID"); s0=$(date +%s.%N)
       # shellcheck disable=SC2046 # job_args is a list of options
       run_fio "$j" "$uri" "$dir/$j.json" "$dir/$j.log" "${FIO_COMMON[@]}" $(job_args "$j")
