@@ -1,0 +1,106 @@
+//! The benchmark scripts behind BENCHMARKS.md run end to end (tiny sizes, one second per job:
+//! the numbers mean nothing, the plumbing is what is checked), so they cannot rot unseen.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{bin, have};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// Runs a script with `env`, output under a fresh directory; returns (status, stderr, out dir).
+fn run_script(name: &str, env: &[(&str, &str)]) -> (bool, String, tempfile::TempDir) {
+    let out = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(repo().join("scripts").join(name));
+    cmd.env("SEALDISK_BIN", bin()).env("OUT_DIR", out.path().join("out")).env("TMPDIR", out.path());
+    cmd.env("BENCH_DIR", out.path().join("files"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned(), out)
+}
+
+fn tools(list: &[&str]) -> bool {
+    list.iter().all(|t| have(t))
+        && Command::new("fio").arg("--enghelp=nbd").output().is_ok_and(|o| o.status.success())
+}
+
+/// The markdown table row of `job`, split into its cells.
+fn row(report: &str, job: &str) -> Vec<String> {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with(&format!("| {job} |")))
+        .unwrap_or_else(|| panic!("no row for {job} in:\n{report}"));
+    line.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect()
+}
+
+#[test]
+fn bench_peers_compares_sealdisk_with_nbdkit_on_equal_page_cache() {
+    if !tools(&["fio", "nbdkit", "nbdinfo"]) {
+        return;
+    }
+    let (ok, stderr, out) = run_script(
+        "bench-peers.sh",
+        &[
+            ("SIZE", "16M"),
+            ("RUNTIME", "1"),
+            ("RAMP", "0"),
+            ("VARIANTS", "nbdkit-file sealdisk-auto sealdisk-nocrypt"),
+            ("JOBS", "randwrite-4k-qd1 seqread-1m"),
+        ],
+    );
+    assert!(ok, "bench-peers.sh failed:\n{stderr}");
+    let report = std::fs::read_to_string(out.path().join("out/report.md")).unwrap();
+    assert!(report.contains("read back in 4 KiB pages"), "page-cache reset not reported:\n{report}");
+    for job in ["randwrite-4k-qd1", "seqread-1m"] {
+        let cells = row(&report, job);
+        // job, then one throughput per variant, each a positive figure.
+        assert_eq!(cells.len(), 4, "{cells:?}");
+        for c in &cells[1..] {
+            let n: f64 =
+                c.split_whitespace().next().unwrap().trim_end_matches('k').replace(',', "").parse().unwrap();
+            assert!(n > 0.0, "{job}: {c}");
+        }
+    }
+    assert!(report.contains("sealdisk-auto ÷ nbdkit-file"), "{report}");
+    assert!(!out.path().join("out/problems.txt").exists(), "servers did not stop cleanly:\n{report}");
+}
+
+#[test]
+fn bench_vs_fio_reports_both_tools_on_the_same_job() {
+    if !tools(&["fio", "nbdinfo"]) {
+        return;
+    }
+    let (ok, stderr, out) = run_script(
+        "bench-vs-fio.sh",
+        &[("SIZE", "16M"), ("RUNTIME", "1"), ("RAMP", "0"), ("REPS", "1"), ("JOBS", "randread-4k-qd1")],
+    );
+    assert!(ok, "bench-vs-fio.sh failed:\n{stderr}");
+    let report = std::fs::read_to_string(out.path().join("out/report.md")).unwrap();
+    let cells = row(&report, "randread-4k-qd1");
+    let fio: f64 = cells[1].replace(',', "").parse().unwrap();
+    let harness: f64 = cells[2].replace(',', "").parse().unwrap();
+    let ratio: f64 = cells[3].parse().unwrap();
+    assert!(fio > 0.0 && harness > 0.0, "{cells:?}");
+    assert!((ratio - harness / fio).abs() < 0.01, "{cells:?}");
+}
+
+#[test]
+fn bench_scripts_refuse_bad_knobs_before_doing_anything() {
+    for (script, env) in [
+        ("bench-peers.sh", ("PAGECACHE", "huge")),
+        ("bench-peers.sh", ("VARIANTS", "nbdkit-nope")),
+        ("bench-vs-fio.sh", ("BACKEND", "tape")),
+        ("bench-vs-fio.sh", ("JOBS", "randread-8k")),
+    ] {
+        let (ok, stderr, out) = run_script(script, &[env]);
+        assert!(!ok, "{script} accepted {env:?}");
+        assert!(stderr.contains(env.0) || stderr.contains(env.1), "{script} {env:?}: {stderr}");
+        assert!(!out.path().join("files").exists(), "{script} created files before refusing {env:?}");
+    }
+}
