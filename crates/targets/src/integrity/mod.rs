@@ -531,18 +531,62 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         }
     }
 
-    /// Writes zeroes with valid tags over the whole device in chunks (the format wipe),
-    /// calling `progress(bytes_done, bytes_total)` after each chunk.
+    /// Writes zeroes with valid tags over the whole device in 64 MiB chunks (the format wipe),
+    /// calling `progress(bytes_done, bytes_total)` on the calling thread as chunks finish.
+    ///
+    /// One chunk per core is in flight at once: a chunk is a zero-range request below, then
+    /// hashing its tags (CPU), then writing them, so with one chunk at a time a core idles
+    /// while the other waits on I/O. Chunks never share a tag buffer of another chunk's areas
+    /// and each takes its range lock, as concurrent `write_zeroes` requests would.
     pub fn wipe(&self, mut progress: impl FnMut(u64, u64)) -> BlockResult<()> {
         let total = self.inner.geometry.size;
         let chunk = 64u64 << 20;
-        let mut off = 0;
-        while off < total {
-            let n = chunk.min(total - off);
-            self.inner.write_zeroes_direct(off, n, ZeroFlags::empty(), true)?;
-            off += n;
-            progress(off, total);
-        }
+        let chunks = total.div_ceil(chunk);
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(chunks as usize).max(1);
+        let next = AtomicU64::new(0);
+        let failed = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel::<BlockResult<u64>>();
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                let tx = tx.clone();
+                let (next, failed) = (&next, &failed);
+                scope.spawn(move || {
+                    while !failed.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= chunks {
+                            break;
+                        }
+                        let off = i * chunk;
+                        let n = chunk.min(total - off);
+                        let r = self.inner.write_zeroes_direct(off, n, ZeroFlags::empty(), true).map(|()| n);
+                        if r.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                        if tx.send(r).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let mut done = 0;
+            let mut first_err = None;
+            for r in rx {
+                match r {
+                    Ok(n) => {
+                        done += n;
+                        progress(done, total);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            match first_err {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })?;
         self.inner.flush()
     }
 }
