@@ -31,6 +31,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIB="$ROOT/scripts/bench-lib"
+PROG=bench-peers
+# shellcheck source=bench-lib/common.sh
+source "$LIB/common.sh"
 CMDLINE="$(printf '%q ' "$0" "$@")"
 
 SIZE="${SIZE:-1G}"
@@ -50,8 +53,6 @@ OUT_DIR="${OUT_DIR:-$ROOT/target/bench-results/$STAMP}"
 EXPORT=bench
 PASSPHRASE=sealdisk-bench   # a benchmark secret; it only ever lives in a 0600 file
 
-die() { echo "bench-peers: $*" >&2; exit 1; }
-log() { echo "bench-peers: $*" >&2; }
 
 # ---------------------------------------------------------------- arguments and knobs
 case "${1:-}" in
@@ -59,21 +60,16 @@ case "${1:-}" in
   "") ;;
   *) die "no arguments are taken; the knobs are environment variables (see --help)" ;;
 esac
-for v in $VARIANTS; do
-  [[ " $ALL_VARIANTS " == *" $v "* ]] || die "unknown variant '$v' (known: $ALL_VARIANTS)"
-done
-for j in $JOBS; do
-  [[ " $ALL_JOBS " == *" $j "* ]] || die "unknown job '$j' (known: $ALL_JOBS)"
-done
+# shellcheck disable=SC2086 # word lists
+check_words variant "$ALL_VARIANTS" $VARIANTS
+# shellcheck disable=SC2086
+check_words job "$ALL_JOBS" $JOBS
 [[ "$CACHE" == buffered || "$CACHE" == direct ]] || die "CACHE must be buffered or direct, not '$CACHE'"
 [[ "$PAGECACHE" == small || "$PAGECACHE" == keep ]] || die "PAGECACHE must be small or keep, not '$PAGECACHE'"
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer"
 [[ "$RUNTIME" =~ ^[1-9][0-9]*$ ]] || die "RUNTIME must be a positive number of seconds"
 [[ "$RAMP" =~ ^[0-9]+$ ]] || die "RAMP must be a number of seconds"
-size_iec="${SIZE%B}"; size_iec="${size_iec%i}"   # 1G, 1GB and 1GiB all mean 2^30
-SIZE_BYTES="$(numfmt --from=iec "$size_iec" 2>/dev/null)" || die "SIZE '$SIZE' is not a size like 64M or 1G"
-(( SIZE_BYTES >= 16 * 1024 * 1024 && SIZE_BYTES % (1024 * 1024) == 0 )) ||
-  die "SIZE must be a whole number of MiB, at least 16M"
+SIZE_BYTES="$(size_bytes "$SIZE")" || exit 1
 if [[ "$CACHE" == direct ]]; then QEMU_AIO="${QEMU_AIO:-native}"; else QEMU_AIO="${QEMU_AIO:-threads}"; fi
 
 wants() { [[ " $VARIANTS " == *" $1"* ]]; }   # wants nbdkit / qemu / sealdisk (prefix match)

@@ -22,6 +22,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LIB="$ROOT/scripts/bench-lib"
+PROG=bench-vs-fio
+# shellcheck source=bench-lib/common.sh
+source "$LIB/common.sh"
 CMDLINE="$(printf '%q ' "$0" "$@")"
 SIZE="${SIZE:-256M}"
 RUNTIME="${RUNTIME:-4}"
@@ -35,25 +38,19 @@ JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 OUT_DIR="${OUT_DIR:-$ROOT/target/bench-results/vs-fio-$STAMP}"
 
-die() { echo "bench-vs-fio: $*" >&2; exit 1; }
-log() { echo "bench-vs-fio: $*" >&2; }
 
 case "${1:-}" in
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) die "no arguments are taken; the knobs are environment variables (see --help)" ;;
 esac
-for j in $JOBS; do
-  [[ " $ALL_JOBS " == *" $j "* ]] || die "unknown job '$j' (known: $ALL_JOBS)"
-done
+# shellcheck disable=SC2086 # a word list
+check_words job "$ALL_JOBS" $JOBS
 [[ "$REPS" =~ ^[1-9][0-9]*$ ]] || die "REPS must be a positive integer"
 [[ "$NUMJOBS" =~ ^[1-9][0-9]*$ ]] || die "NUMJOBS must be a positive integer"
 [[ "$PIN" == 0 || "$PIN" == 1 ]] || die "PIN must be 0 or 1"
 [[ "$BACKEND" == buffered || "$BACKEND" == direct ]] || die "BACKEND must be buffered or direct"
-size_iec="${SIZE%B}"; size_iec="${size_iec%i}"
-SIZE_BYTES="$(numfmt --from=iec "$size_iec" 2>/dev/null)" || die "SIZE '$SIZE' is not a size like 256M"
-(( SIZE_BYTES >= 16 * 1024 * 1024 && SIZE_BYTES % (1024 * 1024) == 0 )) ||
-  die "SIZE must be a whole number of MiB, at least 16M"
+SIZE_BYTES="$(size_bytes "$SIZE")" || exit 1
 for tool in fio python3 nbdinfo taskset; do
   command -v "$tool" >/dev/null || die "missing $tool (Debian: fio, python3, libnbd-bin, util-linux)"
 done

@@ -4,18 +4,13 @@
     vs_fio.py OUT_DIR JOB...          the markdown table (medians, ratio, per-repetition ratios)
     vs_fio.py --one OUT_DIR JOB REP   one line for one repetition, for progress output
 """
-import json
 import os
 import statistics
 import sys
 
+from report import load, read_meta  # same directory: fio JSON and meta.txt readers
+
 AGREEMENT = 0.15  # issue 5: the harness agrees with fio within 15%
-
-
-def load(path):
-    with open(path) as f:
-        text = f.read()
-    return json.loads(text[text.index("{"):])  # fio's nbd engine may print a line first
 
 
 def iops(path, job):
@@ -39,15 +34,6 @@ def one(out, job, rep):
         return "missing output"
     f, h = p
     return f"fio {f:,.0f} IOPS, harness {h:,.0f} IOPS, ratio {h / f:.2f}"
-
-
-def read_meta(out):
-    meta = {}
-    with open(os.path.join(out, "meta.txt")) as fh:
-        for line in fh:
-            k, _, v = line.rstrip("\n").partition("=")
-            meta[k] = v
-    return meta
 
 
 def main(out, jobs):
