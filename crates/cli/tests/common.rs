@@ -42,6 +42,13 @@ impl Served {
         terminate(&child);
         child.wait_with_output().expect("wait")
     }
+
+    /// Stops the server and asserts it exited successfully (its stderr in the message).
+    pub fn stop_ok(self) -> Output {
+        let out = self.stop();
+        assert!(out.status.success(), "server exit {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+        out
+    }
 }
 
 impl Drop for Served {
@@ -87,6 +94,20 @@ pub fn run(args: &[&str]) -> Output {
     Command::new(bin()).args(args).stdin(Stdio::null()).output().expect("run sealdisk")
 }
 
+/// Runs `sealdisk ARGS` to completion with `stdin` piped in.
+pub fn run_stdin(args: &[&str], stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sealdisk");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().expect("wait for sealdisk")
+}
+
 pub fn run_tool(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
@@ -96,6 +117,41 @@ pub fn run_tool(cmd: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Fast key-derivation options for LUKS tests: PBKDF2 with 1000 iterations.
+pub const FAST_PBKDF2: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+/// Fast key-derivation options for LUKS2 tests: Argon2id, 4 iterations, 32 MiB.
+pub const FAST_ARGON2ID: &[&str] =
+    &["--pbkdf", "argon2id", "--pbkdf-force-iterations", "4", "--pbkdf-memory", "32768"];
+
+/// Runs `qemu-io -f raw -c CMD... URI` (one `-c` per command) and asserts it succeeded.
+pub fn qemu_io(uri: &str, cmds: &[&str]) -> Output {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw"]);
+    for c in cmds {
+        cmd.arg("-c").arg(c);
+    }
+    run_tool(cmd.arg(uri))
+}
+
+/// The sha256 of `b` as lowercase hex.
+pub fn sha_hex(b: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `len` bytes of a 64-bit LCG stream started at `seed` (the integrity kernel tests' data).
+pub fn lcg_pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len);
+    let mut x = seed;
+    while v.len() < len {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
 }
 
 pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -129,8 +185,19 @@ pub fn kernel_run() -> Option<PathBuf> {
 /// Boots the kernel oracle `kr` on `disks` with `files` copied in, runs `script`, echoes its
 /// output, asserts it succeeded and returns what the guest printed.
 pub fn boot_kernel(kr: &Path, files: &[PathBuf], disks: &[PathBuf], script: &Path) -> String {
+    boot_kernel_within(kr, 900, files, disks, script)
+}
+
+/// [`boot_kernel`] with a kernel-run `--timeout` of `timeout_secs`.
+pub fn boot_kernel_within(
+    kr: &Path,
+    timeout_secs: u32,
+    files: &[PathBuf],
+    disks: &[PathBuf],
+    script: &Path,
+) -> String {
     let mut cmd = Command::new(kr);
-    cmd.arg("--timeout").arg("900");
+    cmd.arg("--timeout").arg(timeout_secs.to_string());
     for f in files {
         cmd.arg("--file").arg(f);
     }

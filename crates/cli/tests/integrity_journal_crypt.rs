@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use blockdev::{BlockDevice, WriteFlags};
-use sha2::{Digest, Sha256};
+use common::{lcg_pattern as pattern, sha_hex};
 use volume::integrity::{IntegrityParams, Mode};
 use zeroize::Zeroizing;
 
@@ -67,21 +67,6 @@ fn opts(crypt: &str, mac: Option<&str>) -> String {
         );
     }
     o
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    let mut x = seed;
-    while v.len() < len {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-fn sha_hex(b: &[u8]) -> String {
-    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Opens (replays) the image at `path` with sealdisk; returns the sha256 of the whole volume.
@@ -184,26 +169,10 @@ fn journal_crypt_interop_with_the_kernel() {
         kernel_imgs.push((name, crypt, mac, img));
     }
     std::fs::write(dir.path().join("jc-cases.txt"), &cases_txt).unwrap();
-    let mut cmd = Command::new(kr);
-    cmd.arg("--timeout").arg("600");
-    for f in ["jc-cases.txt", "pattern-A", "jkey", "mkey"] {
-        cmd.arg("--file").arg(dir.path().join(f));
-    }
-    for d in &disks {
-        cmd.arg("--disk").arg(d);
-    }
-    cmd.arg(testdata().join("journal-crypt.sh"));
-    let out = cmd.output().unwrap();
-    let log = String::from_utf8_lossy(&out.stdout).to_string();
-    eprintln!("{log}");
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "kernel-run failed");
-    let lines = |key: &str| -> std::collections::HashMap<String, String> {
-        log.lines()
-            .filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-            .filter_map(|r| r.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string())))
-            .collect()
-    };
+    let files: Vec<PathBuf> =
+        ["jc-cases.txt", "pattern-A", "jkey", "mkey"].iter().map(|f| dir.path().join(f)).collect();
+    let log = common::boot_kernel_within(&kr, 600, &files, &disks, &testdata().join("journal-crypt.sh"));
+    let lines = |key: &str| common::tagged_lines(&log, key);
     let (sha, status) = (lines("SHA"), lines("STATUS"));
     let mut failures = Vec::new();
     for (name, want) in &expected {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use blockdev::{BlockDevice, WriteFlags};
-use sha2::{Digest, Sha256};
+use common::{lcg_pattern as pattern, sha_hex};
 use volume::integrity::{IntegrityParams, Mode};
 use zeroize::Zeroizing;
 
@@ -139,21 +139,6 @@ fn params(c: &Case, key_path: &Path) -> IntegrityParams {
         p.key = Some(Zeroizing::new(std::fs::read(key_path).unwrap()));
     }
     p
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    let mut x = seed;
-    while v.len() < len {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-fn sha_hex(b: &[u8]) -> String {
-    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn open_opts(c: &Case) -> String {

@@ -18,7 +18,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{bin, have, pattern, run_tool, serve};
+use common::{
+    have, pattern, qemu_io, run as sealdisk, run_stdin, run_tool, serve, FAST_ARGON2ID, FAST_PBKDF2,
+};
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
 fn cryptsetup() -> bool {
@@ -27,10 +29,6 @@ fn cryptsetup() -> bool {
     }
     eprintln!("SKIPPED: cryptsetup is not installed (apt-get install cryptsetup-bin)");
     false
-}
-
-fn sealdisk(args: &[&str]) -> Output {
-    Command::new(bin()).args(args).stdin(Stdio::null()).output().expect("run sealdisk")
 }
 
 fn ok(out: &Output, what: &str) -> String {
@@ -74,6 +72,14 @@ impl Vol {
         std::fs::write(&p, content).unwrap();
         p.to_str().unwrap().to_owned()
     }
+    /// `sealdisk luksFormat -q` with fast PBKDF2 and the volume's passphrase, plus `extra`.
+    fn format_fast(&self, extra: &[&str]) {
+        let mut args = vec!["luksFormat", "-q"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(FAST_PBKDF2);
+        args.extend(["--key-file", self.pass(), self.img()]);
+        ok(&sealdisk(&args), "format");
+    }
 }
 
 /// The volume key as cryptsetup prints it.
@@ -111,6 +117,15 @@ fn cryptsetup_layout(img: &str) -> (u64, String, u32) {
     (off, val("cipher").trim().to_owned(), sector)
 }
 
+/// Format option: a LUKS2 header.
+const LUKS2: &[&str] = &["--type", "luks2"];
+/// Format options: LUKS1 with 1000 PBKDF2 iterations (LUKS1 knows no other PBKDF).
+const LUKS1_FAST: &[&str] = &["--type", "luks1", "--pbkdf-force-iterations", "1000"];
+/// The default LUKS cipher.
+const XTS: &str = "aes-xts-plain64";
+/// The legacy CBC cipher with ESSIV(sha256) IVs.
+const CBC_ESSIV: &str = "aes-cbc-essiv:sha256";
+
 fn cipher(vk: &[u8], spec: &str, sector: u32) -> SectorCipher {
     let spec: CipherSpec = spec.parse().unwrap();
     SectorCipher::new(
@@ -139,7 +154,7 @@ fn data_round_trip(v: &Vol, open_args: &[&str], vk: &[u8], offset: u64, spec: &s
     }
     let expect = v.file("expect.bin", &data);
     let srv = serve(v.dir.path(), "vol", open_args, None);
-    run_tool(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 1M 1M", &srv.uri()]));
+    qemu_io(&srv.uri(), &["write -P 0x5a 1M 1M"]);
     let got = v.dir.path().join("got.bin");
     if have("nbdcopy") {
         run_tool(Command::new("nbdcopy").args([&srv.uri(), got.to_str().unwrap()]));
@@ -147,8 +162,7 @@ fn data_round_trip(v: &Vol, open_args: &[&str], vk: &[u8], offset: u64, spec: &s
     } else {
         let _ = expect;
     }
-    let out = srv.stop();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    srv.stop_ok();
     let raw = std::fs::read(&v.img).unwrap();
     let mut ct = raw[(offset + (1 << 20)) as usize..(offset + (2 << 20)) as usize].to_vec();
     c.decrypt((1 << 20) / 512, &mut ct).unwrap();
@@ -158,14 +172,14 @@ fn data_round_trip(v: &Vol, open_args: &[&str], vk: &[u8], offset: u64, spec: &s
     );
 }
 
-/// Formats with cryptsetup, opens with sealdisk, checks data both ways.
-fn cryptsetup_made(format_args: &[&str]) {
+/// Formats with cryptsetup (`format_args` concatenated), opens with sealdisk, checks data both ways.
+fn cryptsetup_made(format_args: &[&[&str]]) {
     if !cryptsetup() {
         return;
     }
     let v = Vol::new(24 << 20);
     let mut args = vec!["luksFormat", "--batch-mode", "--key-file", v.pass()];
-    args.extend_from_slice(format_args);
+    args.extend(format_args.concat());
     args.push(v.img());
     ok(&cs(&args), "cryptsetup luksFormat");
     let vk = cryptsetup_volume_key(v.img(), v.pass());
@@ -199,90 +213,35 @@ fn cryptsetup_made(format_args: &[&str]) {
 
 #[test]
 fn cryptsetup_luks2_xts_512_pbkdf2_opens_in_sealdisk() {
-    cryptsetup_made(&[
-        "--type",
-        "luks2",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--cipher",
-        "aes-xts-plain64",
-        "--key-size",
-        "512",
-        "--sector-size",
-        "512",
-    ]);
+    cryptsetup_made(&[LUKS2, FAST_PBKDF2, &["--cipher", XTS, "--key-size", "512", "--sector-size", "512"]]);
 }
 
 #[test]
 fn cryptsetup_luks2_xts_4096_argon2id_opens_in_sealdisk() {
     cryptsetup_made(&[
-        "--type",
-        "luks2",
-        "--pbkdf",
-        "argon2id",
-        "--pbkdf-force-iterations",
-        "4",
-        "--pbkdf-memory",
-        "32768",
-        "--cipher",
-        "aes-xts-plain64",
-        "--key-size",
-        "512",
-        "--sector-size",
-        "4096",
+        LUKS2,
+        FAST_ARGON2ID,
+        &["--cipher", XTS, "--key-size", "512", "--sector-size", "4096"],
     ]);
 }
 
 #[test]
 fn cryptsetup_luks2_cbc_essiv_opens_in_sealdisk() {
     cryptsetup_made(&[
-        "--type",
-        "luks2",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--cipher",
-        "aes-cbc-essiv:sha256",
-        "--key-size",
-        "256",
-        "--sector-size",
-        "512",
+        LUKS2,
+        FAST_PBKDF2,
+        &["--cipher", CBC_ESSIV, "--key-size", "256", "--sector-size", "512"],
     ]);
 }
 
 #[test]
 fn cryptsetup_luks1_xts_opens_in_sealdisk() {
-    cryptsetup_made(&[
-        "--type",
-        "luks1",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--cipher",
-        "aes-xts-plain64",
-        "--key-size",
-        "512",
-        "--hash",
-        "sha512",
-    ]);
+    cryptsetup_made(&[LUKS1_FAST, &["--cipher", XTS, "--key-size", "512", "--hash", "sha512"]]);
 }
 
 #[test]
 fn cryptsetup_luks1_cbc_essiv_sha1_opens_in_sealdisk() {
-    cryptsetup_made(&[
-        "--type",
-        "luks1",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--cipher",
-        "aes-cbc-essiv:sha256",
-        "--key-size",
-        "256",
-        "--hash",
-        "sha1",
-    ]);
+    cryptsetup_made(&[LUKS1_FAST, &["--cipher", CBC_ESSIV, "--key-size", "256", "--hash", "sha1"]]);
 }
 
 /// Formats with sealdisk, then cryptsetup dumps, tests, adds a key and kills slot 0; sealdisk
@@ -323,20 +282,10 @@ fn sealdisk_made(format_args: &[&str], add_args: &[&str]) {
     data_round_trip(&v, &["--key-file", &new, v.img(), "vol"], &vk, offset, &spec, sector);
     // And cryptsetup reads what sealdisk's keyslot operations wrote.
     let third = v.file("third", b"third passphrase");
-    ok(
-        &sealdisk(&[
-            "luksAddKey",
-            "--key-file",
-            &new,
-            "--pbkdf-force-iterations",
-            "1000",
-            "--pbkdf",
-            "pbkdf2",
-            v.img(),
-            &third,
-        ]),
-        "sealdisk luksAddKey",
-    );
+    let mut add = vec!["luksAddKey", "--key-file", &new];
+    add.extend_from_slice(FAST_PBKDF2);
+    add.extend([v.img(), &third]);
+    ok(&sealdisk(&add), "sealdisk luksAddKey");
     ok(
         &cs(&["open", "--test-passphrase", "--key-file", &third, v.img()]),
         "cryptsetup opens sealdisk's new keyslot",
@@ -345,44 +294,14 @@ fn sealdisk_made(format_args: &[&str], add_args: &[&str]) {
 
 #[test]
 fn sealdisk_luks2_argon2id_passes_cryptsetup() {
-    sealdisk_made(
-        &[
-            "--pbkdf",
-            "argon2id",
-            "--pbkdf-force-iterations",
-            "4",
-            "--pbkdf-memory",
-            "32768",
-            "--label",
-            "sd",
-            "--subsystem",
-            "sub",
-        ],
-        &["--pbkdf", "argon2id", "--pbkdf-force-iterations", "4", "--pbkdf-memory", "32768"],
-    );
+    sealdisk_made(&[FAST_ARGON2ID, &["--label", "sd", "--subsystem", "sub"]].concat(), FAST_ARGON2ID);
 }
 
 #[test]
 fn sealdisk_luks2_4k_cbc_essiv_pbkdf2_passes_cryptsetup() {
-    sealdisk_made(
-        &[
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--sector-size",
-            "4096",
-            "--cipher",
-            "aes-cbc-essiv:sha256",
-            "--key-size",
-            "256",
-            "--luks2-metadata-size",
-            "64k",
-            "--offset",
-            "8192",
-        ],
-        &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"],
-    );
+    let layout = ["--sector-size", "4096", "--cipher", CBC_ESSIV, "--key-size", "256"];
+    let metadata = ["--luks2-metadata-size", "64k", "--offset", "8192"];
+    sealdisk_made(&[FAST_PBKDF2, &layout, &metadata].concat(), FAST_PBKDF2);
 }
 
 #[test]
@@ -395,6 +314,17 @@ fn sealdisk_luks1_passes_cryptsetup() {
 
 fn qemu_secret(pass: &str) -> String {
     format!("secret,id=sec0,data={pass}")
+}
+
+/// Runs qemu-io's own LUKS driver on `img` with passphrase `pass`, one `-c` per command.
+fn qemu_io_luks(pass: &str, img: &str, cmds: &[&str]) {
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["--object", &qemu_secret(pass), "--image-opts"]);
+    cmd.arg(format!("driver=luks,key-secret=sec0,file.filename={img}"));
+    for c in cmds {
+        cmd.arg("-c").arg(c);
+    }
+    run_tool(&mut cmd);
 }
 
 #[test]
@@ -416,65 +346,23 @@ fn qemu_luks1_reads_back_in_sealdisk_and_back() {
         &img,
         "8M",
     ]));
-    let opts = format!("driver=luks,key-secret=sec0,file.filename={img}");
-    run_tool(Command::new("qemu-io").args([
-        "--object",
-        &qemu_secret("qemu-pass"),
-        "--image-opts",
-        &opts,
-        "-c",
-        "write -P 0x42 0 1M",
-    ]));
+    qemu_io_luks("qemu-pass", &img, &["write -P 0x42 0 1M"]);
     let pass = v.file("qp", b"qemu-pass");
     let srv = serve(v.dir.path(), "q", &["--type", "luks1", "--key-file", &pass, &img, "q"], None);
-    run_tool(Command::new("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "read -P 0x42 0 1M",
-        "-c",
-        "write -P 0x24 1M 1M",
-        &srv.uri(),
-    ]));
-    let out = srv.stop();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    run_tool(Command::new("qemu-io").args([
-        "--object",
-        &qemu_secret("qemu-pass"),
-        "--image-opts",
-        &opts,
-        "-c",
-        "read -P 0x24 1M 1M",
-    ]));
+    qemu_io(&srv.uri(), &["read -P 0x42 0 1M", "write -P 0x24 1M 1M"]);
+    srv.stop_ok();
+    qemu_io_luks("qemu-pass", &img, &["read -P 0x24 1M 1M"]);
     // A sealdisk-made LUKS1 volume opens in qemu.
     let w = Vol::new(12 << 20);
     let sp = w.file("sp", b"sealdisk-pass");
-    ok(
-        &sealdisk(&[
-            "luksFormat",
-            "-q",
-            "--type",
-            "luks1",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            &sp,
-            w.img(),
-        ]),
-        "format",
-    );
+    let mut f = vec!["luksFormat", "-q"];
+    f.extend_from_slice(LUKS1_FAST);
+    f.extend(["--key-file", &sp, w.img()]);
+    ok(&sealdisk(&f), "format");
     let srv = serve(w.dir.path(), "s", &["--key-file", &sp, w.img(), "s"], None);
-    run_tool(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 0 2M", &srv.uri()]));
+    qemu_io(&srv.uri(), &["write -P 0x77 0 2M"]);
     drop(srv.stop());
-    let opts = format!("driver=luks,key-secret=sec0,file.filename={}", w.img());
-    run_tool(Command::new("qemu-io").args([
-        "--object",
-        &qemu_secret("sealdisk-pass"),
-        "--image-opts",
-        &opts,
-        "-c",
-        "read -P 0x77 0 2M",
-    ]));
+    qemu_io_luks("sealdisk-pass", w.img(), &["read -P 0x77 0 2M"]);
 }
 
 fn sha(path: &Path) -> Vec<u8> {
@@ -485,20 +373,7 @@ fn sha(path: &Path) -> Vec<u8> {
 #[test]
 fn malformed_images_are_refused_and_left_untouched() {
     let v = Vol::new(24 << 20);
-    ok(
-        &sealdisk(&[
-            "luksFormat",
-            "-q",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            v.pass(),
-            v.img(),
-        ]),
-        "format",
-    );
+    v.format_fast(&[]);
     // Truncated: the keyslots area is cut off.
     let t = v.dir.path().join("trunc.img");
     std::fs::write(&t, &std::fs::read(&v.img).unwrap()[..1 << 20]).unwrap();
@@ -543,20 +418,7 @@ fn malformed_images_are_refused_and_left_untouched() {
 #[test]
 fn damaged_primary_is_repaired_on_writable_open_only() {
     let v = Vol::new(24 << 20);
-    ok(
-        &sealdisk(&[
-            "luksFormat",
-            "-q",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            v.pass(),
-            v.img(),
-        ]),
-        "format",
-    );
+    v.format_fast(&[]);
     let good = std::fs::read(&v.img).unwrap();
     let mut img = good.clone();
     img[0x1000 + 10] ^= 1; // primary JSON: checksum mismatch
@@ -581,20 +443,7 @@ fn damaged_primary_is_repaired_on_writable_open_only() {
 #[test]
 fn header_backup_restore_and_uuid_and_erase() {
     let v = Vol::new(24 << 20);
-    ok(
-        &sealdisk(&[
-            "luksFormat",
-            "-q",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            v.pass(),
-            v.img(),
-        ]),
-        "format",
-    );
+    v.format_fast(&[]);
     let bk = v.dir.path().join("hdr.bak");
     ok(&sealdisk(&["luksHeaderBackup", v.img(), "--header-backup-file", bk.to_str().unwrap()]), "backup");
     assert_eq!(std::fs::metadata(&bk).unwrap().len(), 16 << 20);
@@ -639,22 +488,7 @@ fn detached_header_format_and_open() {
     let v = Vol::new(8 << 20);
     let hdr = v.dir.path().join("hdr.img");
     let h = hdr.to_str().unwrap();
-    ok(
-        &sealdisk(&[
-            "luksFormat",
-            "-q",
-            "--header",
-            h,
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-            v.pass(),
-            v.img(),
-        ]),
-        "format --header",
-    );
+    v.format_fast(&["--header", h]);
     assert!(std::fs::read(&v.img).unwrap().iter().all(|&b| b == 0), "the data device was written");
     ok(
         &sealdisk(&["open", "--test-passphrase", "--header", h, "--key-file", v.pass(), v.img()]),
@@ -673,15 +507,7 @@ fn detached_header_format_and_open() {
             &["--type", "luks2", "--header", h, "--key-file", v.pass(), v.img(), "d"],
             None,
         );
-        run_tool(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x11 0 8M",
-            "-c",
-            "read -P 0x11 0 8M",
-            &srv.uri(),
-        ]));
+        qemu_io(&srv.uri(), &["write -P 0x11 0 8M", "read -P 0x11 0 8M"]);
         drop(srv.stop());
     }
 }
@@ -689,19 +515,15 @@ fn detached_header_format_and_open() {
 #[test]
 fn keyslot_actions_through_the_cli() {
     let v = Vol::new(24 << 20);
-    let fast = ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
-    let mut f = vec!["luksFormat", "-q", "--key-file", v.pass()];
-    f.extend(fast);
-    f.push(v.img());
-    ok(&sealdisk(&f), "format");
+    v.format_fast(&[]);
     let k2 = v.file("k2", b"second");
     let k3 = v.file("k3", b"third");
     let mut a = vec!["luksAddKey", "--key-file", v.pass(), "--key-slot", "4"];
-    a.extend(fast);
+    a.extend_from_slice(FAST_PBKDF2);
     a.extend([v.img(), &k2]);
     ok(&sealdisk(&a), "add");
     let mut c = vec!["luksChangeKey", "--key-file", &k2];
-    c.extend(fast);
+    c.extend_from_slice(FAST_PBKDF2);
     c.extend([v.img(), &k3]);
     ok(&sealdisk(&c), "change");
     assert_eq!(sealdisk(&["open", "--test-passphrase", "--key-file", &k2, v.img()]).status.code(), Some(2));
@@ -713,7 +535,7 @@ fn keyslot_actions_through_the_cli() {
     assert_eq!(sealdisk(&["open", "--test-passphrase", "--key-file", &k3, v.img()]).status.code(), Some(2));
     // luksKillSlot needs a remaining passphrase unless -q; a wrong one is refused (exit 2).
     let mut a = vec!["luksAddKey", "--key-file", v.pass()];
-    a.extend(fast);
+    a.extend_from_slice(FAST_PBKDF2);
     a.extend([v.img(), &k2]);
     ok(&sealdisk(&a), "add again");
     let out = sealdisk(&["luksKillSlot", "--key-file", &k3, v.img(), "1"]);
@@ -736,42 +558,19 @@ fn keyslot_actions_through_the_cli() {
 
 #[test]
 fn passphrase_from_a_pipe_is_one_line_and_keyfile_stdin_is_binary() {
-    use std::io::Write;
     let v = Vol::new(24 << 20);
-    let fmt = [
-        "luksFormat",
-        "-q",
-        "--pbkdf",
-        "pbkdf2",
-        "--pbkdf-force-iterations",
-        "1000",
-        "--key-file",
-        v.pass(),
-        v.img(),
-    ];
-    ok(&sealdisk(&fmt), "format");
-    let run_with = |args: &[&str], input: &[u8]| {
-        let mut c = Command::new(bin())
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin.take().unwrap().write_all(input).unwrap();
-        c.wait_with_output().unwrap()
-    };
+    v.format_fast(&[]);
     // No key file, stdin not a terminal: up to the first newline.
-    ok(&run_with(&["open", "--test-passphrase", v.img()], b"correct horse\nignored"), "line from stdin");
+    ok(&run_stdin(&["open", "--test-passphrase", v.img()], b"correct horse\nignored"), "line from stdin");
     // --key-file -: every byte, so a trailing newline is part of the passphrase.
     assert_eq!(
-        run_with(&["open", "--test-passphrase", "--key-file", "-", v.img()], b"correct horse\n")
+        run_stdin(&["open", "--test-passphrase", "--key-file", "-", v.img()], b"correct horse\n")
             .status
             .code(),
         Some(2)
     );
     ok(
-        &run_with(&["open", "--test-passphrase", "--key-file", "-", v.img()], b"correct horse"),
+        &run_stdin(&["open", "--test-passphrase", "--key-file", "-", v.img()], b"correct horse"),
         "binary stdin",
     );
     // --keyfile-offset / --keyfile-size select the passphrase inside a larger file.

@@ -15,55 +15,33 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use blockdev::{BlockDevice, WriteFlags};
-use common::{bin, pattern};
+use common::{bin, pattern, sha_hex, FAST_ARGON2ID, FAST_PBKDF2};
 use formats::dm::CryptOptions;
 use sector_crypto::kdf::Passphrase;
-use sha2::{Digest, Sha256};
 use volume::luks::OpenParams;
 
 const SIZE: u64 = 24 << 20;
 
 struct Case {
     name: &'static str,
+    /// Key-derivation options, then the rest of the luksFormat options.
+    pbkdf: &'static [&'static str],
     format: &'static [&'static str],
 }
 
 const CASES: &[Case] = &[
-    Case {
-        name: "luks2-xts-4k-argon2id",
-        format: &[
-            "--pbkdf",
-            "argon2id",
-            "--pbkdf-force-iterations",
-            "4",
-            "--pbkdf-memory",
-            "32768",
-            "--sector-size",
-            "4096",
-        ],
-    },
+    Case { name: "luks2-xts-4k-argon2id", pbkdf: FAST_ARGON2ID, format: &["--sector-size", "4096"] },
     Case {
         name: "luks2-cbc-essiv-pbkdf2",
-        format: &[
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--cipher",
-            "aes-cbc-essiv:sha256",
-            "--key-size",
-            "256",
-        ],
+        pbkdf: FAST_PBKDF2,
+        format: &["--cipher", "aes-cbc-essiv:sha256", "--key-size", "256"],
     },
     Case {
         name: "luks1-xts-sha1",
-        format: &["--type", "luks1", "--pbkdf-force-iterations", "1000", "--hash", "sha1"],
+        pbkdf: &["--pbkdf-force-iterations", "1000"],
+        format: &["--type", "luks1", "--hash", "sha1"],
     },
 ];
-
-fn sha_hex(b: &[u8]) -> String {
-    Sha256::digest(b).iter().map(|x| format!("{x:02x}")).collect()
-}
 
 fn params(path: &str) -> OpenParams {
     OpenParams {
@@ -94,6 +72,7 @@ fn sealdisk_luks_volumes_open_in_the_kernel_and_kernel_writes_read_back() {
         std::fs::File::create(&img).unwrap().set_len(SIZE).unwrap();
         let path = img.to_str().unwrap().to_owned();
         let mut args = vec!["luksFormat", "-q", "--key-file", pass.to_str().unwrap()];
+        args.extend_from_slice(c.pbkdf);
         args.extend_from_slice(c.format);
         args.push(&path);
         let out = Command::new(bin()).args(&args).output().unwrap();

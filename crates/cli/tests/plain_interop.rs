@@ -9,6 +9,8 @@ use std::process::Command;
 use common::*;
 
 const KEY_BYTES: usize = 64;
+/// The cipher of every plain volume here (bar one refused on purpose).
+const XTS: &str = "aes-xts-plain64";
 
 fn setup(size: u64) -> (tempfile::TempDir, String, String, Vec<u8>) {
     let dir = tempfile::tempdir().unwrap();
@@ -18,6 +20,21 @@ fn setup(size: u64) -> (tempfile::TempDir, String, String, Vec<u8>) {
     let keyf = dir.path().join("key");
     std::fs::write(&keyf, &key).unwrap();
     (dir, img.to_str().unwrap().into(), keyf.to_str().unwrap().into(), key)
+}
+
+/// `--cipher CIPHER --key-size BITS --key-file KEYF EXTRA... IMG NAME`: arguments of a plain open.
+fn plain_args<'a>(
+    cipher: &'a str,
+    bits: &'a str,
+    keyf: &'a str,
+    extra: &[&'a str],
+    img: &'a str,
+    name: &'a str,
+) -> Vec<&'a str> {
+    let mut v = vec!["--cipher", cipher, "--key-size", bits, "--key-file", keyf];
+    v.extend_from_slice(extra);
+    v.extend([img, name]);
+    v
 }
 
 /// Decrypts one sector with RustCrypto: AES-256-XTS, tweak = le64(iv sector).
@@ -38,42 +55,13 @@ fn xts_decrypt(key: &[u8], sector_size: usize, first_iv: u64, iv_step: u64, data
 #[test]
 fn plain_xts_4k_over_nbd_matches_independent_decryption() {
     let (dir, img, keyf, key) = setup(8 << 20);
-    let srv = serve(
-        dir.path(),
-        "vol",
-        &[
-            "--type",
-            "plain",
-            "--cipher",
-            "aes-xts-plain64",
-            "--key-size",
-            "512",
-            "--key-file",
-            &keyf,
-            "--sector-size",
-            "4096",
-            "--offset",
-            "2048",
-            "--skip",
-            "8",
-            &img,
-            "vol",
-        ],
-        None,
-    );
+    let extra = ["--type", "plain", "--sector-size", "4096", "--offset", "2048", "--skip", "8"];
+    let srv = serve(dir.path(), "vol", &plain_args(XTS, "512", &keyf, &extra, &img, "vol"), None);
     let data = pattern(1 << 20, 1);
     let src = dir.path().join("src.bin");
     std::fs::write(&src, &data).unwrap();
     if have("qemu-io") {
-        run_tool(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x3c 1M 512k",
-            "-c",
-            "read -P 0x3c 1M 512k",
-            &srv.uri(),
-        ]));
+        qemu_io(&srv.uri(), &["write -P 0x3c 1M 512k", "read -P 0x3c 1M 512k"]);
     }
     if have("nbdcopy") {
         // Write 1 MiB at the start with nbdcopy, read the whole export back.
@@ -84,8 +72,7 @@ fn plain_xts_4k_over_nbd_matches_independent_decryption() {
         assert_eq!(back.len() as u64, (8 << 20) - 2048 * 512);
         assert_eq!(&back[..1 << 20], &data[..], "nbdcopy read-back differs");
     }
-    let out = srv.stop();
-    assert!(out.status.success(), "server exit: {}", String::from_utf8_lossy(&out.stderr));
+    srv.stop_ok();
 
     // Independent check: the backing file holds AES-XTS ciphertext at offset 2048 sectors,
     // 4096-byte sectors, IV = 512-byte sector number + skip (8).
@@ -111,12 +98,7 @@ fn fio_verify_through_nbd_512_byte_sectors() {
         return;
     }
     let (dir, img, keyf, _) = setup(32 << 20);
-    let srv = serve(
-        dir.path(),
-        "f",
-        &["--cipher", "aes-xts-plain64", "--key-size", "256", "--key-file", &keyf, &img, "f"],
-        None,
-    );
+    let srv = serve(dir.path(), "f", &plain_args(XTS, "256", &keyf, &[], &img, "f"), None);
     // fio writes its verify state file into the current directory: keep it in the temp dir.
     let out = run_tool(Command::new("fio").current_dir(dir.path()).args([
         "--name=verify",
@@ -133,8 +115,7 @@ fn fio_verify_through_nbd_512_byte_sectors() {
     ]));
     let terse = String::from_utf8_lossy(&out.stdout);
     assert!(!terse.is_empty(), "fio printed nothing");
-    let stopped = srv.stop();
-    assert!(stopped.status.success());
+    srv.stop_ok();
 }
 
 #[test]
@@ -143,15 +124,7 @@ fn table_file_from_stdin_and_print_table() {
     let line = format!("0 4096 crypt aes-xts-plain64 {} 0 {img} 0 1 no_read_workqueue\n", hex::encode(&key));
     let srv = serve(dir.path(), "t", &["--table-file", "-", "--print-table", "t"], Some(line.as_bytes()));
     if have("qemu-io") {
-        run_tool(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-c",
-            "write -P 0x11 0 64k",
-            "-c",
-            "read -P 0x11 0 64k",
-            &srv.uri(),
-        ]));
+        qemu_io(&srv.uri(), &["write -P 0x11 0 64k", "read -P 0x11 0 64k"]);
     }
     let out = srv.stop();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -184,86 +157,22 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
         v
     };
     let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (base(&plain_args(XTS, "512", sk, &[], &img, "v")), 1, "cannot read 64 bytes"),
+        (base(&plain_args("serpent-xts-plain64", "512", &keyf, &[], &img, "v")), 1, "serpent"),
+        (base(&plain_args(XTS, "320", &keyf, &[], &img, "v")), 1, "key size"),
         (
-            base(&["--cipher", "aes-xts-plain64", "--key-size", "512", "--key-file", sk, &img, "v"]),
-            1,
-            "cannot read 64 bytes",
-        ),
-        (
-            base(&["--cipher", "serpent-xts-plain64", "--key-size", "512", "--key-file", &keyf, &img, "v"]),
-            1,
-            "serpent",
-        ),
-        (
-            base(&["--cipher", "aes-xts-plain64", "--key-size", "320", "--key-file", &keyf, &img, "v"]),
-            1,
-            "key size",
-        ),
-        (
-            base(&[
-                "--cipher",
-                "aes-xts-plain64",
-                "--key-size",
-                "512",
-                "--key-file",
-                &keyf,
-                "--offset",
-                "4096",
-                &img,
-                "v",
-            ]),
+            base(&plain_args(XTS, "512", &keyf, &["--offset", "4096"], &img, "v")),
             1,
             "smaller than the offset",
         ),
         (
-            base(&[
-                "--cipher",
-                "aes-xts-plain64",
-                "--key-size",
-                "512",
-                "--key-file",
-                &keyf,
-                "--sector-size",
-                "4096",
-                "--skip",
-                "3",
-                &img,
-                "v",
-            ]),
+            base(&plain_args(XTS, "512", &keyf, &["--sector-size", "4096", "--skip", "3"], &img, "v")),
             1,
             "iv_offset",
         ),
-        (
-            base(&[
-                "--cipher",
-                "aes-xts-plain64",
-                "--key-size",
-                "512",
-                "--key-file",
-                &keyf,
-                "--sector-size",
-                "3000",
-                &img,
-                "v",
-            ]),
-            1,
-            "sector_size",
-        ),
-        (
-            base(&[
-                "--cipher",
-                "aes-xts-plain64",
-                "--key-size",
-                "512",
-                "--key-file",
-                &keyf,
-                "/nonexistent/disk",
-                "v",
-            ]),
-            4,
-            "/nonexistent/disk",
-        ),
-        (base(&["--cipher", "aes-xts-plain64", "--key-size", "512", &img, "v"]), 1, "--key-file"),
+        (base(&plain_args(XTS, "512", &keyf, &["--sector-size", "3000"], &img, "v")), 1, "sector_size"),
+        (base(&plain_args(XTS, "512", &keyf, &[], "/nonexistent/disk", "v")), 4, "/nonexistent/disk"),
+        (base(&["--cipher", XTS, "--key-size", "512", &img, "v"]), 1, "--key-file"),
     ];
     for (args, code, needle) in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -283,36 +192,13 @@ fn allow_discards_punches_holes_in_the_backing_file() {
         return;
     }
     let (dir, img, keyf, _) = setup(8 << 20);
-    let srv = serve(
-        dir.path(),
-        "d",
-        &[
-            "--cipher",
-            "aes-xts-plain64",
-            "--key-size",
-            "512",
-            "--key-file",
-            &keyf,
-            "--allow-discards",
-            &img,
-            "d",
-        ],
-        None,
-    );
-    run_tool(Command::new("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x77 0 4M",
-        "-c",
-        "flush",
-        &srv.uri(),
-    ]));
+    let srv = serve(dir.path(), "d", &plain_args(XTS, "512", &keyf, &["--allow-discards"], &img, "d"), None);
+    qemu_io(&srv.uri(), &["write -P 0x77 0 4M", "flush"]);
     let before = allocated_bytes(&img);
     assert!(before >= 4 << 20, "write did not allocate: {before}");
-    run_tool(Command::new("qemu-io").args(["-f", "raw", "-c", "discard 0 2M", "-c", "flush", &srv.uri()]));
+    qemu_io(&srv.uri(), &["discard 0 2M", "flush"]);
     let after = allocated_bytes(&img);
     assert!(after + (2 << 20) <= before, "discard did not punch a hole: {before} -> {after}");
-    run_tool(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x77 2M 2M", &srv.uri()]));
-    assert!(srv.stop().status.success());
+    qemu_io(&srv.uri(), &["read -P 0x77 2M 2M"]);
+    srv.stop_ok();
 }
