@@ -8,8 +8,6 @@
 //!
 //! Images are `*.img.xz`; they are decompressed with the `xz` tool (skipped loudly if absent).
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Command;
 
 use formats::integrity::journal::{self, CommitIds, JournalResume, JournalView};
 use formats::integrity::superblock::{dump_text, SB_AREA_BYTES};
@@ -20,72 +18,15 @@ use formats::integrity::{
 use sector_crypto::tag::TagHash;
 use sha2::{Digest, Sha256};
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/integrity")
-}
-
-fn read_text(name: &str) -> String {
-    std::fs::read_to_string(dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-/// Decompresses `<name>.img.xz`; `None` (with a loud message) when `xz` is unavailable.
-fn image(name: &str) -> Option<Vec<u8>> {
-    let path = dir().join(format!("{name}.img.xz"));
-    match Command::new("xz").arg("-dc").arg(&path).output() {
-        Ok(o) if o.status.success() => Some(o.stdout),
-        Ok(o) => panic!("xz -dc {}: {}", path.display(), String::from_utf8_lossy(&o.stderr)),
-        Err(e) => {
-            eprintln!("SKIPPED: cannot run xz ({e}); golden integrity images not checked");
-            None
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Case {
-    name: String,
-    size: u64,
-    opts: Vec<String>,
-    kind: String,
-}
-
-fn manifest() -> Vec<Case> {
-    read_text("manifest.tsv")
-        .lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<&str> = l.split('\t').collect();
-            Case {
-                name: f[0].to_string(),
-                size: f[1].parse().unwrap(),
-                opts: f[2].split_whitespace().map(String::from).collect(),
-                kind: f[3].to_string(),
-            }
-        })
-        .collect()
-}
-
-/// `KEY name rest` lines of a boot log.
-fn log_lines(log: &str, key: &str) -> HashMap<String, String> {
-    read_text(log)
-        .lines()
-        .filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
-        .filter_map(|r| r.split_once(' ').map(|(n, rest)| (n.to_string(), rest.to_string())))
-        .collect()
-}
-
-fn opt<'a>(opts: &'a [String], name: &str) -> Option<&'a str> {
-    opts.iter().position(|o| o == name).map(|i| opts[i + 1].as_str())
-}
+// Shared with targets' golden test; included by path because formats does not depend on testkit.
+#[path = "../../testkit/src/integrity_golden.rs"]
+mod integrity_golden;
+use integrity_golden::{image, integrity_key, log_lines, manifest, opt, pattern, read_text};
 
 /// The internal hash integritysetup configured (`-I`, default crc32c) and its key.
 fn tag_hash(opts: &[String]) -> TagHash {
     let alg = opt(opts, "-I").unwrap_or("crc32c");
-    let key = opt(opts, "--integrity-key-file").map(|p| {
-        let file = p.rsplit('/').next().unwrap();
-        std::fs::read(dir().join(file)).unwrap()
-    });
-    TagHash::new(alg, key.as_deref()).unwrap()
+    TagHash::new(alg, integrity_key(opts).as_deref()).unwrap()
 }
 
 /// FormatParams for integritysetup options (cryptsetup defaults: fix_padding, fix_hmac).
@@ -131,15 +72,6 @@ fn parse_table(t: &str) -> (u64, HashMap<String, String>) {
     m.insert("mode".into(), w[6].to_string());
     m.insert("tag_size".into(), w[5].to_string());
     (len, m)
-}
-
-/// Pattern X: logical sector s holds 32 records "X%011d:%02d\n".
-fn pattern(letter: char, sector: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(512);
-    for r in 0..32 {
-        v.extend_from_slice(format!("{letter}{sector:011}:{r:02}\n").as_bytes());
-    }
-    v
 }
 
 fn sb_of(img: &[u8]) -> Result<Superblock, SuperblockError> {

@@ -19,6 +19,7 @@
 pub mod conformance;
 mod crash;
 mod fault;
+pub mod integrity_golden;
 pub mod model;
 pub mod pattern;
 mod trace;
