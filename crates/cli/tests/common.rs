@@ -104,7 +104,10 @@ pub fn run_stdin(args: &[&str], stdin: &[u8]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sealdisk");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    // A command may refuse before it reads stdin at all: a broken pipe is its answer, not ours.
+    if let Err(e) = child.stdin.take().unwrap().write_all(stdin) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "writing sealdisk's stdin: {e}");
+    }
     child.wait_with_output().expect("wait for sealdisk")
 }
 

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use sector_crypto::kdf::Passphrase;
 use volume::luks::Luks;
 
 use super::luks::{confirm, luks_err, new_passphrase, open_meta, passphrase, KeyArgs, PbkdfArgs};
@@ -33,6 +34,38 @@ fn load(path: &str) -> Result<(blockdev::FileDevice, Luks)> {
     Ok((meta, luks))
 }
 
+/// Where the new passphrase of `luksAddKey` / `luksChangeKey` comes from.
+#[derive(Debug, Args)]
+pub struct NewKeyArgs {
+    /// Read the new passphrase from FILE.
+    #[arg(long, value_name = "FILE")]
+    pub new_keyfile: Option<String>,
+    /// Skip this many bytes of the new key file.
+    #[arg(long, default_value_t = 0)]
+    pub new_keyfile_offset: u64,
+    /// Read at most this many bytes of the new key file.
+    #[arg(long)]
+    pub new_keyfile_size: Option<usize>,
+}
+
+impl NewKeyArgs {
+    /// The new key file: the positional NEW_KEYFILE (after DEVICE), else `--new-keyfile`;
+    /// `None` means a prompt. Checked before anything is read: the existing and the new
+    /// passphrase cannot both come from stdin.
+    fn file<'a>(&'a self, positional: &'a [String], common: &Common) -> Result<Option<&'a str>> {
+        let file = positional.get(1).or(self.new_keyfile.as_ref()).map(String::as_str);
+        if file == Some("-") && common.key.key_file.as_deref() == Some("-") {
+            bail!(UsageError("only one of the passphrases can come from stdin".into()));
+        }
+        Ok(file)
+    }
+
+    /// Reads the new passphrase from `file` (see [`NewKeyArgs::file`]) or a prompt.
+    fn read(&self, file: Option<&str>, prompt: &str) -> Result<Passphrase> {
+        new_passphrase(file, self.new_keyfile_offset, self.new_keyfile_size, prompt)
+    }
+}
+
 /// Arguments of `luksAddKey DEVICE [NEW_KEYFILE]`.
 #[derive(Debug, Args)]
 pub struct AddKeyArgs {
@@ -43,15 +76,8 @@ pub struct AddKeyArgs {
     /// Keyslot for the new passphrase (default: the first free one).
     #[arg(long, short = 'S')]
     pub key_slot: Option<u32>,
-    /// Read the new passphrase from FILE.
-    #[arg(long, value_name = "FILE")]
-    pub new_keyfile: Option<String>,
-    /// Skip this many bytes of the new key file.
-    #[arg(long, default_value_t = 0)]
-    pub new_keyfile_offset: u64,
-    /// Read at most this many bytes of the new key file.
-    #[arg(long)]
-    pub new_keyfile_size: Option<usize>,
+    #[command(flatten)]
+    pub new_key: NewKeyArgs,
     /// Authorize with the volume key in FILE instead of an existing passphrase.
     #[arg(long, alias = "master-key-file", value_name = "FILE")]
     pub volume_key_file: Option<String>,
@@ -63,6 +89,7 @@ pub struct AddKeyArgs {
 /// Runs `luksAddKey`.
 pub fn add_key(a: AddKeyArgs) -> Result<()> {
     let device = &a.positional[0];
+    let new_file = a.new_key.file(&a.positional, &a.common)?;
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
     let vk = match &a.volume_key_file {
@@ -77,16 +104,7 @@ pub fn add_key(a: AddKeyArgs) -> Result<()> {
             luks.unlock(&meta, &old, None).map_err(luks_err(path))?.1
         }
     };
-    let new_file = a.positional.get(1).or(a.new_keyfile.as_ref()).map(String::as_str);
-    if new_file == Some("-") && a.common.key.key_file.as_deref() == Some("-") {
-        bail!(UsageError("only one of the passphrases can come from stdin".into()));
-    }
-    let new = new_passphrase(
-        new_file,
-        a.new_keyfile_offset,
-        a.new_keyfile_size,
-        "Enter new passphrase for key slot: ",
-    )?;
+    let new = a.new_key.read(new_file, "Enter new passphrase for key slot: ")?;
     let slot = luks
         .add_keyslot(&meta, &vk, &new, a.key_slot, &a.pbkdf.params()?)
         .map_err(luks_err(path))
@@ -136,15 +154,8 @@ pub struct ChangeKeyArgs {
     /// Only try this keyslot.
     #[arg(long, short = 'S')]
     pub key_slot: Option<u32>,
-    /// Read the new passphrase from FILE.
-    #[arg(long, value_name = "FILE")]
-    pub new_keyfile: Option<String>,
-    /// Skip this many bytes of the new key file.
-    #[arg(long, default_value_t = 0)]
-    pub new_keyfile_offset: u64,
-    /// Read at most this many bytes of the new key file.
-    #[arg(long)]
-    pub new_keyfile_size: Option<usize>,
+    #[command(flatten)]
+    pub new_key: NewKeyArgs,
     /// DEVICE, then optionally the new key file.
     #[arg(value_name = "DEVICE [NEW_KEYFILE]", required = true, num_args = 1..=2)]
     pub positional: Vec<String>,
@@ -153,12 +164,12 @@ pub struct ChangeKeyArgs {
 /// Runs `luksChangeKey`.
 pub fn change_key(a: ChangeKeyArgs) -> Result<()> {
     let device = &a.positional[0];
+    let new_file = a.new_key.file(&a.positional, &a.common)?;
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
     let old = passphrase(&a.common.key, "Enter passphrase to be changed: ")?;
     let (slot, vk) = luks.unlock(&meta, &old, a.key_slot).map_err(luks_err(path))?;
-    let new_file = a.positional.get(1).or(a.new_keyfile.as_ref()).map(String::as_str);
-    let new = new_passphrase(new_file, a.new_keyfile_offset, a.new_keyfile_size, "Enter new passphrase: ")?;
+    let new = a.new_key.read(new_file, "Enter new passphrase: ")?;
     let new_slot = luks.change_keyslot(&meta, slot, &vk, &new, &a.pbkdf.params()?).map_err(luks_err(path))?;
     log::info!("Key slot {slot} changed (now key slot {new_slot}).");
     Ok(())
