@@ -47,33 +47,10 @@ pub enum KdfError {
     },
 }
 
-/// A passphrase (or key-file contents): wiped on drop, redacted in `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Passphrase(Zeroizing<Vec<u8>>);
-
-impl Passphrase {
-    /// Wraps passphrase bytes.
-    pub fn new(bytes: Vec<u8>) -> Self {
-        Passphrase(Zeroizing::new(bytes))
-    }
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-    /// True if empty.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for Passphrase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Passphrase({} bytes, redacted)", self.0.len())
-    }
+crate::secret_bytes! {
+    /// A passphrase (or key-file contents): wiped on drop, redacted in `Debug`.
+    #[derive(Clone, PartialEq, Eq)]
+    Passphrase, "passphrase", "True if empty."
 }
 
 /// A hash usable for PBKDF2, the AF splitter and LUKS digests.

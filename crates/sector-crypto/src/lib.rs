@@ -40,7 +40,40 @@
 
 use std::fmt;
 
-use zeroize::Zeroizing;
+/// A byte-string secret: zeroized on drop, its `Debug` shows only the length. One macro
+/// so that every secret type behaves the same while staying a distinct type.
+macro_rules! secret_bytes {
+    ($(#[$attr:meta])* $name:ident, $what:literal, $empty_doc:literal) => {
+        $(#[$attr])*
+        pub struct $name(zeroize::Zeroizing<Vec<u8>>);
+
+        impl $name {
+            #[doc = concat!("Wraps ", $what, " bytes.")]
+            pub fn new(bytes: Vec<u8>) -> Self {
+                $name(zeroize::Zeroizing::new(bytes))
+            }
+            /// The bytes.
+            pub fn as_bytes(&self) -> &[u8] {
+                &self.0
+            }
+            /// Length in bytes.
+            pub fn len(&self) -> usize {
+                self.0.len()
+            }
+            #[doc = $empty_doc]
+            pub fn is_empty(&self) -> bool {
+                self.0.is_empty()
+            }
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, concat!(stringify!($name), "({} bytes, redacted)"), self.0.len())
+            }
+        }
+    };
+}
+pub(crate) use secret_bytes;
 
 pub mod af;
 mod iv;
@@ -110,33 +143,10 @@ pub enum CryptoError {
     },
 }
 
-/// Key material, wiped on drop, never printed.
-#[derive(Clone)]
-pub struct VolumeKey(Zeroizing<Vec<u8>>);
-
-impl VolumeKey {
-    /// Wraps key bytes.
-    pub fn new(bytes: Vec<u8>) -> Self {
-        VolumeKey(Zeroizing::new(bytes))
-    }
-    /// The key bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
-    }
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-    /// True for an empty key (cipher_null).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for VolumeKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "VolumeKey({} bytes, redacted)", self.0.len())
-    }
+secret_bytes! {
+    /// Key material, wiped on drop, never printed.
+    #[derive(Clone)]
+    VolumeKey, "key", "True for an empty key (cipher_null)."
 }
 
 /// Where and how sectors are numbered for IV generation (dm-crypt table semantics).
