@@ -14,12 +14,16 @@
 //!                      (dm-crypt's kcryptd: every request is handed off; a large one is
 //!                      split across every core, a small one pays the handoff)
 //!  CryptMode::Auto     a request of at most one chunk (64 KiB) runs inline; a larger one is
-//!                      split: the request thread does the first chunk, the pool the rest
+//!                      split (the request thread does the first chunk, the pool the rest)
+//!                      only while fewer Auto requests are in their crypto phase than the
+//!                      pool has threads: when every core already has a request, splitting
+//!                      only adds handoffs
 //! ```
 //! `same_cpu_crypt` keeps a pooled request on one pool thread instead of splitting it.
 
 use std::cell::RefCell;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use blockdev::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags};
@@ -130,6 +134,25 @@ fn crypto_pool() -> &'static rayon::ThreadPool {
     })
 }
 
+/// Auto-mode requests in their crypto phase right now, across every target (the pool is
+/// shared too): Auto's signal that the cores are already busy.
+static AUTO_BUSY: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one Auto request in [`AUTO_BUSY`] while it lives.
+struct AutoBusy(usize);
+
+impl AutoBusy {
+    fn enter() -> Self {
+        AutoBusy(AUTO_BUSY.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+}
+
+impl Drop for AutoBusy {
+    fn drop(&mut self) {
+        AUTO_BUSY.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Requests are split into chunks of this size across the pool (never below one sector).
 const POOL_CHUNK: usize = 64 * 1024;
 
@@ -230,9 +253,14 @@ impl<D: BlockDevice> CryptTarget<D> {
         };
         let serial = |data: &mut [u8]| data.chunks_mut(chunk).enumerate().try_for_each(|(i, p)| work(i, p));
         let split = data.len() > chunk;
+        let busy = (mode == CryptMode::Auto).then(AutoBusy::enter);
         let result = match mode {
             CryptMode::Inline => serial(data),
             CryptMode::Auto if !split => serial(data),
+            // Every pool thread's core already has an Auto request (this one included).
+            CryptMode::Auto if busy.as_ref().is_some_and(|b| b.0 >= crypto_pool().current_num_threads()) => {
+                serial(data)
+            }
             CryptMode::Auto => {
                 // The request thread takes the first chunk; the pool takes the rest.
                 let failed: std::sync::Mutex<Option<CryptoError>> = std::sync::Mutex::new(None);
