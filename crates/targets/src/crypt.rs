@@ -461,6 +461,30 @@ mod tests {
     }
 
     #[test]
+    fn auto_stores_the_same_ciphertext_whether_the_cores_are_busy_or_not() {
+        // Auto splits a large request only while a core is free; with every core "taken" it
+        // runs the same request serially. Both must write and read the same bytes.
+        let data = pattern(512 * 1024, 5);
+        let mut expected = data.clone();
+        cipher(4096, 0).encrypt(16, &mut expected).unwrap();
+        for busy in [false, true] {
+            let _others: Vec<AutoBusy> = if busy {
+                (0..crypto_pool().current_num_threads()).map(|_| AutoBusy::enter()).collect()
+            } else {
+                Vec::new()
+            };
+            let t = CryptTarget::new(MemDevice::new(1 << 20, 512), cipher(4096, 0), cfg(CryptMode::Auto))
+                .unwrap();
+            t.write_at(8192, &data, WriteFlags::empty()).unwrap();
+            assert_eq!(&t.inner().to_vec()[16384..16384 + data.len()], &expected[..], "busy={busy}");
+            let mut back = vec![0u8; data.len()];
+            t.read_at(8192, &mut back).unwrap();
+            assert_eq!(back, data, "busy={busy}");
+        }
+        assert!(AUTO_BUSY.load(Ordering::Relaxed) < 1000, "the busy count leaks");
+    }
+
+    #[test]
     fn scratch_writes_store_the_same_ciphertext_as_copying_writes() {
         let data = pattern(192 * 1024, 3);
         for mode in [CryptMode::Inline, CryptMode::Pool, CryptMode::Auto] {
