@@ -77,6 +77,13 @@ pub fn serve(dir: &Path, name: &str, args: &[&str], stdin: Option<&[u8]>) -> Ser
         let mut s = child.stdin.take().unwrap();
         s.write_all(data).unwrap();
     }
+    let child = wait_for_socket(child, &sock);
+    Served { child: Some(child), sock, name: name.to_string() }
+}
+
+/// Waits (up to 20 s) until a server `child` has created its socket `sock`; panics with its
+/// stderr if it exits first.
+pub fn wait_for_socket(mut child: Child, sock: &Path) -> Child {
     let t0 = Instant::now();
     while !sock.exists() {
         if let Ok(Some(status)) = child.try_wait() {
@@ -86,7 +93,7 @@ pub fn serve(dir: &Path, name: &str, args: &[&str], stdin: Option<&[u8]>) -> Ser
         assert!(t0.elapsed() < Duration::from_secs(20), "socket never appeared");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Served { child: Some(child), sock, name: name.to_string() }
+    child
 }
 
 /// Runs `sealdisk ARGS` to completion.

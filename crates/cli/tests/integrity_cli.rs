@@ -26,7 +26,7 @@ fn serve(dir: &Path, img: &str, extra: &[&str]) -> Served {
     let sock = dir.join("i.sock");
     let _ = std::fs::remove_file(&sock);
     let status = dir.join("status");
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args(["integrity", "open"])
         .args(extra)
         .args(["--status-file", status.to_str().unwrap(), img, "vol", "--listen"])
@@ -36,15 +36,7 @@ fn serve(dir: &Path, img: &str, extra: &[&str]) -> Served {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    while !sock.exists() {
-        if let Ok(Some(st)) = child.try_wait() {
-            let out = child.wait_with_output().unwrap();
-            panic!("sealdisk exited ({st}): {}", String::from_utf8_lossy(&out.stderr));
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "socket never appeared");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = common::wait_for_socket(child, &sock);
     Served { child, uri: format!("nbd+unix:///vol?socket={}", sock.display()) }
 }
 

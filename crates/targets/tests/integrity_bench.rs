@@ -13,10 +13,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, WriteFlags};
-use integrity_common::{pattern, Shape};
-use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+use integrity_common::{pattern, xts4096 as crypt, Shape};
 use targets::integrity::{HashMode, IntegrityTarget, Mode};
-use targets::{CryptConfig, CryptTarget};
 
 const VOL: u64 = 512 << 20;
 const IO: u64 = 256 << 20;
@@ -75,18 +73,6 @@ fn measure_once(dev: &dyn BlockDevice) -> (f64, f64, f64) {
     dev.flush().unwrap();
     let rw = mib_s(n * 4096, t.elapsed().as_secs_f64());
     (w, r, rw)
-}
-
-fn crypt<D: BlockDevice>(below: D) -> CryptTarget<D> {
-    let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
-    let key = VolumeKey::new((0..64u8).collect());
-    let c = SectorCipher::new(
-        &spec,
-        &key,
-        SectorParams { sector_size: 4096, iv_offset: 0, iv_large_sectors: false },
-    )
-    .unwrap();
-    CryptTarget::new(below, c, CryptConfig::default()).unwrap()
 }
 
 fn integrity(

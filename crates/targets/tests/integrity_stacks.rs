@@ -79,20 +79,8 @@ fn integrity_stacks_match_the_model() {
 
 #[test]
 fn crypt_over_integrity_conforms() {
-    use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
-    use targets::{CryptConfig, CryptTarget};
     let shape = Shape::new("crc32c", 4096);
-    let make = || -> Arc<dyn BlockDevice> {
-        let below = over_mem(&shape, Mode::Journal);
-        let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
-        let key = VolumeKey::new((0..64u8).collect());
-        let c = SectorCipher::new(
-            &spec,
-            &key,
-            SectorParams { sector_size: 4096, iv_offset: 0, iv_large_sectors: false },
-        )
-        .unwrap();
-        Arc::new(CryptTarget::new(below, c, CryptConfig::default()).unwrap())
-    };
+    let make =
+        || -> Arc<dyn BlockDevice> { Arc::new(integrity_common::xts4096(over_mem(&shape, Mode::Journal))) };
     Conformance::new(make).label("crypt-over-integrity-J").discard_model(DiscardModel::Anything).run();
 }

@@ -284,6 +284,16 @@ pub fn format(
     Ok(FormatReport { superblock, layout, wiped_bytes: wiped })
 }
 
+/// Reads and decodes the superblock at the start of `dev` (the file `path`).
+fn read_superblock(dev: &FileDevice, path: &str) -> Result<Superblock, IntegrityVolumeError> {
+    let mut area = vec![0u8; SB_AREA_BYTES];
+    dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
+    Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {
+        path: path.into(),
+        source: IntegrityError::Superblock(e),
+    })
+}
+
 /// Opens `path` as a dm-integrity volume. As with `integritysetup open`, the block size and
 /// (unless `-t` is given) the tag size come from the superblock; the hash and key do not.
 pub fn open(
@@ -292,12 +302,7 @@ pub fn open(
 ) -> Result<Arc<IntegrityTarget<FileDevice>>, IntegrityVolumeError> {
     let read_only = p.read_only || p.mode == Mode::Recovery;
     let dev = open_file(path, read_only, p.direct)?;
-    let mut area = vec![0u8; SB_AREA_BYTES];
-    dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
-    let sb = Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {
-        path: path.into(),
-        source: IntegrityError::Superblock(e),
-    })?;
+    let sb = read_superblock(&dev, path)?;
     let mut cfg = p.config()?;
     cfg.block_size = sb.block_size();
     cfg.tag_size = Some(p.tag_size.unwrap_or(sb.integrity_tag_size as u32));
@@ -309,11 +314,6 @@ pub fn open(
 /// `integritysetup dump`: the superblock of `path` as integritysetup 2.6.1 prints it.
 pub fn dump(path: &str) -> Result<String, IntegrityVolumeError> {
     let dev = open_file(path, true, false)?;
-    let mut area = vec![0u8; SB_AREA_BYTES];
-    dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
-    let sb = Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {
-        path: path.into(),
-        source: IntegrityError::Superblock(e),
-    })?;
+    let sb = read_superblock(&dev, path)?;
     Ok(dump_text(&sb, path))
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use blockdev::{BlockDevice, MemDevice};
 use formats::integrity::FormatParams;
 use sector_crypto::tag::TagHash;
+use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 use targets::integrity::{format, FormatOptions, IntegrityConfig, IntegrityTarget, Mode};
+use targets::{CryptConfig, CryptTarget};
 
 /// One volume shape.
 #[derive(Debug, Clone)]
@@ -86,4 +88,13 @@ impl Shape {
 
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     testkit::pattern::pattern(seed, 0, len)
+}
+
+/// aes-xts-plain64 with a fixed 512-bit key and 4096-byte sectors over `below` (default knobs).
+pub fn xts4096<D: BlockDevice>(below: D) -> CryptTarget<D> {
+    let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
+    let key = VolumeKey::new((0..64u8).collect());
+    let params = SectorParams { sector_size: 4096, iv_offset: 0, iv_large_sectors: false };
+    let c = SectorCipher::new(&spec, &key, params).unwrap();
+    CryptTarget::new(below, c, CryptConfig::default()).unwrap()
 }
