@@ -6,6 +6,8 @@
 //!   SectorParams {sector_size, iv_offset, ...} ┘        │
 //!                                                        ├─ IvGen      iv.rs      (plain, plain64, essiv, ...)
 //!                                                        └─ SectorMode provider/  (aws-lc | RustCrypto)
+//!
+//!   "capi:gcm(aes)-random" ──► AeadSpec ──► AeadSectorCipher ──► encrypt/decrypt(sector, data, tuples)   aead.rs
 //! ```
 //!
 //! Semantics are the Linux kernel's dm-crypt (`drivers/md/dm-crypt.c`, `crypt_convert` and
@@ -75,6 +77,7 @@ macro_rules! secret_bytes {
 }
 pub(crate) use secret_bytes;
 
+pub mod aead;
 pub mod af;
 mod iv;
 pub mod kdf;
@@ -82,6 +85,7 @@ mod provider;
 mod spec;
 pub mod tag;
 
+pub use aead::{AeadAlgorithm, AeadIv, AeadSectorCipher, AeadSpec, HmacHash};
 pub use provider::Provider;
 pub use spec::{ChainMode, Cipher, CipherSpec, EssivHash, IvMode};
 
@@ -134,6 +138,13 @@ pub enum CryptoError {
         len: usize,
         /// The cipher's sector size in bytes.
         sector_size: u32,
+    },
+    /// An authenticated sector's tag did not verify (AEAD): the data or its tag was changed,
+    /// or the key is wrong. Never carries key material or plaintext.
+    #[error("authentication tag mismatch at sector {sector}")]
+    AuthFailed {
+        /// Target-relative 512-byte sector of the crypto sector that failed.
+        sector: u64,
     },
     /// The crypto provider failed where it should not (an internal error).
     #[error("crypto provider failure: {op}")]

@@ -5,6 +5,7 @@
 //!      └── enc pool ─┐  one ArrayQueue<CipherCtx> per CPU: pop → set IV per sector →
 //!      └── dec pool ─┘  EVP_Cipher → push (lock-free; a context is used by one thread at a time)
 //!   Cbc ── AES_KEY enc + AES_KEY dec, immutable after setup ──► AES_cbc_encrypt(ivec = local copy)
+//!   Gcm ── one EVP_AEAD_CTX, immutable after setup ──► seal_scatter / open_gather (detached tag)
 //! ```
 //!
 //! Why a pool: an `EVP_CIPHER_CTX` carries the IV and a "data unit processed" flag, so it
@@ -288,6 +289,138 @@ impl SectorMode for Cbc {
     }
     fn name(&self) -> &'static str {
         self.name
+    }
+}
+
+/// AES-GCM (128, 192 or 256-bit key) with a 12-byte nonce and a 16-byte tag, over one
+/// `EVP_AEAD_CTX` keyed once and then only read: aws-lc documents concurrent seal/open on a
+/// shared context as safe for its AES-GCM AEADs (`aead.h`, "Concurrency").
+pub(crate) struct Gcm {
+    ctx: NonNull<ffi::EVP_AEAD_CTX>,
+    name: &'static str,
+}
+
+// SAFETY: the context is created and keyed in `new`, then only passed as `const
+// EVP_AEAD_CTX *` to seal/open, which aws-lc allows to run concurrently on one AES-GCM
+// context; it is freed once, in `Drop`, when no reference remains.
+unsafe impl Send for Gcm {}
+// SAFETY: see `Send`: shared use is read-only seal/open, documented as thread-safe for GCM.
+unsafe impl Sync for Gcm {}
+
+/// GCM nonce and tag sizes (the kernel's `gcm(aes)`).
+pub(crate) const GCM_NONCE: usize = 12;
+/// GCM tag size.
+pub(crate) const GCM_TAG: usize = 16;
+
+impl Gcm {
+    /// `None` unless `key` is 16, 24 or 32 bytes.
+    pub(crate) fn new(key: &[u8]) -> Option<Self> {
+        // SAFETY: these return pointers to static AEAD descriptors; no preconditions.
+        let (aead, name) = unsafe {
+            match key.len() {
+                16 => (ffi::EVP_aead_aes_128_gcm(), "aws-lc gcm(aes128)"),
+                24 => (ffi::EVP_aead_aes_192_gcm(), "aws-lc gcm(aes192)"),
+                32 => (ffi::EVP_aead_aes_256_gcm(), "aws-lc gcm(aes256)"),
+                _ => return None,
+            }
+        };
+        // SAFETY: `aead` is a valid descriptor whose key length is `key.len()`, `key` points to
+        // that many readable bytes; the tag length is GCM's full 16 bytes. The call copies the
+        // key schedule into the new context; null is returned on failure.
+        let ctx = unsafe { ffi::EVP_AEAD_CTX_new(aead, key.as_ptr(), key.len(), GCM_TAG) };
+        match NonNull::new(ctx) {
+            Some(ctx) => Some(Gcm { ctx, name }),
+            None => {
+                clear_errors();
+                None
+            }
+        }
+    }
+
+    /// Encrypts `data` in place and writes its 16-byte tag.
+    pub(crate) fn seal(
+        &self,
+        nonce: &[u8; GCM_NONCE],
+        ad: &[u8],
+        data: &mut [u8],
+        tag: &mut [u8; GCM_TAG],
+    ) -> Result<(), CryptoError> {
+        let mut tag_len = 0usize;
+        let p = data.as_mut_ptr();
+        // SAFETY: the context is valid and keyed (constructor invariant) and only read; `p` is
+        // valid for reads and writes of `data.len()` bytes and in == out is allowed; `tag` is 16
+        // writable bytes that do not alias `data`; `nonce` is 12 readable bytes (GCM's nonce
+        // length); `ad` is `ad.len()` readable bytes; no extra input.
+        let ok = unsafe {
+            ffi::EVP_AEAD_CTX_seal_scatter(
+                self.ctx.as_ptr(),
+                p,
+                tag.as_mut_ptr(),
+                &mut tag_len,
+                GCM_TAG,
+                nonce.as_ptr(),
+                GCM_NONCE,
+                p,
+                data.len(),
+                ptr::null(),
+                0,
+                ad.as_ptr(),
+                ad.len(),
+            )
+        };
+        if ok != 1 || tag_len != GCM_TAG {
+            clear_errors();
+            return Err(CryptoError::Provider { op: "aws-lc: EVP_AEAD_CTX_seal_scatter(gcm)" });
+        }
+        Ok(())
+    }
+
+    /// Checks the tag and decrypts `data` in place; `false` (and `data` zeroed) when the tag
+    /// does not authenticate `ad` and `data`.
+    pub(crate) fn open(
+        &self,
+        nonce: &[u8; GCM_NONCE],
+        ad: &[u8],
+        data: &mut [u8],
+        tag: &[u8; GCM_TAG],
+    ) -> bool {
+        let p = data.as_mut_ptr();
+        // SAFETY: as in `seal`: valid keyed context, only read; `p` valid for `data.len()`
+        // bytes with in == out; `tag` 16 readable bytes not aliasing `data`; `nonce` 12 bytes;
+        // `ad` `ad.len()` bytes. On failure aws-lc zero-fills `out` (no partial plaintext).
+        let ok = unsafe {
+            ffi::EVP_AEAD_CTX_open_gather(
+                self.ctx.as_ptr(),
+                p,
+                nonce.as_ptr(),
+                GCM_NONCE,
+                p,
+                data.len(),
+                tag.as_ptr(),
+                GCM_TAG,
+                ad.as_ptr(),
+                ad.len(),
+            )
+        };
+        if ok != 1 {
+            clear_errors();
+            data.fill(0);
+            return false;
+        }
+        true
+    }
+
+    /// Implementation name.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl Drop for Gcm {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from EVP_AEAD_CTX_new and is freed exactly once, here;
+        // aws-lc cleanses the key schedule when it frees the context.
+        unsafe { ffi::EVP_AEAD_CTX_free(self.ctx.as_ptr()) }
     }
 }
 

@@ -25,6 +25,8 @@ use crate::CryptoError;
 mod awslc;
 mod rustcrypto;
 
+pub(crate) use awslc::{Gcm, GCM_NONCE, GCM_TAG};
+
 /// One 16-byte cipher block (also an AES IV or XTS tweak).
 pub(crate) type Block = [u8; 16];
 

@@ -1,0 +1,595 @@
+//! Authenticated (AEAD) sector encryption: dm-crypt with `integrity:<n>:aead`, the data path
+//! of LUKS2 authenticated encryption (`cryptsetup luksFormat --integrity ...`).
+//!
+//! ```text
+//!   "capi:gcm(aes)-random" ─────────────────────────FromStr──► AeadSpec ─┐
+//!   "capi:authenc(hmac(sha256),xts(aes))-plain64"                       │
+//!   LUKS2 ("aes-xts-plain64", "hmac(sha256)") ───AeadSpec::from_luks2──►─┤
+//!   VolumeKey = enc_key ‖ mac_key (zeroizing) ───────────────────────────┼─► AeadSectorCipher
+//!   SectorParams + tuple size (the dm-integrity tag size) ───────────────┘     encrypt(sector, data, tuples)
+//!                                                                             decrypt(sector, data, tuples)
+//! ```
+//!
+//! What the kernel does per crypto sector (`drivers/md/dm-crypt.c`,
+//! `crypt_convert_block_aead`, Linux 4.12+), reproduced here byte for byte:
+//!
+//! ```text
+//!   AAD   = le64(sector) ‖ IV          sector: target-relative 512-byte sector of the crypto
+//!                                      sector, WITHOUT iv_offset and never shifted by
+//!                                      iv_large_sectors; IV: iv_size bytes (org_iv)
+//!   IV    = random (write) / from the tuple (read)         for the `random` generator
+//!         = ivgen(iv_sector) as for plain dm-crypt         otherwise (plain64, ...)
+//!   data  = sector_size bytes, encrypted in place
+//!   tuple = [auth tag: tag_size] [IV: iv_size, only for `random`] [zeros up to the tuple size]
+//! ```
+//!
+//! * `gcm(aes)`: IV = the 12-byte GCM nonce, tag 16 bytes: tuple 28 (`aes-gcm-random`).
+//! * `authenc(hmac(H),xts(aes))`: encrypt-then-MAC (the kernel's `crypto/authenc.c`): XTS
+//!   with the generated IV as tweak, then `tag = HMAC_H(mac_key, AAD ‖ ciphertext)` (the
+//!   full digest). The dm-crypt key is `enc_key ‖ mac_key`, `mac_key` being the last
+//!   digest-size bytes (`crypt_copy_authenckey` re-packs it for the crypto API, mac key
+//!   first; the volume key itself is encryption key first). `aes-xts-plain64` +
+//!   `hmac(sha256)`: 64 + 32 key bytes, tuple 32; with `aes-xts-random` the 16-byte IV
+//!   follows the tag (tuple 48).
+//!
+//! A read whose tag does not verify fails with [`CryptoError::AuthFailed`] naming the
+//! sector, and the sector's buffer is zeroed: unauthenticated plaintext never leaves this
+//! module.
+
+use std::fmt;
+use std::str::FromStr;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha1::Sha1;
+use sha2::{Sha256, Sha512};
+
+use crate::iv::IvGen;
+use crate::provider::{self, Block, Gcm, SectorMode, GCM_NONCE, GCM_TAG};
+use crate::spec::IvMode;
+use crate::{CryptoError, Provider, SectorParams, VolumeKey};
+
+/// The hash of an `authenc(hmac(<hash>),...)` construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HmacHash {
+    /// SHA-1 (20-byte tag).
+    Sha1,
+    /// SHA-256 (32-byte tag).
+    Sha256,
+    /// SHA-512 (64-byte tag).
+    Sha512,
+}
+
+impl HmacHash {
+    /// Kernel name, e.g. `sha256`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HmacHash::Sha1 => "sha1",
+            HmacHash::Sha256 => "sha256",
+            HmacHash::Sha512 => "sha512",
+        }
+    }
+
+    /// Digest size in bytes: the tag size and the default MAC key size.
+    pub fn digest_size(self) -> usize {
+        match self {
+            HmacHash::Sha1 => 20,
+            HmacHash::Sha256 => 32,
+            HmacHash::Sha512 => 64,
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "sha1" => Some(HmacHash::Sha1),
+            "sha256" => Some(HmacHash::Sha256),
+            "sha512" => Some(HmacHash::Sha512),
+            _ => None,
+        }
+    }
+}
+
+/// The authenticated algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AeadAlgorithm {
+    /// `gcm(aes)`: AES-GCM, 12-byte nonce, 16-byte tag.
+    Gcm,
+    /// `authenc(hmac(<hash>),xts(aes))`: AES-XTS, then HMAC over AAD and ciphertext.
+    AuthencXts(HmacHash),
+}
+
+/// The IV generator of an AEAD specification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AeadIv {
+    /// Fresh random bytes per written sector, kept in the tuple after the tag.
+    Random,
+    /// `le64(iv_sector)`, zero padded (not stored).
+    Plain64,
+}
+
+impl AeadIv {
+    fn name(self) -> &'static str {
+        match self {
+            AeadIv::Random => "random",
+            AeadIv::Plain64 => "plain64",
+        }
+    }
+}
+
+/// A parsed AEAD dm-crypt cipher such as `capi:gcm(aes)-random`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AeadSpec {
+    alg: AeadAlgorithm,
+    iv: AeadIv,
+}
+
+fn unsupported(spec: &str, part: &str) -> CryptoError {
+    CryptoError::Unsupported { spec: spec.to_string(), part: part.to_string() }
+}
+
+impl AeadSpec {
+    /// A specification from its parts. GCM needs the random IV (its nonce must never repeat
+    /// under one key, so a sector-derived nonce would be reused on every rewrite).
+    pub fn new(alg: AeadAlgorithm, iv: AeadIv) -> Result<Self, CryptoError> {
+        let s = AeadSpec { alg, iv };
+        if alg == AeadAlgorithm::Gcm && iv != AeadIv::Random {
+            return Err(unsupported(&s.to_string(), "gcm(aes) needs the random IV generator"));
+        }
+        Ok(s)
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> AeadAlgorithm {
+        self.alg
+    }
+
+    /// The IV generator.
+    pub fn iv(&self) -> AeadIv {
+        self.iv
+    }
+
+    /// The specification a LUKS2 segment describes with `encryption` and its `integrity`
+    /// type (cryptsetup `LUKS2_get_integrity` + `cipher_dm2c`): `aes-gcm-random` + `aead`,
+    /// `aes-xts-plain64` / `aes-xts-random` + `hmac(sha1|sha256|sha512)`. cryptsetup's
+    /// spellings `hmac-sha256` are accepted too.
+    pub fn from_luks2(encryption: &str, integrity: &str) -> Result<Self, CryptoError> {
+        let spec = format!("{encryption} with integrity {integrity}");
+        let hmac = integrity
+            .strip_prefix("hmac(")
+            .and_then(|r| r.strip_suffix(')'))
+            .or_else(|| integrity.strip_prefix("hmac-"));
+        match (encryption, integrity, hmac) {
+            ("aes-gcm-random", "aead", _) => Self::new(AeadAlgorithm::Gcm, AeadIv::Random),
+            (_, "aead", _) => Err(unsupported(
+                &spec,
+                &format!("cipher {encryption:?} with integrity aead (only aes-gcm-random is supported)"),
+            )),
+            (enc, _, Some(h)) => {
+                let hash = HmacHash::from_name(h)
+                    .ok_or_else(|| unsupported(&spec, &format!("integrity hmac({h}) is not supported")))?;
+                let iv = match enc {
+                    "aes-xts-plain64" => AeadIv::Plain64,
+                    "aes-xts-random" => AeadIv::Random,
+                    _ => {
+                        return Err(unsupported(
+                            &spec,
+                            &format!(
+                                "cipher {enc:?} with an HMAC (only aes-xts-plain64 and aes-xts-random are supported)"
+                            ),
+                        ))
+                    }
+                };
+                Self::new(AeadAlgorithm::AuthencXts(hash), iv)
+            }
+            _ => Err(unsupported(&spec, &format!("integrity type {integrity:?} is not supported"))),
+        }
+    }
+
+    /// The LUKS2 segment `encryption` and `integrity.type` for this specification (what
+    /// `from_luks2` parses back).
+    pub fn luks2_names(&self) -> (String, String) {
+        match self.alg {
+            AeadAlgorithm::Gcm => ("aes-gcm-random".into(), "aead".into()),
+            AeadAlgorithm::AuthencXts(h) => {
+                (format!("aes-xts-{}", self.iv.name()), format!("hmac({})", h.name()))
+            }
+        }
+    }
+
+    /// The cipher's IV size in bytes (the kernel's `iv_size`): 12 for GCM, 16 for XTS.
+    pub fn iv_size(&self) -> usize {
+        match self.alg {
+            AeadAlgorithm::Gcm => GCM_NONCE,
+            AeadAlgorithm::AuthencXts(_) => 16,
+        }
+    }
+
+    /// Bytes of authentication tag (the kernel's `integrity_tag_size`).
+    pub fn auth_tag_size(&self) -> usize {
+        match self.alg {
+            AeadAlgorithm::Gcm => GCM_TAG,
+            AeadAlgorithm::AuthencXts(h) => h.digest_size(),
+        }
+    }
+
+    /// Bytes of IV stored per sector (the kernel's `integrity_iv_size`): the IV size for
+    /// `random`, else 0.
+    pub fn stored_iv_size(&self) -> usize {
+        match self.iv {
+            AeadIv::Random => self.iv_size(),
+            AeadIv::Plain64 => 0,
+        }
+    }
+
+    /// Per-sector metadata this specification uses: tag + stored IV (cryptsetup's
+    /// `INTEGRITY_tag_size`, the dm-integrity tag size it formats): 32 for
+    /// xts-plain64 + hmac-sha256, 28 for gcm-random.
+    pub fn tuple_size(&self) -> usize {
+        self.auth_tag_size() + self.stored_iv_size()
+    }
+
+    /// Bytes of MAC key at the end of the volume key (0 for GCM).
+    pub fn mac_key_size(&self) -> usize {
+        match self.alg {
+            AeadAlgorithm::Gcm => 0,
+            AeadAlgorithm::AuthencXts(h) => h.digest_size(),
+        }
+    }
+
+    /// Valid volume key sizes in bytes (encryption key plus MAC key).
+    pub fn valid_key_sizes(&self) -> Vec<usize> {
+        match self.alg {
+            AeadAlgorithm::Gcm => vec![16, 24, 32],
+            AeadAlgorithm::AuthencXts(_) => [32, 48, 64].iter().map(|k| k + self.mac_key_size()).collect(),
+        }
+    }
+
+    /// The integrity type dm-crypt's table names (`integrity:<n>:aead`): always `aead` here.
+    pub fn dm_integrity_type(&self) -> &'static str {
+        "aead"
+    }
+}
+
+impl fmt::Display for AeadSpec {
+    /// The `capi:` form dm-crypt's table uses (cryptsetup `cipher_dm2c`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.alg {
+            AeadAlgorithm::Gcm => write!(f, "capi:gcm(aes)-{}", self.iv.name()),
+            AeadAlgorithm::AuthencXts(h) => {
+                write!(f, "capi:authenc(hmac({}),xts(aes))-{}", h.name(), self.iv.name())
+            }
+        }
+    }
+}
+
+impl FromStr for AeadSpec {
+    type Err = CryptoError;
+
+    /// `capi:gcm(aes)-random`, `capi:authenc(hmac(sha256),xts(aes))-plain64|random`.
+    fn from_str(s: &str) -> Result<Self, CryptoError> {
+        let body = s.strip_prefix("capi:").ok_or_else(|| CryptoError::InvalidSpec {
+            spec: s.to_string(),
+            reason: "authenticated modes need the capi: syntax".to_string(),
+        })?;
+        let (api, iv) = body.rsplit_once('-').ok_or_else(|| CryptoError::InvalidSpec {
+            spec: s.to_string(),
+            reason: "IV generator required".to_string(),
+        })?;
+        let iv = match iv {
+            "random" => AeadIv::Random,
+            "plain64" => AeadIv::Plain64,
+            other => {
+                return Err(unsupported(s, &format!("IV generator '{other}' with an AEAD is not supported")))
+            }
+        };
+        let alg = if api == "gcm(aes)" {
+            AeadAlgorithm::Gcm
+        } else if let Some(h) = api.strip_prefix("authenc(hmac(").and_then(|r| r.strip_suffix("),xts(aes))"))
+        {
+            AeadAlgorithm::AuthencXts(
+                HmacHash::from_name(h)
+                    .ok_or_else(|| unsupported(s, &format!("hmac({h}) is not supported")))?,
+            )
+        } else {
+            return Err(unsupported(s, &format!("AEAD crypto API algorithm '{api}' is not supported")));
+        };
+        let spec = AeadSpec::new(alg, iv)?;
+        Ok(spec)
+    }
+}
+
+/// A keyed HMAC (the MAC half of authenc), cloned per sector.
+#[derive(Clone)]
+enum MacKey {
+    Sha1(Box<Hmac<Sha1>>),
+    Sha256(Box<Hmac<Sha256>>),
+    Sha512(Box<Hmac<Sha512>>),
+}
+
+impl MacKey {
+    fn new(hash: HmacHash, key: &[u8]) -> Result<Self, CryptoError> {
+        let bad = || CryptoError::Provider { op: "keying the HMAC" };
+        Ok(match hash {
+            HmacHash::Sha1 => {
+                MacKey::Sha1(Box::new(<Hmac<Sha1> as KeyInit>::new_from_slice(key).map_err(|_| bad())?))
+            }
+            HmacHash::Sha256 => {
+                MacKey::Sha256(Box::new(<Hmac<Sha256> as KeyInit>::new_from_slice(key).map_err(|_| bad())?))
+            }
+            HmacHash::Sha512 => {
+                MacKey::Sha512(Box::new(<Hmac<Sha512> as KeyInit>::new_from_slice(key).map_err(|_| bad())?))
+            }
+        })
+    }
+
+    /// HMAC(aad ‖ data) into `out` (the digest size).
+    fn tag(&self, aad: &[u8], data: &[u8], out: &mut [u8]) {
+        fn run<M: Mac + Clone>(m: &M, aad: &[u8], data: &[u8], out: &mut [u8]) {
+            let d = m.clone().chain_update(aad).chain_update(data).finalize().into_bytes();
+            out.copy_from_slice(&d[..out.len()]);
+        }
+        match self {
+            MacKey::Sha1(m) => run(m.as_ref(), aad, data, out),
+            MacKey::Sha256(m) => run(m.as_ref(), aad, data, out),
+            MacKey::Sha512(m) => run(m.as_ref(), aad, data, out),
+        }
+    }
+
+    /// Constant-time check of `tag` against HMAC(aad ‖ data).
+    fn verify(&self, aad: &[u8], data: &[u8], tag: &[u8]) -> bool {
+        fn run<M: Mac + Clone>(m: &M, aad: &[u8], data: &[u8], tag: &[u8]) -> bool {
+            m.clone().chain_update(aad).chain_update(data).verify_slice(tag).is_ok()
+        }
+        match self {
+            MacKey::Sha1(m) => run(m.as_ref(), aad, data, tag),
+            MacKey::Sha256(m) => run(m.as_ref(), aad, data, tag),
+            MacKey::Sha512(m) => run(m.as_ref(), aad, data, tag),
+        }
+    }
+}
+
+enum Engine {
+    Gcm(Gcm),
+    Authenc { xts: Box<dyn SectorMode>, mac: MacKey, ivgen: IvGen },
+}
+
+/// A keyed AEAD sector cipher. `Send + Sync`: share it between threads.
+pub struct AeadSectorCipher {
+    spec: AeadSpec,
+    params: SectorParams,
+    sector_shift: u32,
+    tuple_size: usize,
+    engine: Engine,
+}
+
+impl fmt::Debug for AeadSectorCipher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AeadSectorCipher")
+            .field("spec", &self.spec.to_string())
+            .field("params", &self.params)
+            .field("tuple_size", &self.tuple_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Longest AAD: le64 sector + a 16-byte IV.
+const MAX_AAD: usize = 8 + 16;
+
+impl AeadSectorCipher {
+    /// Keys `spec` with `key` (`enc_key ‖ mac_key`) for per-sector tuples of `tuple_size`
+    /// bytes (the dm-integrity tag size; at least `spec.tuple_size()`, the rest is zero
+    /// padding as in the kernel).
+    pub fn new(
+        spec: &AeadSpec,
+        key: &VolumeKey,
+        params: SectorParams,
+        tuple_size: usize,
+    ) -> Result<Self, CryptoError> {
+        let sector_shift = match params.sector_size {
+            512 => 0,
+            1024 => 1,
+            2048 => 2,
+            4096 => 3,
+            n => {
+                return Err(CryptoError::InvalidParams(format!(
+                    "sector_size {n} is not one of 512, 1024, 2048, 4096"
+                )))
+            }
+        };
+        if params.iv_offset % (1u64 << sector_shift) != 0 {
+            return Err(CryptoError::InvalidParams(format!(
+                "iv_offset {} is not a multiple of sector_size/512",
+                params.iv_offset
+            )));
+        }
+        if tuple_size < spec.tuple_size() {
+            return Err(CryptoError::InvalidParams(format!(
+                "integrity tag size {tuple_size} is too small for {spec} (needs {} bytes)",
+                spec.tuple_size()
+            )));
+        }
+        let k = key.as_bytes();
+        let valid = spec.valid_key_sizes();
+        if !valid.contains(&k.len()) {
+            let expected: Vec<String> = valid.iter().map(|b| (b * 8).to_string()).collect();
+            return Err(CryptoError::InvalidKeySize {
+                spec: spec.to_string(),
+                bits: k.len() * 8,
+                expected: format!("{} bits", expected.join(" or ")),
+            });
+        }
+        let engine = match spec.alg {
+            AeadAlgorithm::Gcm => {
+                Engine::Gcm(Gcm::new(k).ok_or(CryptoError::Provider { op: "aws-lc: keying gcm(aes)" })?)
+            }
+            AeadAlgorithm::AuthencXts(h) => {
+                let (enc, mac) = k.split_at(k.len() - spec.mac_key_size());
+                let xts = provider::aes_xts(Provider::Auto, enc)?;
+                let iv = match spec.iv {
+                    AeadIv::Plain64 => Some(IvMode::Plain64),
+                    AeadIv::Random => None,
+                };
+                Engine::Authenc {
+                    xts,
+                    mac: MacKey::new(h, mac)?,
+                    ivgen: IvGen::new(iv, enc, params.sector_size)?,
+                }
+            }
+        };
+        Ok(AeadSectorCipher { spec: *spec, params, sector_shift, tuple_size, engine })
+    }
+
+    /// The specification.
+    pub fn spec(&self) -> &AeadSpec {
+        &self.spec
+    }
+
+    /// The encryption sector size in bytes.
+    pub fn sector_size(&self) -> u32 {
+        self.params.sector_size
+    }
+
+    /// Which implementations run the data path, e.g. `aws-lc gcm(aes256)`.
+    pub fn implementation(&self) -> String {
+        match &self.engine {
+            Engine::Gcm(g) => g.name().to_string(),
+            Engine::Authenc { xts, .. } => format!("{} + rustcrypto hmac", xts.name()),
+        }
+    }
+
+    /// Bytes of per-sector metadata (tuple) this cipher reads and writes.
+    pub fn tuple_size(&self) -> usize {
+        self.tuple_size
+    }
+
+    fn check(&self, sector: u64, data: &[u8], tuples: &[u8]) -> Result<usize, CryptoError> {
+        let ss = self.params.sector_size as usize;
+        let step = 1u64 << self.sector_shift;
+        if data.len() % ss != 0 || sector % step != 0 {
+            return Err(CryptoError::Misaligned {
+                sector,
+                len: data.len(),
+                sector_size: self.params.sector_size,
+            });
+        }
+        let n = data.len() / ss;
+        if tuples.len() != n * self.tuple_size {
+            return Err(CryptoError::InvalidParams(format!(
+                "{} bytes of integrity metadata for {n} sectors of {} bytes each",
+                tuples.len(),
+                self.tuple_size
+            )));
+        }
+        Ok(n)
+    }
+
+    /// The IV of sector `i` of a request starting at `sector` for a non-random generator.
+    fn derived_iv(&self, ivgen: &IvGen, xts: &dyn SectorMode, sector: u64) -> Result<Block, CryptoError> {
+        let cc = sector.wrapping_add(self.params.iv_offset);
+        let s = if self.params.iv_large_sectors { cc >> self.sector_shift } else { cc };
+        let mut iv = [[0u8; 16]; 1];
+        ivgen.fill(&[s], &mut iv, xts)?;
+        Ok(iv[0])
+    }
+
+    /// Encrypts `data` (target-relative 512-byte sector `sector`, whole crypto sectors) in
+    /// place and writes one tuple per crypto sector into `tuples`
+    /// (`data.len() / sector_size × tuple_size` bytes).
+    pub fn encrypt(&self, sector: u64, data: &mut [u8], tuples: &mut [u8]) -> Result<(), CryptoError> {
+        let n = self.check(sector, data, tuples)?;
+        let ss = self.params.sector_size as usize;
+        let step = 1u64 << self.sector_shift;
+        let (tag_len, iv_len, stored) =
+            (self.spec.auth_tag_size(), self.spec.iv_size(), self.spec.stored_iv_size());
+        if stored > 0 {
+            // One getrandom call for every IV of the request, straight into the tuples.
+            for t in tuples.chunks_exact_mut(self.tuple_size) {
+                getrandom::fill(&mut t[tag_len..tag_len + stored])
+                    .map_err(|_| CryptoError::Provider { op: "getrandom for random IVs" })?;
+            }
+        }
+        for (i, (d, t)) in
+            data.chunks_exact_mut(ss).zip(tuples.chunks_exact_mut(self.tuple_size)).enumerate().take(n)
+        {
+            let s = sector.wrapping_add(i as u64 * step);
+            let mut aad = [0u8; MAX_AAD];
+            aad[..8].copy_from_slice(&s.to_le_bytes());
+            let (tag, rest) = t.split_at_mut(tag_len);
+            match &self.engine {
+                Engine::Gcm(g) => {
+                    aad[8..8 + iv_len].copy_from_slice(&rest[..iv_len]);
+                    let nonce: [u8; GCM_NONCE] = rest[..GCM_NONCE]
+                        .try_into()
+                        .map_err(|_| CryptoError::Provider { op: "gcm nonce" })?;
+                    let mut tg = [0u8; GCM_TAG];
+                    g.seal(&nonce, &aad[..8 + iv_len], d, &mut tg)?;
+                    tag.copy_from_slice(&tg);
+                }
+                Engine::Authenc { xts, mac, ivgen } => {
+                    let iv: Block = if stored > 0 {
+                        rest[..16].try_into().map_err(|_| CryptoError::Provider { op: "xts iv" })?
+                    } else {
+                        self.derived_iv(ivgen, xts.as_ref(), s)?
+                    };
+                    aad[8..24].copy_from_slice(&iv);
+                    xts.encrypt(d, ss, &[iv])?;
+                    mac.tag(&aad[..24], d, tag);
+                }
+            }
+            rest[stored..].fill(0);
+        }
+        Ok(())
+    }
+
+    /// Verifies and decrypts `data` in place with its `tuples` (as written by `encrypt`).
+    /// The first sector whose tag does not verify fails the call with
+    /// [`CryptoError::AuthFailed`]; its buffer is zeroed (sectors after it are left as
+    /// ciphertext), so no unauthenticated plaintext is ever returned.
+    pub fn decrypt(&self, sector: u64, data: &mut [u8], tuples: &[u8]) -> Result<(), CryptoError> {
+        let n = self.check(sector, data, tuples)?;
+        let ss = self.params.sector_size as usize;
+        let step = 1u64 << self.sector_shift;
+        let (tag_len, iv_len, stored) =
+            (self.spec.auth_tag_size(), self.spec.iv_size(), self.spec.stored_iv_size());
+        for (i, (d, t)) in
+            data.chunks_exact_mut(ss).zip(tuples.chunks_exact(self.tuple_size)).enumerate().take(n)
+        {
+            let s = sector.wrapping_add(i as u64 * step);
+            let mut aad = [0u8; MAX_AAD];
+            aad[..8].copy_from_slice(&s.to_le_bytes());
+            let (tag, rest) = t.split_at(tag_len);
+            let ok = match &self.engine {
+                Engine::Gcm(g) => {
+                    aad[8..8 + iv_len].copy_from_slice(&rest[..iv_len]);
+                    let nonce: [u8; GCM_NONCE] = rest[..GCM_NONCE]
+                        .try_into()
+                        .map_err(|_| CryptoError::Provider { op: "gcm nonce" })?;
+                    let tg: [u8; GCM_TAG] =
+                        tag.try_into().map_err(|_| CryptoError::Provider { op: "gcm tag" })?;
+                    g.open(&nonce, &aad[..8 + iv_len], d, &tg)
+                }
+                Engine::Authenc { xts, mac, ivgen } => {
+                    let iv: Block = if stored > 0 {
+                        rest[..16].try_into().map_err(|_| CryptoError::Provider { op: "xts iv" })?
+                    } else {
+                        self.derived_iv(ivgen, xts.as_ref(), s)?
+                    };
+                    aad[8..24].copy_from_slice(&iv);
+                    if mac.verify(&aad[..24], d, tag) {
+                        xts.decrypt(d, ss, &[iv])?;
+                        true
+                    } else {
+                        false
+                    }
+                }
+            };
+            if !ok {
+                d.fill(0);
+                return Err(CryptoError::AuthFailed { sector: s });
+            }
+        }
+        Ok(())
+    }
+}
