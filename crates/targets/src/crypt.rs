@@ -113,6 +113,10 @@ pub enum CryptError {
         /// Payload offset.
         offset: u64,
     },
+    /// The tagged device below does not fit an authenticated cipher (tag or block size), or
+    /// an option is not allowed with authenticated encryption.
+    #[error("{0}")]
+    Integrity(String),
     /// Length not a multiple of the encryption sector size.
     #[error("target length {len} is not a multiple of the {sector_size}-byte encryption sector")]
     MisalignedLength {

@@ -4,6 +4,7 @@
 //!        BlockDevice (what the NBD server serves)
 //!              │
 //!   CryptTarget<D>   decrypt after read / encrypt before write, per sector, dm-crypt IVs
+//!              │     (AeadCryptTarget<D: TaggedDevice>: AEAD, a tag + IV tuple per sector)
 //!              │
 //!        D: BlockDevice (file, memory, slice, IntegrityTarget)
 //!              │
@@ -15,7 +16,9 @@
 #![warn(missing_docs)]
 
 mod crypt;
+mod crypt_aead;
 pub mod integrity;
 
 pub use crypt::{CryptConfig, CryptError, CryptMode, CryptTarget};
+pub use crypt_aead::AeadCryptTarget;
 pub use integrity::{IntegrityConfig, IntegrityError, IntegrityStatus, IntegrityTarget, TaggedDevice};
