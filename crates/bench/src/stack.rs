@@ -605,6 +605,7 @@ impl StackSpec {
                         direct: self.direct,
                         crypt_mode: self.crypt_mode,
                     },
+                    integrity_no_journal: false,
                 };
                 let opened = volume::luks::open(&op, &secrets.passphrase())
                     .map_err(|e| BenchError::setup(format!("opening LUKS2 volume {p}"), e))?;

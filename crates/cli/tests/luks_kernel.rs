@@ -51,6 +51,7 @@ fn params(path: &str) -> OpenParams {
         key_slot: None,
         flags: CryptOptions::default(),
         open: volume::OpenOptions::default(),
+        integrity_no_journal: false,
     }
 }
 

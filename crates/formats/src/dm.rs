@@ -122,6 +122,11 @@ pub struct CryptOptions {
     pub sector_size: Option<u32>,
     /// IVs count in `sector_size` units.
     pub iv_large_sectors: bool,
+    /// `integrity:<bytes>:aead`: per-sector tag + IV bytes on the dm-integrity device below
+    /// (authenticated encryption). Printed for an assembled LUKS2 AEAD volume; a table line
+    /// with it is still refused by [`CryptTable::parse`] (the dm-integrity layer below is
+    /// not described by a crypt line).
+    pub integrity_aead: Option<u32>,
 }
 
 impl CryptOptions {
@@ -141,6 +146,9 @@ impl CryptOptions {
             (self.high_priority, "high_priority"),
         ];
         w.extend(flags.iter().filter(|(on, _)| *on).map(|(_, name)| name.to_string()));
+        if let Some(n) = self.integrity_aead {
+            w.push(format!("integrity:{n}:aead"));
+        }
         if let Some(s) = self.sector_size {
             w.push(format!("sector_size:{s}"));
         }

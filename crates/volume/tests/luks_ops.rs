@@ -225,22 +225,38 @@ fn truncated_device_is_refused() {
 fn integrity_segment_and_unknown_requirement_are_refused_clearly() {
     let (dev, mut l, vk) = formatted(LuksVersion::V2);
     let LuksHeader::V2(s) = &mut l.header else { unreachable!() };
-    let mut with_integrity = s.header.clone();
-    with_integrity.metadata.segments.get_mut(&0).unwrap().crypt.as_mut().unwrap().integrity =
-        Some(formats::luks2::SegmentIntegrity {
-            type_name: "hmac(sha256)".into(),
-            journal_encryption: "none".into(),
-            journal_integrity: "none".into(),
-            key_size: None,
-            extra: Default::default(),
-        });
-    let l2 = Luks {
-        header: LuksHeader::V2(Box::new(luks::Luks2State { header: with_integrity, salts: s.salts })),
-        repaired: None,
-        needs_repair: None,
+    let with = |t: &str, je: &str, key_size: Option<u32>| {
+        let mut h = s.header.clone();
+        h.metadata.segments.get_mut(&0).unwrap().crypt.as_mut().unwrap().integrity =
+            Some(formats::luks2::SegmentIntegrity {
+                type_name: t.into(),
+                journal_encryption: je.into(),
+                journal_integrity: "none".into(),
+                key_size,
+                extra: Default::default(),
+            });
+        Luks {
+            header: LuksHeader::V2(Box::new(luks::Luks2State { header: h, salts: s.salts })),
+            repaired: None,
+            needs_repair: None,
+        }
     };
-    let e = l2.table("dev", 32 << 20, &vk, &CryptOptions::default()).unwrap_err();
-    assert_eq!(e.to_string(), "LUKS2 authenticated encryption (integrity hmac(sha256)) is not supported yet");
+    // Supported (aes-xts-plain64 + hmac(sha256)), but not as a plain dm-crypt table.
+    let ok = with("hmac(sha256)", "none", None);
+    ok.check_supported().unwrap();
+    assert_eq!(ok.aead().unwrap().unwrap().to_string(), "capi:authenc(hmac(sha256),xts(aes))-plain64");
+    let e = ok.table("dev", 32 << 20, &vk, &CryptOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("no plain dm-crypt table"), "{e}");
+    for (l2, msg) in [
+        (with("hmac(md5)", "none", None), "hmac(md5) is not supported"),
+        (with("poly1305", "none", None), "integrity poly1305 is not supported"),
+        (with("hmac(sha256)", "aes", None), "journal_encryption \"aes\" is not supported"),
+        (with("hmac(sha256)", "none", Some(40)), "integrity key size 320 bits is not supported"),
+    ] {
+        let e = l2.check_supported().unwrap_err();
+        assert!(e.to_string().contains(msg), "{e}");
+        assert!(l2.table("dev", 32 << 20, &vk, &CryptOptions::default()).is_err());
+    }
     let mut with_req = s.header.clone();
     with_req.metadata.config.requirements = Some(formats::luks2::Requirements {
         mandatory: Some(vec!["future-thing".into()]),

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use volume::luks::{self, FormatParams, LuksVersion};
+use volume::luks::{self, FormatParams, LuksIntegrity, LuksVersion};
 
 use super::luks::{confirm, luks_err, new_passphrase, open_meta, parse_size, KeyArgs, PbkdfArgs};
 use super::UsageError;
@@ -56,6 +56,17 @@ pub struct LuksFormatArgs {
     /// Put the header in FILE (created or grown as needed); DEVICE holds only data.
     #[arg(long, value_name = "FILE")]
     pub header: Option<String>,
+    /// LUKS2 authenticated encryption: hmac-sha256 (or hmac-sha1, hmac-sha512) with an
+    /// aes-xts-plain64/aes-xts-random cipher, or aead with --cipher aes-gcm-random. The
+    /// volume key grows by the HMAC key; the data area gets a dm-integrity layout.
+    #[arg(long, short = 'I', value_name = "ALG")]
+    pub integrity: Option<String>,
+    /// With --integrity: do not wipe the data area (unwritten sectors then fail to read).
+    #[arg(long)]
+    pub integrity_no_wipe: bool,
+    /// With --integrity: wipe without the dm-integrity journal (faster).
+    #[arg(long)]
+    pub integrity_no_journal: bool,
     /// Do not ask for confirmation.
     #[arg(long = "batch-mode", short = 'q')]
     pub batch_mode: bool,
@@ -76,10 +87,26 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
     if !key_bits.is_multiple_of(8) {
         bail!(UsageError(format!("--key-size {key_bits} is not a multiple of 8 bits")));
     }
+    let integrity = match &a.integrity {
+        Some(alg) => {
+            if version != LuksVersion::V2 {
+                bail!(UsageError("--integrity needs LUKS2".into()));
+            }
+            let spec = sector_crypto::AeadSpec::from_luks2(&a.cipher, alg)
+                .with_context(|| format!("--cipher {} --integrity {alg}", a.cipher))?;
+            Some(LuksIntegrity { spec, no_wipe: a.integrity_no_wipe, no_journal: a.integrity_no_journal })
+        }
+        None if a.integrity_no_wipe || a.integrity_no_journal => {
+            bail!(UsageError("--integrity-no-wipe and --integrity-no-journal need --integrity".into()))
+        }
+        None => None,
+    };
+    // cryptsetup: --key-size is the encryption key; an HMAC key is added to the volume key.
+    let key_bytes = key_bits / 8 + integrity.map_or(0, |i| i.spec.mac_key_size());
     let volume_key = match &a.volume_key_file {
         Some(f) => Some(crate::keys::read_key(
             &crate::keys::KeySource { path: f.clone(), offset: 0, size: None },
-            key_bits / 8,
+            key_bytes,
         )?),
         None => None,
     };
@@ -87,7 +114,7 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
     let params = FormatParams {
         version,
         cipher: a.cipher.clone(),
-        key_bytes: key_bits / 8,
+        key_bytes,
         pbkdf: a.pbkdf.params()?,
         sector_size: a.sector_size,
         label: a.label.clone(),
@@ -100,6 +127,7 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         key_slot: a.key_slot,
         detached: a.header.is_some(),
         data_size,
+        integrity,
     };
     let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
     // The data device must exist (and be readable) even with a detached header.
@@ -116,10 +144,27 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         grow_header_file(h, &params)?;
     }
     let meta = open_meta(&meta_path, false)?;
-    luks::format(&meta, &params, &pass)
+    let (l, vk) = luks::format(&meta, &params, &pass)
         .map_err(luks_err(&meta_path))
         .with_context(|| format!("formatting {meta_path} as LUKS{}", version.number()))?;
+    drop(meta);
     log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
+    if let Some(i) = &integrity {
+        let data = volume::open_backing(&device, &volume::OpenOptions::default())?;
+        let mut last = 0;
+        luks::format_integrity(data, &l, &vk, i, |done, total| {
+            let pct = done * 100 / total.max(1);
+            if pct >= last + 10 || done == total {
+                last = pct;
+                log::info!("Wiping device to initialize integrity checksum: {pct}%");
+            }
+        })
+        .map_err(luks_err(&device))
+        .with_context(|| format!("formatting the integrity area of {device}"))?;
+        if i.no_wipe {
+            log::warn!("{device}: data area not wiped (--integrity-no-wipe): unwritten sectors fail to read");
+        }
+    }
     Ok(())
 }
 

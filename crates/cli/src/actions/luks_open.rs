@@ -48,6 +48,7 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         key_slot: a.key_slot,
         flags,
         open: *opts,
+        integrity_no_journal: a.integrity_no_journal,
     };
     let keys = KeyArgs {
         key_file: a.key_file.clone(),

@@ -70,6 +70,10 @@ pub struct OpenArgs {
     /// Pass discards (NBD TRIM) to the device: punches holes in a backing file.
     #[arg(long)]
     pub allow_discards: bool,
+    /// LUKS2 authenticated encryption: run the dm-integrity layer without its journal
+    /// (mode D: faster writes, a crash may leave a sector whose tag does not match).
+    #[arg(long)]
+    pub integrity_no_journal: bool,
     /// Keep each request's crypto on one pool thread.
     #[arg(long = "perf-same_cpu_crypt")]
     pub perf_same_cpu_crypt: bool,
@@ -185,6 +189,7 @@ fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTa
         high_priority: false,
         sector_size: (a.sector_size != 512).then_some(a.sector_size),
         iv_large_sectors: a.iv_large_sectors,
+        integrity_aead: None,
     };
     let params =
         PlainParams { cipher: a.cipher.clone(), key, offset: a.offset, skip: a.skip, size: a.size, options };

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use blockdev::BlockDevice;
 use formats::luks2::{
     self, Af, Area, CopyKind, CryptParams, Digest, DigestPbkdf2, HeaderSalts, Keyslot, Luks2Header,
-    Luks2Metadata, Requirement, Segment as JsonSegment, SegmentSize, BINARY_HEADER_SIZE, MAX_KEYSLOTS_SIZE,
-    METADATA_SIZES, SALT_LEN,
+    Luks2Metadata, Requirement, Segment as JsonSegment, SegmentIntegrity, SegmentSize, BINARY_HEADER_SIZE,
+    MAX_KEYSLOTS_SIZE, METADATA_SIZES, SALT_LEN,
 };
 use sector_crypto::kdf::{self, Argon2Params, Argon2Variant, Kdf};
+use sector_crypto::AeadSpec;
 use sector_crypto::{af, VolumeKey};
 use serde_json::Map;
 
@@ -140,18 +141,15 @@ pub(super) fn check_supported(h: &Luks2Header) -> Result<(), LuksError> {
         };
         return Err(LuksError::Unsupported(what.into()));
     }
-    if let Some(id) = h.metadata.integrity_segments().first() {
-        let t = h.metadata.segments[id]
-            .crypt
-            .as_ref()
-            .and_then(|c| c.integrity.as_ref())
-            .map(|i| i.type_name.clone());
-        return Err(LuksError::Unsupported(format!(
-            "LUKS2 authenticated encryption (integrity {}) is not supported yet",
-            t.unwrap_or_default()
-        )));
-    }
     let (id, seg) = default_segment(h)?;
+    for other in h.metadata.integrity_segments() {
+        if other != id {
+            return Err(LuksError::Unsupported(format!(
+                "LUKS2 integrity on segment {other}, which is not the data segment, is not supported"
+            )));
+        }
+    }
+    aead_spec(h)?;
     if seg.type_name != "crypt" || seg.crypt.is_none() {
         return Err(LuksError::Unsupported(format!(
             "LUKS2 segment {id} of type {:?} is not supported (only crypt segments are)",
@@ -164,6 +162,39 @@ pub(super) fn check_supported(h: &Luks2Header) -> Result<(), LuksError> {
         ));
     }
     Ok(())
+}
+
+/// The authenticated cipher of the data segment, `None` without an `integrity` section
+/// (cryptsetup `LUKS2_get_integrity`). Refuses what cannot be activated as the kernel would:
+/// an unsupported cipher/integrity pair, journal encryption or MAC (cryptsetup only ever
+/// writes `none`), a separate integrity key size other than the digest size.
+pub(super) fn aead_spec(h: &Luks2Header) -> Result<Option<AeadSpec>, LuksError> {
+    let (_, seg) = default_segment(h)?;
+    let Some(c) = &seg.crypt else { return Ok(None) };
+    let Some(i) = &c.integrity else { return Ok(None) };
+    let spec = AeadSpec::from_luks2(&c.encryption, &i.type_name).map_err(|e| {
+        LuksError::Unsupported(format!(
+            "LUKS2 authenticated encryption {} with integrity {} is not supported ({e})",
+            c.encryption, i.type_name
+        ))
+    })?;
+    for (what, v) in
+        [("journal_encryption", &i.journal_encryption), ("journal_integrity", &i.journal_integrity)]
+    {
+        if v != "none" {
+            return Err(LuksError::Unsupported(format!("LUKS2 integrity {what} {v:?} is not supported")));
+        }
+    }
+    if let Some(k) = i.key_size {
+        if k as usize != spec.mac_key_size() {
+            return Err(LuksError::Unsupported(format!(
+                "LUKS2 integrity key size {} bits is not supported (only the digest size, {} bits)",
+                u64::from(k) * 8,
+                spec.mac_key_size() * 8
+            )));
+        }
+    }
+    Ok(Some(spec))
 }
 
 pub(super) fn segment(h: &Luks2Header) -> Result<Segment, LuksError> {
@@ -568,7 +599,16 @@ pub(super) fn format(
                 iv_tweak: 0,
                 encryption: p.cipher.clone(),
                 sector_size: p.sector_size,
-                integrity: None,
+                integrity: p.integrity.as_ref().map(|i| {
+                    let (_, t) = i.spec.luks2_names();
+                    SegmentIntegrity {
+                        type_name: t,
+                        journal_encryption: "none".into(),
+                        journal_integrity: "none".into(),
+                        key_size: None,
+                        extra: Map::new(),
+                    }
+                }),
             }),
             opal: None,
             flags: None,

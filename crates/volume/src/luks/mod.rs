@@ -21,11 +21,15 @@
 //! * A new keyslot's material is written and flushed *before* the header that references
 //!   it; a killed keyslot's material is wiped and flushed before the header drops it.
 //!
-//! Not supported (refused with a clear error rather than opened wrongly): LUKS2
-//! authenticated encryption (segments with `integrity`), reencryption in progress, OPAL
+//! LUKS2 authenticated encryption (a segment with `integrity`) stacks an
+//! [`targets::AeadCryptTarget`] over a dm-integrity target with external tags at the data
+//! offset, as cryptsetup does (`aead.rs`).
+//!
+//! Not supported (refused with a clear error rather than opened wrongly): reencryption in progress, OPAL
 //! segments, unknown mandatory requirements, tokens as unlock methods (tokens are kept
 //! verbatim through every header rewrite).
 
+mod aead;
 mod dump;
 mod io;
 mod keyslot;
@@ -43,6 +47,7 @@ use sector_crypto::kdf::{HashAlg, KdfError, Passphrase};
 use sector_crypto::{CryptoError, VolumeKey};
 use zeroize::Zeroizing;
 
+pub use aead::{format_integrity, LuksIntegrity};
 pub use dump::{dump, dump_volume_key};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).
 pub use formats::dm::CryptOptions;
@@ -357,6 +362,15 @@ impl Luks {
         }
     }
 
+    /// The authenticated cipher of a LUKS2 segment with `integrity`, `None` for plain
+    /// encryption (and LUKS1).
+    pub fn aead(&self) -> Result<Option<sector_crypto::AeadSpec>, LuksError> {
+        match &self.header {
+            LuksHeader::V1(_) => Ok(None),
+            LuksHeader::V2(s) => luks2::aead_spec(&s.header),
+        }
+    }
+
     /// The data segment to activate.
     pub fn segment(&self) -> Result<Segment, LuksError> {
         match &self.header {
@@ -383,6 +397,12 @@ impl Luks {
         extra: &CryptOptions,
     ) -> Result<CryptTable, LuksError> {
         self.check_supported()?;
+        if self.aead()?.is_some() {
+            return Err(LuksError::Unsupported(
+                "an authenticated (integrity) segment has no plain dm-crypt table: open it with luks::open"
+                    .into(),
+            ));
+        }
         let seg = self.segment()?;
         let per = u64::from(seg.sector_size);
         let len = match seg.size {
@@ -410,6 +430,7 @@ impl Luks {
             high_priority: extra.high_priority || has("high_priority"),
             sector_size: (seg.sector_size != 512).then_some(seg.sector_size),
             iv_large_sectors: false,
+            integrity_aead: None,
         };
         Ok(CryptTable {
             len: len / 512,
@@ -639,6 +660,9 @@ pub struct FormatParams {
     pub detached: bool,
     /// Size of the data device (for the LUKS2 sector-size alignment check).
     pub data_size: Option<u64>,
+    /// `--integrity` (LUKS2 authenticated encryption): `key_bytes` then includes the MAC
+    /// key. The dm-integrity area is formatted afterwards by [`format_integrity`].
+    pub integrity: Option<LuksIntegrity>,
 }
 
 impl Default for FormatParams {
@@ -659,6 +683,7 @@ impl Default for FormatParams {
             key_slot: None,
             detached: false,
             data_size: None,
+            integrity: None,
         }
     }
 }
@@ -688,15 +713,21 @@ pub fn format(
         }
     };
     // The data cipher must be usable with this key.
-    let spec: sector_crypto::CipherSpec =
-        params.cipher.parse().map_err(|source| LuksError::Cipher { spec: params.cipher.clone(), source })?;
     let sp = sector_crypto::SectorParams {
         sector_size: if params.version == LuksVersion::V2 { params.sector_size } else { 512 },
         iv_offset: 0,
         iv_large_sectors: false,
     };
-    sector_crypto::SectorCipher::new(&spec, &vk, sp)
-        .map_err(|source| LuksError::Cipher { spec: params.cipher.clone(), source })?;
+    if let Some(i) = &params.integrity {
+        aead::check_format(params, i, &vk, sp)?;
+    } else {
+        let spec: sector_crypto::CipherSpec = params
+            .cipher
+            .parse()
+            .map_err(|source| LuksError::Cipher { spec: params.cipher.clone(), source })?;
+        sector_crypto::SectorCipher::new(&spec, &vk, sp)
+            .map_err(|source| LuksError::Cipher { spec: params.cipher.clone(), source })?;
+    }
     if let Some(u) = &params.uuid {
         check_uuid(u)?;
     }
@@ -744,6 +775,9 @@ pub struct OpenParams {
     pub flags: CryptOptions,
     /// How to open the devices.
     pub open: crate::OpenOptions,
+    /// `--integrity-no-journal`: open the dm-integrity layer of an authenticated volume in
+    /// direct mode (D) instead of journaled (J). The header's `no-journal` flag does the same.
+    pub integrity_no_journal: bool,
 }
 
 /// An unlocked and assembled LUKS volume.
@@ -790,6 +824,10 @@ pub fn open(p: &OpenParams, passphrase: &Passphrase) -> Result<Opened, crate::Vo
     let (keyslot, vk) = luks.unlock(&meta, passphrase, p.key_slot).map_err(wrap)?;
     drop(meta);
     let data = crate::open_backing(&p.device, &p.open)?;
+    if let Some(spec) = luks.aead().map_err(wrap)? {
+        let volume = aead::open(&luks, &spec, data, &p.device, &vk, p).map_err(wrap)?;
+        return Ok(Opened { volume, luks, keyslot });
+    }
     let data_size = data.geometry().size;
     let table = luks.table(&p.device, data_size, &vk, &p.flags).map_err(wrap)?;
     let target = crate::crypt_over(data, &table, &p.open)?;

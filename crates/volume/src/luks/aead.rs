@@ -1,0 +1,212 @@
+//! LUKS2 authenticated encryption: the stack cryptsetup activates for a segment with
+//! `integrity`, and the data-area format of `luksFormat --integrity`.
+//!
+//! ```text
+//!   AeadCryptTarget   capi:authenc(hmac(sha256),xts(aes))-plain64 | capi:gcm(aes)-random,
+//!         │           key = volume key, offset 0, integrity:<tuple>:aead, sector_size
+//!   IntegrityTarget   "<name>_dif": superblock at the segment offset on the DATA device
+//!         │           (even with a detached header), tag size = tuple size, block size =
+//!         │           sector size, no internal hash; mode J, or D with --integrity-no-journal
+//!   data device
+//! ```
+//!
+//! What cryptsetup 2.6 + Linux 6.1 do (testdata/luks-integrity/boot.log): the dm-integrity
+//! table is `<dev> <offset> <tuple> J ... fix_padding` with the kernel's default journal,
+//! interleave and buffer sizes (no `fix_hmac`: there is no keyed hash); dm-crypt's length is
+//! the integrity device's provided size. `luksFormat --integrity` formats that layout
+//! (cryptsetup does it through a temporary dm-integrity device) and then writes zeroes over
+//! the whole volume through the AEAD layer, because a sector never written has no valid
+//! tag and reads as an I/O error; `--integrity-no-wipe` skips that,
+//! `--integrity-no-journal` runs the wipe in direct mode.
+
+use blockdev::{BlockDevice, FileDevice, WriteFlags};
+use formats::dm::{CryptOptions, CryptTable};
+use formats::integrity::FormatParams as IntegrityFormatParams;
+use sector_crypto::{AeadSectorCipher, AeadSpec, SectorParams, VolumeKey};
+use targets::integrity::{self, FormatOptions, IntegrityConfig, IntegrityTarget, Mode};
+use targets::{AeadCryptTarget, CryptConfig};
+use zeroize::Zeroizing;
+
+use super::{FormatParams, Luks, LuksError, LuksVersion, OpenParams};
+
+/// `luksFormat --integrity` choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LuksIntegrity {
+    /// The authenticated cipher (from `--cipher` and `--integrity`).
+    pub spec: AeadSpec,
+    /// `--integrity-no-wipe`: leave the data area unwritten (reads of unwritten sectors fail).
+    pub no_wipe: bool,
+    /// `--integrity-no-journal`: wipe in direct mode (no journal double write).
+    pub no_journal: bool,
+}
+
+/// The stack's built type (also what tests and the CLI serve).
+pub type AeadStack = AeadCryptTarget<IntegrityTarget<FileDevice>>;
+
+fn cipher_err(spec: &AeadSpec) -> impl FnOnce(sector_crypto::CryptoError) -> LuksError + '_ {
+    move |source| LuksError::Cipher { spec: spec.to_string(), source }
+}
+
+/// The format-time checks of an authenticated LUKS2 volume: LUKS2 only, the cipher string
+/// matches the integrity spec, and the key fits it.
+pub(super) fn check_format(
+    p: &FormatParams,
+    i: &LuksIntegrity,
+    vk: &VolumeKey,
+    sp: SectorParams,
+) -> Result<(), LuksError> {
+    if p.version != LuksVersion::V2 {
+        return Err(LuksError::Params("--integrity needs LUKS2".into()));
+    }
+    let (enc, _) = i.spec.luks2_names();
+    if enc != p.cipher {
+        return Err(LuksError::Params(format!(
+            "cipher {} does not match the authenticated cipher {enc}",
+            p.cipher
+        )));
+    }
+    AeadSectorCipher::new(&i.spec, vk, sp, i.spec.tuple_size()).map_err(cipher_err(&i.spec))?;
+    Ok(())
+}
+
+/// The dm-integrity table options for `spec` at a segment of `sector_size`.
+fn integrity_config(
+    spec: &AeadSpec,
+    sector_size: u32,
+    start: u64,
+    mode: Mode,
+    read_only: bool,
+) -> IntegrityConfig {
+    let mut c = IntegrityConfig::new(mode, None);
+    c.tag_size = Some(spec.tuple_size() as u32);
+    c.block_size = sector_size;
+    c.start = start;
+    c.read_only = read_only;
+    c
+}
+
+/// The AEAD crypt layer over an opened integrity layer.
+fn aead_over(
+    below: IntegrityTarget<FileDevice>,
+    spec: &AeadSpec,
+    vk: &VolumeKey,
+    sector_size: u32,
+    iv_offset: u64,
+    len: Option<u64>,
+    read_only: bool,
+) -> Result<AeadStack, LuksError> {
+    let sp = SectorParams { sector_size, iv_offset, iv_large_sectors: false };
+    let cipher = AeadSectorCipher::new(spec, vk, sp, spec.tuple_size()).map_err(cipher_err(spec))?;
+    let cfg = CryptConfig { offset: 0, len, read_only, ..CryptConfig::default() };
+    AeadCryptTarget::new(below, cipher, cfg)
+        .map_err(|e| LuksError::Params(format!("authenticated encryption layer: {e}")))
+}
+
+fn integrity_err(e: integrity::IntegrityError) -> LuksError {
+    LuksError::Params(format!("dm-integrity layer of the authenticated volume: {}", error_chain(&e)))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Assembles the stack of an unlocked authenticated volume on `data` (path `device`).
+pub(super) fn open(
+    luks: &Luks,
+    spec: &AeadSpec,
+    data: FileDevice,
+    device: &str,
+    vk: &VolumeKey,
+    p: &OpenParams,
+) -> Result<crate::Volume, LuksError> {
+    let seg = luks.segment()?;
+    if p.flags.allow_discards || seg.flags.iter().any(|f| f == "allow-discards") {
+        return Err(LuksError::Params("discards are not supported with authenticated encryption".into()));
+    }
+    let no_journal = p.integrity_no_journal || seg.flags.iter().any(|f| f == "no-journal");
+    let mode = if no_journal { Mode::Direct } else { Mode::Journal };
+    let read_only = p.open.read_only;
+    let cfg = integrity_config(spec, seg.sector_size, seg.offset / 512, mode, read_only);
+    let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
+    let target = aead_over(below, spec, vk, seg.sector_size, seg.iv_offset, seg.size, read_only)?;
+    let len = target.geometry().size;
+    let options = CryptOptions {
+        sector_size: (seg.sector_size != 512).then_some(seg.sector_size),
+        integrity_aead: Some(spec.tuple_size() as u32),
+        ..CryptOptions::default()
+    };
+    log::info!(
+        "authenticated encryption {spec} over dm-integrity (mode {}, tag {} bytes) at sector {}",
+        if no_journal { 'D' } else { 'J' },
+        spec.tuple_size(),
+        seg.offset / 512
+    );
+    let table = CryptTable {
+        len: len / 512,
+        cipher: spec.to_string(),
+        key: Zeroizing::new(vk.as_bytes().to_vec()),
+        iv_offset: seg.iv_offset,
+        device: format!("{device}@dm-integrity:{}", seg.offset / 512),
+        offset: 0,
+        options,
+    };
+    Ok(crate::Volume { device: std::sync::Arc::new(target), table })
+}
+
+/// Formats the dm-integrity area of a freshly formatted authenticated LUKS2 volume on
+/// `data` (the data device, even with a detached header) and, unless `i.no_wipe`, writes
+/// zeroes with valid tags over the whole volume through the AEAD layer. `progress(done,
+/// total)` is called as the wipe goes. Refuses a header without integrity.
+pub fn format_integrity(
+    data: FileDevice,
+    luks: &Luks,
+    vk: &VolumeKey,
+    i: &LuksIntegrity,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(), LuksError> {
+    let spec =
+        luks.aead()?.ok_or_else(|| LuksError::Params("the LUKS2 header has no integrity segment".into()))?;
+    let seg = luks.segment()?;
+    let mut params = IntegrityFormatParams::new(spec.tuple_size() as u32, seg.sector_size);
+    // cryptsetup passes fix_padding; fix_hmac only matters with a keyed internal hash or a
+    // journal MAC, neither of which authenticated encryption uses.
+    params.fix_hmac = false;
+    let opts = FormatOptions {
+        params,
+        start: seg.offset / 512,
+        buffer_sectors: formats::integrity::layout::DEFAULT_BUFFER_SECTORS,
+        sectors_per_bit: None,
+        journal_mac: None,
+        journal_crypt: None,
+    };
+    integrity::format(&data, &opts).map_err(integrity_err)?;
+    if i.no_wipe {
+        return data.flush().map_err(|e| LuksError::Params(format!("flushing the data device: {e}")));
+    }
+    let mode = if i.no_journal { Mode::Direct } else { Mode::Journal };
+    let cfg = integrity_config(&spec, seg.sector_size, seg.offset / 512, mode, false);
+    let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
+    let target = aead_over(below, &spec, vk, seg.sector_size, seg.iv_offset, seg.size, false)?;
+    let total = target.geometry().size;
+    let chunk = 1u64 << 20;
+    let mut buf = vec![0u8; chunk as usize];
+    let mut off = 0;
+    while off < total {
+        let n = chunk.min(total - off) as usize;
+        buf[..n].fill(0);
+        target.write_at_scratch(off, &mut buf[..n], WriteFlags::empty()).map_err(|e| {
+            LuksError::Params(format!("wiping the authenticated volume at byte {off}: {}", error_chain(&e)))
+        })?;
+        off += n as u64;
+        progress(off, total);
+    }
+    target.flush().map_err(|e| LuksError::Params(format!("flushing the wiped volume: {e}")))?;
+    Ok(())
+}
