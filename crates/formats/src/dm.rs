@@ -10,8 +10,9 @@
 //! * Optional parameters (kernel `crypt_ctr_optional`, at most 9): `allow_discards`,
 //!   `same_cpu_crypt`, `submit_from_crypt_cpus`, `no_read_workqueue`, `no_write_workqueue`,
 //!   `high_priority`, `sector_size:<bytes>`, `iv_large_sectors`, `integrity:<bytes>:<type>`,
-//!   `integrity_key_size:<bytes>`. The integrity ones need a dm-integrity device below and
-//!   are refused until that layer exists.
+//!   `integrity_key_size:<bytes>`. The integrity ones need a dm-integrity device below, which
+//!   a crypt line cannot describe: they are refused here (LUKS2 authenticated encryption is
+//!   assembled from the header instead, and prints `integrity:<n>:aead` in its table).
 //!
 //! The kernel's checks are reproduced: `iv_offset` and `len` must be multiples of
 //! `sector_size / 512`; `sector_size` is a power of two in 512..=4096; the parameter count
@@ -307,7 +308,7 @@ impl CryptTable {
                     } else if opt.starts_with("integrity:") || opt.starts_with("integrity_key_size:") {
                         return Err(TableError::UnsupportedOpt(
                             opt.to_string(),
-                            "authenticated encryption needs a dm-integrity layer below, which is not implemented yet",
+                            "authenticated encryption needs a dm-integrity layer below, which a crypt table line cannot describe (open the LUKS2 volume instead)",
                         ));
                     } else {
                         return Err(TableError::UnknownOpt(opt.to_string()));
@@ -362,6 +363,26 @@ mod tests {
         assert!(!t.options.same_cpu_crypt);
         assert_eq!(t.to_string(), line);
         assert_eq!(CryptTable::parse(&t.to_string()).unwrap(), t);
+    }
+
+    #[test]
+    fn integrity_aead_prints_as_the_kernel_does_but_is_not_parsed() {
+        let t = CryptTable {
+            len: 6672,
+            cipher: "capi:gcm(aes)-random".into(),
+            key: Zeroizing::new(vec![0; 32]),
+            iv_offset: 0,
+            device: "/dev/x".into(),
+            offset: 0,
+            options: CryptOptions {
+                integrity_aead: Some(28),
+                sector_size: Some(4096),
+                ..CryptOptions::default()
+            },
+        };
+        let line = t.to_string();
+        assert!(line.ends_with(" /dev/x 0 2 integrity:28:aead sector_size:4096"), "{line}");
+        assert!(matches!(CryptTable::parse(&line), Err(TableError::UnsupportedOpt(..))));
     }
 
     #[test]
