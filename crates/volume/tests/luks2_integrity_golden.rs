@@ -309,3 +309,79 @@ fn bad_integrity_format_requests_are_refused_before_writing() {
         assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0x5a), "{what}: nothing written");
     }
 }
+
+/// The `luksDump` block of `name` in the kernel transcript (the guest indented it by two).
+fn kernel_dump(name: &str) -> String {
+    let log = std::fs::read_to_string(dir().join("boot.log")).unwrap();
+    let mut out = String::new();
+    let mut on = false;
+    for l in log.lines() {
+        if l == format!("DUMP {name}") {
+            on = true;
+            continue;
+        }
+        if on && (l.starts_with("### ") || l.starts_with("DUMP ")) {
+            break;
+        }
+        if on {
+            out.push_str(l.strip_prefix("  ").unwrap_or(l));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn luks_dump_of_kernel_aead_images_matches_cryptsetup_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, _) in CASES {
+        let Some(img) = image(tmp.path(), name) else { return };
+        let dev = volume::open_backing(
+            img.to_str().unwrap(),
+            &volume::OpenOptions { read_only: true, ..Default::default() },
+        )
+        .unwrap();
+        let l = luks::Luks::load(&dev, false).unwrap();
+        let want = kernel_dump(name);
+        assert!(want.contains("integrity: "), "{name}: transcript");
+        assert_eq!(luks::dump(&l, img.to_str().unwrap()), want, "{name}");
+    }
+}
+
+/// The journal area of the dm-integrity layer (sectors after its superblock).
+fn journal_bytes(img: &Path) -> Vec<u8> {
+    let raw = std::fs::read(img).unwrap();
+    let at = DATA_OFFSET_SECTORS as usize * 512;
+    let sb = Superblock::decode(&raw[at..at + 4096]).unwrap();
+    let dp = DeviceParams {
+        data_device_sectors: raw.len() as u64 / 512,
+        meta_device_sectors: None,
+        start: DATA_OFFSET_SECTORS,
+        buffer_sectors: 128,
+        sectors_per_bit: None,
+    };
+    let l = Layout::open(&sb, &dp).unwrap();
+    let (off, len) = (l.journal_byte_offset() as usize, l.journal_bytes() as usize);
+    raw[off..off + len].to_vec()
+}
+
+#[test]
+fn integrity_no_journal_writes_around_the_journal_and_the_default_through_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (name, _) = CASES[2];
+    for no_journal in [true, false] {
+        let Some(img) = image(tmp.path(), name) else { return };
+        let before = journal_bytes(&img);
+        {
+            let p = OpenParams { integrity_no_journal: no_journal, ..params(&img) };
+            let opened = luks::open(&p, &pass()).unwrap();
+            opened.volume.device.write_at(WRITTEN as u64, &[0x77; 8192], WriteFlags::empty()).unwrap();
+            opened.volume.device.flush().unwrap();
+        }
+        assert_eq!(journal_bytes(&img) == before, no_journal, "no_journal={no_journal}");
+        let opened = luks::open(&params(&img), &pass()).unwrap();
+        let mut back = vec![0u8; 8192];
+        opened.volume.device.read_at(WRITTEN as u64, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0x77));
+    }
+}
