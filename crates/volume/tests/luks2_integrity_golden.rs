@@ -385,3 +385,31 @@ fn integrity_no_journal_writes_around_the_journal_and_the_default_through_it() {
         assert!(back.iter().all(|&b| b == 0x77));
     }
 }
+
+#[test]
+fn a_damaged_or_mismatched_integrity_superblock_is_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (name, _) = CASES[2];
+    let at = DATA_OFFSET_SECTORS as usize * 512;
+    // (what, byte offset in the superblock, new value): magic, tag size (28 → 32), version 0.
+    for (what, off, val, msg) in
+        [("magic", 0usize, b'X', "superblock"), ("tag size", 10, 32, "tag"), ("version", 8, 0, "superblock")]
+    {
+        let Some(img) = image(tmp.path(), name) else { return };
+        let mut raw = std::fs::read(&img).unwrap();
+        raw[at + off] = val;
+        std::fs::write(&img, &raw).unwrap();
+        let e = luks::open(&params(&img), &pass()).unwrap_err();
+        let chain = {
+            let mut s = e.to_string();
+            let mut cur = std::error::Error::source(&e);
+            while let Some(c) = cur {
+                s += &format!(": {c}");
+                cur = c.source();
+            }
+            s
+        };
+        assert!(chain.contains("dm-integrity") && chain.to_lowercase().contains(msg), "{what}: {chain}");
+        assert_eq!(std::fs::read(&img).unwrap(), raw, "{what}: the image was written");
+    }
+}
