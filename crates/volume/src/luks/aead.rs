@@ -103,18 +103,7 @@ fn aead_over(
 }
 
 fn integrity_err(e: integrity::IntegrityError) -> LuksError {
-    LuksError::Params(format!("dm-integrity layer of the authenticated volume: {}", error_chain(&e)))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+    LuksError::Integrity(e)
 }
 
 /// Assembles the stack of an unlocked authenticated volume on `data` (path `device`).
@@ -188,7 +177,7 @@ pub fn format_integrity(
     };
     integrity::format(&data, &opts).map_err(integrity_err)?;
     if i.no_wipe {
-        return data.flush().map_err(|e| LuksError::Params(format!("flushing the data device: {e}")));
+        return data.flush().map_err(|source| LuksError::Io { what: "data device", source });
     }
     let mode = if i.no_journal { Mode::Direct } else { Mode::Journal };
     let cfg = integrity_config(&spec, seg.sector_size, seg.offset / 512, mode, false);
@@ -201,12 +190,12 @@ pub fn format_integrity(
     while off < total {
         let n = chunk.min(total - off) as usize;
         buf[..n].fill(0);
-        target.write_at_scratch(off, &mut buf[..n], WriteFlags::empty()).map_err(|e| {
-            LuksError::Params(format!("wiping the authenticated volume at byte {off}: {}", error_chain(&e)))
-        })?;
+        target
+            .write_at_scratch(off, &mut buf[..n], WriteFlags::empty())
+            .map_err(|source| LuksError::Io { what: "authenticated volume (format wipe)", source })?;
         off += n as u64;
         progress(off, total);
     }
-    target.flush().map_err(|e| LuksError::Params(format!("flushing the wiped volume: {e}")))?;
+    target.flush().map_err(|source| LuksError::Io { what: "authenticated volume (format wipe)", source })?;
     Ok(())
 }

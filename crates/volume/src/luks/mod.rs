@@ -148,6 +148,12 @@ pub enum LuksError {
     /// Bad parameters for format or a keyslot operation.
     #[error("{0}")]
     Params(String),
+    /// The dm-integrity layer of an authenticated volume cannot be opened or formatted.
+    #[error("dm-integrity layer of the authenticated volume")]
+    Integrity(#[source] targets::integrity::IntegrityError),
+    /// The authenticated crypt layer does not fit the dm-integrity layer below.
+    #[error("authenticated encryption layer")]
+    AeadLayer(#[source] targets::CryptError),
 }
 
 /// LUKS version.
