@@ -7,7 +7,8 @@
 //!
 //! The matrix: aes-xts-plain64 + hmac-sha256 with 512- and 4096-byte sectors (the latter
 //! wiped with --integrity-no-journal), aes-gcm-random + aead with 512-byte sectors (wiped)
-//! and 4096-byte sectors (--integrity-no-wipe). Guest script:
+//! and 4096-byte sectors (--integrity-no-wipe), aes-xts-random + hmac-sha256 (the random IV
+//! stored after the tag: 48 bytes), hmac-sha512 with a 256-bit XTS key, hmac-sha1. Guest script:
 //! testdata/luks-integrity/sealdisk-to-kernel.sh. The other direction (kernel-made images
 //! opened by sealdisk) is the ordinary test crates/volume/tests/luks2_integrity_golden.rs.
 //!
@@ -45,6 +46,17 @@ const CASES: &[Case] = &[
         format: &["--cipher", "aes-gcm-random", "--integrity", "aead"],
         wiped: true,
     },
+    Case {
+        name: "hmac-sha256-xts-random-s4096",
+        format: &["--cipher", "aes-xts-random", "--integrity", "hmac-sha256", "--sector-size", "4096"],
+        wiped: true,
+    },
+    Case {
+        name: "hmac-sha512-xts-s4096-256bit",
+        format: &["--integrity", "hmac-sha512", "--sector-size", "4096", "--key-size", "256"],
+        wiped: true,
+    },
+    Case { name: "hmac-sha1-xts-s512", format: &["--integrity", "hmac-sha1"], wiped: true },
     Case {
         name: "aead-gcm-s4096-nowipe",
         format: &[
