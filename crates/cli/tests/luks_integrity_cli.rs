@@ -71,6 +71,15 @@ fn an_aead_volume_is_served_over_nbd_and_a_flipped_byte_is_an_eio() {
                 String::from_utf8_lossy(&out.stderr)
             );
             assert!(String::from_utf8_lossy(&out.stdout).contains(want), "{name}");
+            let out = Command::new("cryptsetup")
+                .args(["open", "--test-passphrase", "--key-file", &pass, &img])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: cryptsetup unlocks: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         if !have("qemu-io") {
             continue;
