@@ -15,8 +15,9 @@
 //! capi form mirrors `crypt_ctr_cipher_new`: IV options start at the *last* `:`, the IV mode
 //! at the *last* `-`, and what remains is the crypto API algorithm name.
 //!
-//! Only what the kernel would accept is accepted, and of that only what this crate
-//! implements: AES (and `cipher_null` with ECB) in CBC, XTS or ECB mode with the IV
+//! Authenticated (AEAD) specifications are [`crate::AeadSpec`]'s: they need per-sector tags
+//! from a dm-integrity layer. Here, only what the kernel would accept is accepted, and of
+//! that only what this crate implements: AES (and `cipher_null` with ECB) in CBC, XTS or ECB mode with the IV
 //! generators `plain`, `plain64`, `plain64be`, `essiv:sha256`, `benbi`, `null` and `eboiv`.
 //! Everything else fails with [`CryptoError::Unsupported`] naming the part (a cipher, chain
 //! mode, IV generator, keycount or crypto API template), or [`CryptoError::InvalidSpec`]
@@ -380,7 +381,9 @@ fn parse_capi_name(spec: &str, api: &str) -> Result<(ChainMode, Cipher), CryptoE
     if AEAD_TEMPLATES.contains(&outer) {
         return Err(unsupported(
             spec,
-            &format!("authenticated (AEAD) crypto API algorithm '{api}' is not supported"),
+            &format!(
+                "authenticated (AEAD) crypto API algorithm '{api}' is not supported without a dm-integrity layer below (use LUKS2 --integrity)"
+            ),
         ));
     }
     if outer == "essiv" {
