@@ -379,6 +379,9 @@ impl fmt::Debug for AeadSectorCipher {
     }
 }
 
+/// Sectors whose random IVs come from one getrandom call.
+const RANDOM_BATCH: usize = 64;
+
 /// Longest AAD: le64 sector + a 16-byte IV.
 const MAX_AAD: usize = 8 + 16;
 
@@ -509,10 +512,17 @@ impl AeadSectorCipher {
         let (tag_len, iv_len, stored) =
             (self.spec.auth_tag_size(), self.spec.iv_size(), self.spec.stored_iv_size());
         if stored > 0 {
-            // One getrandom call for every IV of the request, straight into the tuples.
-            for t in tuples.chunks_exact_mut(self.tuple_size) {
-                getrandom::fill(&mut t[tag_len..tag_len + stored])
-                    .map_err(|_| CryptoError::Provider { op: "getrandom for random IVs" })?;
+            // One getrandom call per batch of sectors (not one per sector: a format wipe of
+            // 512-byte sectors would otherwise make millions of syscalls), scattered into the
+            // tuples right after the tags.
+            let mut pool = [0u8; RANDOM_BATCH * 16];
+            for batch in tuples.chunks_mut(self.tuple_size * RANDOM_BATCH) {
+                let k = batch.len() / self.tuple_size;
+                let rnd = &mut pool[..k * stored];
+                getrandom::fill(rnd).map_err(|_| CryptoError::Provider { op: "getrandom for random IVs" })?;
+                for (t, r) in batch.chunks_exact_mut(self.tuple_size).zip(rnd.chunks_exact(stored)) {
+                    t[tag_len..tag_len + stored].copy_from_slice(r);
+                }
             }
         }
         for (i, (d, t)) in
