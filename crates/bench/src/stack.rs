@@ -15,6 +15,8 @@
 //!   integrity         volume::integrity::format(no_wipe) ─► volume::integrity::open
 //!   crypt-integrity   the same, then CryptTarget (plain aes-xts) over the IntegrityTarget
 //!   luks2             volume::luks::format (PBKDF2, 1000 iterations) ─► volume::luks::open
+//!   luks2-integrity   the same with `--integrity` (authenticated encryption: AEAD dm-crypt
+//!                     over dm-integrity with external tags), journaled (J) or direct (D)
 //! ```
 //! No wipe: the precondition pass writes every block (valid tags) before anything reads.
 //! The file is made large enough for the metadata, and the top of the stack is cut to
@@ -33,7 +35,7 @@ use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, RangeLocked, Sli
 use rand::RngCore;
 use sector_crypto::kdf::Passphrase;
 use sector_crypto::tag::TagHash;
-use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+use sector_crypto::{AeadSpec, CipherSpec, SectorCipher, SectorParams, VolumeKey};
 use targets::integrity::{HashMode, Mode};
 use targets::{CryptConfig, CryptMode, CryptTarget};
 use volume::integrity::IntegrityParams;
@@ -51,12 +53,15 @@ pub enum StackKind {
     Crypt,
     /// dm-integrity over the file (a volume formatted by `volume::integrity`).
     Integrity,
-    /// dm-crypt over dm-integrity, the shape LUKS2 authenticated encryption stacks. Until
-    /// `CryptTarget` has AEAD modes this is plain aes-xts over an integrity volume with an
-    /// internal hash: the same I/O (data + tags per block, journal) and the same hashing cost.
+    /// Plain dm-crypt (aes-xts) over a dm-integrity volume with an internal hash: the same
+    /// I/O shape as authenticated encryption (data + tags per block, journal), with the tag
+    /// computed below the cipher instead of by it.
     CryptIntegrity,
     /// A LUKS2 volume (made by `volume::luks::format`, opened by `volume::luks::open`).
     Luks2,
+    /// A LUKS2 volume with authenticated encryption (`luksFormat --integrity`): AEAD
+    /// dm-crypt over dm-integrity with external tags.
+    Luks2Integrity,
 }
 
 impl std::str::FromStr for StackKind {
@@ -68,9 +73,10 @@ impl std::str::FromStr for StackKind {
             "integrity" => StackKind::Integrity,
             "crypt-integrity" | "crypt+integrity" => StackKind::CryptIntegrity,
             "luks2" => StackKind::Luks2,
+            "luks2-integrity" | "luks2-aead" | "aead" => StackKind::Luks2Integrity,
             _ => {
                 return Err(BenchError::usage(format!(
-                    "stack={s}: expected raw, crypt, integrity, crypt-integrity or luks2"
+                    "stack={s}: expected raw, crypt, integrity, crypt-integrity, luks2 or luks2-integrity"
                 )))
             }
         })
@@ -197,6 +203,9 @@ pub struct StackSpec {
     pub direct: bool,
     /// dm-integrity knobs.
     pub integrity: IntegrityKnobs,
+    /// `luksFormat --integrity` of the luks2-integrity stack: `hmac-sha256` (default),
+    /// `hmac-sha1`, `hmac-sha512`, or `aead` (with `--cipher aes-gcm-random`).
+    pub luks_integrity: String,
     /// Close and reopen the volume before every job (cold metadata caches, as after a fresh
     /// `integritysetup open`); the harness does it where it runs jobs (`compare`).
     pub reopen: bool,
@@ -214,6 +223,7 @@ impl Default for StackSpec {
             lock: LockKind::None,
             direct: false,
             integrity: IntegrityKnobs::default(),
+            luks_integrity: "hmac-sha256".into(),
             reopen: false,
         }
     }
@@ -270,6 +280,7 @@ impl StackSpec {
                 self.integrity.hash = value.to_string()
             }
             "integrity-mode" => self.integrity.mode = parse_integrity_mode(value)?,
+            "luks-integrity" => self.luks_integrity = value.to_string(),
             "block-size" => self.integrity.block_size = parse_size(value)? as u32,
             "buffer-sectors" => self.integrity.buffer_sectors = num(value)?,
             "interleave-sectors" => self.integrity.interleave_sectors = Some(num(value)?),
@@ -337,6 +348,14 @@ impl StackSpec {
             StackKind::Integrity => integ(),
             StackKind::CryptIntegrity => format!("{} over {}", crypt(), integ()),
             StackKind::Luks2 => format!("luks2 {} [pbkdf2, {LUKS2_PBKDF2_ITERATIONS} iterations]", crypt()),
+            StackKind::Luks2Integrity => format!(
+                "luks2 aead({} + {}, {}-bit key, {}-byte sectors) over integrity(external tags, {}) [pbkdf2, {LUKS2_PBKDF2_ITERATIONS} iterations]",
+                self.cipher,
+                self.luks_integrity,
+                self.key_bits,
+                self.sector_size,
+                i.mode.letter()
+            ),
         };
         let reopen = if self.reopen { ", reopened before each job" } else { "" };
         format!("{layers}{lock} over file ({io}{reopen})")
@@ -386,7 +405,38 @@ impl StackSpec {
                 }
                 check_cipher()
             }
+            StackKind::Luks2Integrity => {
+                if self.lock != LockKind::None {
+                    return Err(BenchError::usage("lock= applies to the raw and crypt stacks only"));
+                }
+                if self.integrity.mode == Mode::Bitmap {
+                    return Err(BenchError::usage(
+                        "integrity-mode=B: LUKS2 authenticated encryption runs dm-integrity journaled (J) or direct (D)",
+                    ));
+                }
+                let spec = self.aead_spec()?;
+                if !spec.valid_key_sizes().contains(&((self.key_bits / 8) as usize)) {
+                    return Err(BenchError::usage(format!(
+                        "key-size={}: {} takes {} bits",
+                        self.key_bits,
+                        spec,
+                        spec.valid_key_sizes()
+                            .iter()
+                            .map(|b| (b * 8).to_string())
+                            .collect::<Vec<_>>()
+                            .join(" or ")
+                    )));
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// The authenticated cipher of the luks2-integrity stack.
+    fn aead_spec(&self) -> Result<AeadSpec, BenchError> {
+        AeadSpec::from_luks2(&self.cipher, &self.luks_integrity).map_err(|e| {
+            BenchError::setup(format!("cipher {} with integrity {}", self.cipher, self.luks_integrity), e)
+        })
     }
 
     fn hmac_key_for_check(&self) -> Option<Vec<u8>> {
@@ -395,7 +445,10 @@ impl StackSpec {
 
     /// Whether the stack is a volume the harness formats itself (integrity, LUKS2).
     pub fn needs_format(&self) -> bool {
-        matches!(self.kind, StackKind::Integrity | StackKind::CryptIntegrity | StackKind::Luks2)
+        matches!(
+            self.kind,
+            StackKind::Integrity | StackKind::CryptIntegrity | StackKind::Luks2 | StackKind::Luks2Integrity
+        )
     }
 
     /// The integritysetup parameters of this stack's integrity layer, with `key` for an HMAC.
@@ -438,6 +491,13 @@ impl StackSpec {
                 // Journal (device/128, at most 64 MiB), tags, padding per interleave area.
                 let journal = i.journal_size.unwrap_or((size >> 7).min(64 << 20));
                 (size + journal + tags + slack).div_ceil(1 << 20) << 20
+            }
+            StackKind::Luks2Integrity => {
+                // The LUKS2 header, then dm-integrity (journal, tags) in the data area.
+                let tuple = self.aead_spec().map_or(64, |s| s.tuple_size() as u64);
+                let tags = size / u64::from(self.sector_size) * tuple;
+                let journal = (size >> 7).min(64 << 20);
+                (LUKS2_DATA_OFFSET + size + journal + tags + slack).div_ceil(1 << 20) << 20
             }
         }
     }
@@ -488,12 +548,23 @@ impl StackSpec {
                     .map(|_| ())
                     .map_err(|e| BenchError::setup(format!("formatting {p} for dm-integrity"), e))
             }
-            StackKind::Luks2 => {
+            StackKind::Luks2 | StackKind::Luks2Integrity => {
                 let meta = FileDevice::open(path, FileOptions::default())
                     .map_err(|e| BenchError::setup(format!("opening {p}"), e))?;
+                // No wipe: the precondition pass writes every block (valid tags) first.
+                let integrity = match self.kind {
+                    StackKind::Luks2Integrity => Some(volume::luks::LuksIntegrity {
+                        spec: self.aead_spec()?,
+                        no_wipe: true,
+                        no_journal: self.integrity.mode == Mode::Direct,
+                    }),
+                    _ => None,
+                };
+                let mac_key_bytes = integrity.as_ref().map_or(0, |i| i.spec.mac_key_size());
                 let fp = volume::luks::FormatParams {
                     cipher: self.cipher.clone(),
-                    key_bytes: (self.key_bits / 8) as usize,
+                    key_bytes: (self.key_bits / 8) as usize + mac_key_bytes,
+                    integrity,
                     sector_size: self.sector_size,
                     pbkdf: volume::luks::PbkdfParams {
                         kind: Some(volume::luks::PbkdfType::Pbkdf2),
@@ -503,10 +574,18 @@ impl StackSpec {
                     data_size: Some(meta.geometry().size),
                     ..volume::luks::FormatParams::default()
                 };
-                volume::luks::format(&meta, &fp, &secrets.passphrase())
-                    .map(|_| ())
+                let (luks, vk) = volume::luks::format(&meta, &fp, &secrets.passphrase())
                     .map_err(|e| BenchError::setup(format!("formatting {p} as LUKS2"), e))?;
-                meta.flush().map_err(|e| BenchError::setup(format!("flushing {p}"), e))
+                meta.flush().map_err(|e| BenchError::setup(format!("flushing {p}"), e))?;
+                drop(meta);
+                if let Some(i) = &fp.integrity {
+                    // The dm-integrity superblock and journal in the data area, as luksFormat.
+                    let data = FileDevice::open(path, FileOptions::default())
+                        .map_err(|e| BenchError::setup(format!("opening {p}"), e))?;
+                    volume::luks::format_integrity(data, &luks, &vk, i, |_, _| {})
+                        .map_err(|e| BenchError::setup(format!("formatting the integrity area of {p}"), e))?;
+                }
+                Ok(())
             }
         }
     }
@@ -593,7 +672,7 @@ impl StackSpec {
                     self.crypt_over(t, &secrets.crypt_key)
                 }
             }
-            StackKind::Luks2 => {
+            StackKind::Luks2 | StackKind::Luks2Integrity => {
                 let op = volume::luks::OpenParams {
                     device: p.to_string(),
                     header: None,
@@ -605,7 +684,8 @@ impl StackSpec {
                         direct: self.direct,
                         crypt_mode: self.crypt_mode,
                     },
-                    integrity_no_journal: false,
+                    integrity_no_journal: self.kind == StackKind::Luks2Integrity
+                        && self.integrity.mode == Mode::Direct,
                 };
                 let opened = volume::luks::open(&op, &secrets.passphrase())
                     .map_err(|e| BenchError::setup(format!("opening LUKS2 volume {p}"), e))?;
@@ -887,6 +967,49 @@ mod tests {
         let b = round_trip(&l, dir);
         assert_eq!(&std::fs::read(b.path()).unwrap()[..6], b"LUKS\xba\xbe");
         assert!(b.description.starts_with("luks2 crypt(aes-xts-plain64"), "{}", b.description);
+    }
+
+    #[test]
+    fn luks2_integrity_stacks_build_round_trip_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        let mut hmac = StackSpec::default();
+        hmac.set("stack", "luks2-integrity").unwrap();
+        for mode in ["J", "D"] {
+            hmac.set("integrity-mode", mode).unwrap();
+            let b = round_trip(&hmac, dir);
+            assert!(b.description.contains("aead(aes-xts-plain64 + hmac-sha256"), "{}", b.description);
+            let raw = std::fs::read(b.path()).unwrap();
+            assert_eq!(&raw[..6], b"LUKS\xba\xbe");
+            assert!(!raw.windows(8).any(|w| w == [0, 7, 14, 21, 28, 35, 42, 49]), "plaintext on disk");
+        }
+        let mut gcm = StackSpec::default();
+        for (k, v) in
+            [("stack", "aead"), ("cipher", "aes-gcm-random"), ("key-size", "256"), ("luks-integrity", "aead")]
+        {
+            gcm.set(k, v).unwrap();
+        }
+        round_trip(&gcm, dir);
+    }
+
+    #[test]
+    fn luks2_integrity_stack_refuses_bad_combinations_before_formatting() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bad = StackSpec::default();
+        bad.set("stack", "luks2-integrity").unwrap();
+        bad.set("integrity-mode", "B").unwrap();
+        assert!(matches!(bad.build(dir.path(), 1 << 20), Err(BenchError::Usage(_))));
+        let mut bad = StackSpec::default();
+        for (k, v) in [("stack", "luks2-integrity"), ("cipher", "aes-gcm-random"), ("luks-integrity", "aead")]
+        {
+            bad.set(k, v).unwrap(); // the default 512-bit key does not fit aes-gcm
+        }
+        assert!(matches!(bad.build(dir.path(), 1 << 20), Err(BenchError::Usage(_))));
+        let mut bad = StackSpec::default();
+        bad.set("stack", "luks2-integrity").unwrap();
+        bad.set("luks-integrity", "crc32c").unwrap();
+        assert!(bad.build(dir.path(), 1 << 20).is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing made for a refused stack");
     }
 
     #[test]

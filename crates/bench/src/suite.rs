@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!   stacks:     raw file | crypt inline | crypt auto | luks2 | integrity (J, crc32c)
-//!               | crypt-integrity (J, hmac-sha256)
+//!               | luks2-aead (LUKS2 authenticated encryption: aes-xts-plain64 + hmac-sha256, J)
 //!   workloads:  4k randread/randwrite at QD1 and QD32, 1M sequential read/write at QD8
 //!   each:       2 s measured after 0.5 s ramp, one repetition, interleaved per workload
 //! ```
@@ -72,8 +72,8 @@ pub fn comparison(o: &SuiteOptions) -> Comparison {
             set(StackSpec::default(), &[("stack", "integrity"), ("integrity-alg", "crc32c")]),
         ),
         Variant::new(
-            "crypt-integrity",
-            set(StackSpec::default(), &[("stack", "crypt-integrity"), ("integrity-alg", "hmac-sha256")]),
+            "luks2-aead",
+            set(StackSpec::default(), &[("stack", "luks2-integrity"), ("luks-integrity", "hmac-sha256")]),
         ),
     ];
     let job = |name: &str, rw, bs, qd| {

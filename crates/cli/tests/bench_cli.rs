@@ -159,6 +159,8 @@ fn integrity_and_luks2_stacks_run_single_jobs() {
         &["--stack=integrity", "--integrity-alg=hmac-sha256", "--integrity-mode=B", "--hash-mode=pool"][..],
         &["--stack=crypt-integrity", "--block-size=512", "--buffer-sectors=1", "--rmw"][..],
         &["--stack=luks2"][..],
+        &["--stack=luks2-integrity", "--integrity-mode=D"][..],
+        &["--stack=luks2-integrity", "--cipher=aes-gcm-random", "--key-size=256", "--luks-integrity=aead"][..],
     ] {
         let mut args = vec!["bench", "--rw=randrw", "--bs=4k", "--size=4M", "--iodepth=2", "--verify"];
         args.extend(stack);

@@ -25,7 +25,7 @@ use super::UsageError;
 #[derive(Debug, Args)]
 #[command(after_help = "\
 With no arguments: the quick suite (raw file vs plain dm-crypt inline and auto, LUKS2, \
-dm-integrity and crypt over dm-integrity; 4k random QD1/QD32 and 1M sequential), about two \
+dm-integrity, and LUKS2 authenticated encryption; 4k random QD1/QD32 and 1M sequential), about two \
 minutes, ending in one summary table.
 
 Examples:
@@ -101,9 +101,11 @@ pub struct BenchArgs {
     /// (fio's filename). A crypt layer gets a random key: writes destroy the content.
     #[arg(long, conflicts_with = "target", value_name = "PATH")]
     pub filename: Option<PathBuf>,
-    /// Stack on the temporary volume: raw, crypt, integrity, crypt-integrity (crypt over
-    /// integrity), luks2 (PBKDF2 with 1000 iterations). Integrity and LUKS2 volumes are
-    /// formatted without a wipe and written whole before the job.
+    /// Stack on the temporary volume: raw, crypt, integrity, crypt-integrity (plain crypt
+    /// over integrity with an internal hash), luks2 (PBKDF2 with 1000 iterations),
+    /// luks2-integrity (LUKS2 authenticated encryption; see --luks-integrity, J or D mode).
+    /// Integrity and LUKS2 volumes are formatted without a wipe and written whole before the
+    /// job.
     #[arg(long)]
     pub stack: Option<String>,
     /// Cipher of the crypt layer.
@@ -127,6 +129,10 @@ pub struct BenchArgs {
     /// dm-integrity mode: J (journal, default), B (bitmap), D (direct).
     #[arg(long, value_name = "J|B|D")]
     pub integrity_mode: Option<String>,
+    /// The luks2-integrity stack's `luksFormat --integrity`: hmac-sha256 (default),
+    /// hmac-sha1, hmac-sha512, or aead (with --cipher aes-gcm-random --key-size 256).
+    #[arg(long, value_name = "ALG")]
+    pub luks_integrity: Option<String>,
     /// dm-integrity block size: 512..4096 (default 4096).
     #[arg(long)]
     pub block_size: Option<u32>,
@@ -201,6 +207,7 @@ impl BenchArgs {
             || self.lock.is_some()
             || self.integrity_alg.is_some()
             || self.integrity_mode.is_some()
+            || self.luks_integrity.is_some()
             || self.block_size.is_some()
             || self.buffer_sectors.is_some()
             || self.interleave_sectors.is_some()
@@ -270,6 +277,7 @@ fn stack(a: &BenchArgs) -> Result<StackSpec> {
         ("direct", a.direct.clone()),
         ("integrity-alg", a.integrity_alg.clone()),
         ("integrity-mode", a.integrity_mode.clone()),
+        ("luks-integrity", a.luks_integrity.clone()),
         ("block-size", a.block_size.map(|x| x.to_string())),
         ("buffer-sectors", a.buffer_sectors.map(|x| x.to_string())),
         ("interleave-sectors", a.interleave_sectors.map(|x| x.to_string())),
