@@ -6,7 +6,7 @@
 //!                        Target ──────┴──────┐
 //!              DeviceTarget (Arc<dyn BlockDevice>)   NbdTarget (nbd+unix://, nbd://)
 //!                        ▲
-//!   StackSpec (raw | crypt | integrity | crypt-integrity | luks2) ──build──► temporary volume
+//!   StackSpec (raw | crypt | integrity | crypt-integrity | luks2 | luks2-integrity) ──build──► temporary volume
 //!             (integrity and LUKS2 formatted and opened through `volume`, as a user would)
 //!
 //!   compare: variants × points × repetitions (interleaved) ──► medians, spread, side-by-side

@@ -91,7 +91,7 @@ pub fn comparison(o: &SuiteOptions) -> Comparison {
         title: "sealdisk bench: quick suite".into(),
         knob: "the stack: raw file vs plain dm-crypt (aes-xts-plain64, 512-bit key, 4096-byte sectors, crypto \
                inline or auto) vs LUKS2 (the same cipher) vs dm-integrity (journal mode, 4096-byte blocks, crc32c) vs \
-               crypt over dm-integrity (hmac-sha256 tags: the shape of LUKS2 authenticated encryption)"
+               LUKS2 authenticated encryption (aes-xts-plain64 + hmac-sha256 over dm-integrity, journaled)"
             .into(),
         seed: None,
         note: Some(format!(
