@@ -128,7 +128,7 @@ pub enum CryptError {
 }
 
 /// The shared crypto pool: one thread per core, created on first use.
-fn crypto_pool() -> &'static rayon::ThreadPool {
+pub(crate) fn crypto_pool() -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()
@@ -142,11 +142,11 @@ fn crypto_pool() -> &'static rayon::ThreadPool {
 /// shared too): Auto's signal that the cores are already busy.
 static AUTO_BUSY: AtomicUsize = AtomicUsize::new(0);
 
-/// Counts one Auto request in [`AUTO_BUSY`] while it lives.
-struct AutoBusy(usize);
+/// Counts one Auto request in [`AUTO_BUSY`] while it lives; `.0` is the count with it.
+pub(crate) struct AutoBusy(pub(crate) usize);
 
 impl AutoBusy {
-    fn enter() -> Self {
+    pub(crate) fn enter() -> Self {
         AutoBusy(AUTO_BUSY.fetch_add(1, Ordering::Relaxed) + 1)
     }
 }
@@ -158,7 +158,7 @@ impl Drop for AutoBusy {
 }
 
 /// Requests are split into chunks of this size across the pool (never below one sector).
-const POOL_CHUNK: usize = 64 * 1024;
+pub(crate) const POOL_CHUNK: usize = 64 * 1024;
 
 thread_local! {
     /// Per-thread ciphertext bounce buffer for writes (the caller's buffer is immutable).

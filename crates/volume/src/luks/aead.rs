@@ -24,7 +24,7 @@ use formats::dm::{CryptOptions, CryptTable};
 use formats::integrity::FormatParams as IntegrityFormatParams;
 use sector_crypto::{AeadSectorCipher, AeadSpec, SectorParams, VolumeKey};
 use targets::integrity::{self, FormatOptions, IntegrityConfig, IntegrityTarget, Mode};
-use targets::{AeadCryptTarget, CryptConfig};
+use targets::{AeadCryptTarget, CryptConfig, CryptMode};
 use zeroize::Zeroizing;
 
 use super::{FormatParams, Luks, LuksError, LuksVersion, OpenParams};
@@ -85,7 +85,8 @@ fn integrity_config(
     c
 }
 
-/// The AEAD crypt layer over an opened integrity layer.
+/// The AEAD crypt layer over an opened integrity layer; `cfg` carries the placement modes
+/// and read-only (offset and length are set here).
 fn aead_over(
     below: IntegrityTarget<FileDevice>,
     spec: &AeadSpec,
@@ -93,11 +94,11 @@ fn aead_over(
     sector_size: u32,
     iv_offset: u64,
     len: Option<u64>,
-    read_only: bool,
+    cfg: CryptConfig,
 ) -> Result<AeadStack, LuksError> {
     let sp = SectorParams { sector_size, iv_offset, iv_large_sectors: false };
     let cipher = AeadSectorCipher::new(spec, vk, sp, spec.tuple_size()).map_err(cipher_err(spec))?;
-    let cfg = CryptConfig { offset: 0, len, read_only, ..CryptConfig::default() };
+    let cfg = CryptConfig { offset: 0, len, ..cfg };
     AeadCryptTarget::new(below, cipher, cfg)
         .map_err(|e| LuksError::Params(format!("authenticated encryption layer: {e}")))
 }
@@ -124,7 +125,17 @@ pub(super) fn open(
     let read_only = p.open.read_only;
     let cfg = integrity_config(spec, seg.sector_size, seg.offset / 512, mode, read_only);
     let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
-    let target = aead_over(below, spec, vk, seg.sector_size, seg.iv_offset, seg.size, read_only)?;
+    // Crypto placement as for plain LUKS: the perf flags (given now or stored in the header)
+    // keep a direction inline, otherwise the opener's mode (auto by default).
+    let has = |f: &str| seg.flags.iter().any(|x| x == f);
+    let place = |inline: bool| if inline { CryptMode::Inline } else { p.open.crypt_mode };
+    let crypt = CryptConfig {
+        read_mode: place(p.flags.no_read_workqueue || has("no-read-workqueue")),
+        write_mode: place(p.flags.no_write_workqueue || has("no-write-workqueue")),
+        read_only,
+        ..CryptConfig::default()
+    };
+    let target = aead_over(below, spec, vk, seg.sector_size, seg.iv_offset, seg.size, crypt)?;
     let len = target.geometry().size;
     let options = CryptOptions {
         sector_size: (seg.sector_size != 512).then_some(seg.sector_size),
@@ -182,7 +193,8 @@ pub fn format_integrity(
     let mode = if i.no_journal { Mode::Direct } else { Mode::Journal };
     let cfg = integrity_config(&spec, seg.sector_size, seg.offset / 512, mode, false);
     let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
-    let target = aead_over(below, &spec, vk, seg.sector_size, seg.iv_offset, seg.size, false)?;
+    let target =
+        aead_over(below, &spec, vk, seg.sector_size, seg.iv_offset, seg.size, CryptConfig::default())?;
     let total = target.geometry().size;
     let chunk = 1u64 << 20;
     let mut buf = vec![0u8; chunk as usize];
