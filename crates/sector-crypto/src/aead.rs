@@ -24,6 +24,10 @@
 //! ```
 //!
 //! * `gcm(aes)`: IV = the 12-byte GCM nonce, tag 16 bytes: tuple 28 (`aes-gcm-random`).
+//! * `rfc7539(chacha20,poly1305)` (`crypto/chacha20poly1305.c`): RFC 8439 ChaCha20-Poly1305,
+//!   256-bit key, IV = the 12-byte nonce (`CHACHAPOLY_IV_SIZE`; the `rfc7539` template has no
+//!   salt in the key and passes the whole AAD to Poly1305, unlike `rfc7539esp`), tag 16
+//!   bytes: tuple 28 (`chacha20-random` + `poly1305`), the same layout as GCM.
 //! * `authenc(hmac(H),xts(aes))`: encrypt-then-MAC (the kernel's `crypto/authenc.c`): XTS
 //!   with the generated IV as tweak, then `tag = HMAC_H(mac_key, AAD ‖ ciphertext)` (the
 //!   full digest). The dm-crypt key is `enc_key ‖ mac_key`, `mac_key` being the last
@@ -44,7 +48,7 @@ use sha1::Sha1;
 use sha2::{Sha256, Sha512};
 
 use crate::iv::IvGen;
-use crate::provider::{self, Block, Gcm, SectorMode, GCM_NONCE, GCM_TAG};
+use crate::provider::{self, Block, EvpAead, SectorMode, AEAD_NONCE, AEAD_TAG};
 use crate::spec::IvMode;
 use crate::{CryptoError, Provider, SectorParams, VolumeKey};
 
@@ -97,6 +101,8 @@ pub enum AeadAlgorithm {
     Gcm,
     /// `authenc(hmac(<hash>),xts(aes))`: AES-XTS, then HMAC over AAD and ciphertext.
     AuthencXts(HmacHash),
+    /// `rfc7539(chacha20,poly1305)`: ChaCha20-Poly1305 (RFC 8439), 12-byte nonce, 16-byte tag.
+    ChaCha20Poly1305,
 }
 
 /// The IV generator of an AEAD specification.
@@ -130,12 +136,30 @@ fn unsupported(spec: &str, part: &str) -> CryptoError {
 }
 
 impl AeadSpec {
-    /// A specification from its parts. GCM needs the random IV (its nonce must never repeat
-    /// under one key, so a sector-derived nonce would be reused on every rewrite).
+    /// A specification from its parts. GCM and ChaCha20-Poly1305 need the random IV: their
+    /// nonce must never repeat under one key, and a sector-derived nonce is reused on every
+    /// rewrite of the sector (same keystream, same one-time Poly1305/GHASH key).
+    ///
+    /// The kernel itself accepts `capi:rfc7539(chacha20,poly1305)-plain64` (cryptsetup
+    /// `chacha20-plain64` + `poly1305`): 12-byte IV = le64(iv_sector) ‖ 4 zero bytes
+    /// (`crypt_iv_plain64_gen` fills `iv_size` = 12 bytes), not stored (the tuple is the
+    /// 16-byte tag only), AAD = le64(sector) ‖ that IV. We refuse it for that nonce reuse.
     pub fn new(alg: AeadAlgorithm, iv: AeadIv) -> Result<Self, CryptoError> {
         let s = AeadSpec { alg, iv };
-        if alg == AeadAlgorithm::Gcm && iv != AeadIv::Random {
-            return Err(unsupported(&s.to_string(), "gcm(aes) needs the random IV generator"));
+        if iv != AeadIv::Random {
+            match alg {
+                AeadAlgorithm::Gcm => {
+                    return Err(unsupported(&s.to_string(), "gcm(aes) needs the random IV generator"))
+                }
+                AeadAlgorithm::ChaCha20Poly1305 => {
+                    return Err(unsupported(
+                        &s.to_string(),
+                        "rfc7539(chacha20,poly1305) needs the random IV generator: with plain64 every \
+                         rewrite of a sector reuses its nonce (keystream and Poly1305 key)",
+                    ))
+                }
+                AeadAlgorithm::AuthencXts(_) => {}
+            }
         }
         Ok(s)
     }
@@ -152,8 +176,8 @@ impl AeadSpec {
 
     /// The specification a LUKS2 segment describes with `encryption` and its `integrity`
     /// type (cryptsetup `LUKS2_get_integrity` + `cipher_dm2c`): `aes-gcm-random` + `aead`,
-    /// `aes-xts-plain64` / `aes-xts-random` + `hmac(sha1|sha256|sha512)`. cryptsetup's
-    /// spellings `hmac-sha256` are accepted too.
+    /// `chacha20-random` + `poly1305`, `aes-xts-plain64` / `aes-xts-random` +
+    /// `hmac(sha1|sha256|sha512)`. cryptsetup's spellings `hmac-sha256` are accepted too.
     pub fn from_luks2(encryption: &str, integrity: &str) -> Result<Self, CryptoError> {
         let spec = format!("{encryption} with integrity {integrity}");
         let hmac = integrity
@@ -165,6 +189,16 @@ impl AeadSpec {
             (_, "aead", _) => Err(unsupported(
                 &spec,
                 &format!("cipher {encryption:?} with integrity aead (only aes-gcm-random is supported)"),
+            )),
+            ("chacha20-random", "poly1305", _) => Self::new(AeadAlgorithm::ChaCha20Poly1305, AeadIv::Random),
+            ("chacha20-plain64", "poly1305", _) => {
+                Self::new(AeadAlgorithm::ChaCha20Poly1305, AeadIv::Plain64)
+            }
+            (_, "poly1305", _) => Err(unsupported(
+                &spec,
+                &format!(
+                    "integrity poly1305 is not supported with cipher {encryption:?} (only chacha20-random)"
+                ),
             )),
             (enc, _, Some(h)) => {
                 let hash = HmacHash::from_name(h)
@@ -192,16 +226,18 @@ impl AeadSpec {
     pub fn luks2_names(&self) -> (String, String) {
         match self.alg {
             AeadAlgorithm::Gcm => ("aes-gcm-random".into(), "aead".into()),
+            AeadAlgorithm::ChaCha20Poly1305 => (format!("chacha20-{}", self.iv.name()), "poly1305".into()),
             AeadAlgorithm::AuthencXts(h) => {
                 (format!("aes-xts-{}", self.iv.name()), format!("hmac({})", h.name()))
             }
         }
     }
 
-    /// The cipher's IV size in bytes (the kernel's `iv_size`): 12 for GCM, 16 for XTS.
+    /// The cipher's IV size in bytes (the kernel's `iv_size`): 12 for GCM and
+    /// ChaCha20-Poly1305, 16 for XTS.
     pub fn iv_size(&self) -> usize {
         match self.alg {
-            AeadAlgorithm::Gcm => GCM_NONCE,
+            AeadAlgorithm::Gcm | AeadAlgorithm::ChaCha20Poly1305 => AEAD_NONCE,
             AeadAlgorithm::AuthencXts(_) => 16,
         }
     }
@@ -209,7 +245,7 @@ impl AeadSpec {
     /// Bytes of authentication tag (the kernel's `integrity_tag_size`).
     pub fn auth_tag_size(&self) -> usize {
         match self.alg {
-            AeadAlgorithm::Gcm => GCM_TAG,
+            AeadAlgorithm::Gcm | AeadAlgorithm::ChaCha20Poly1305 => AEAD_TAG,
             AeadAlgorithm::AuthencXts(h) => h.digest_size(),
         }
     }
@@ -225,15 +261,16 @@ impl AeadSpec {
 
     /// Per-sector metadata this specification uses: tag + stored IV (cryptsetup's
     /// `INTEGRITY_tag_size`, the dm-integrity tag size it formats): 32 for
-    /// xts-plain64 + hmac-sha256, 28 for gcm-random.
+    /// xts-plain64 + hmac-sha256, 28 for gcm-random and chacha20-random + poly1305.
     pub fn tuple_size(&self) -> usize {
         self.auth_tag_size() + self.stored_iv_size()
     }
 
-    /// Bytes of MAC key at the end of the volume key (0 for GCM).
+    /// Bytes of MAC key at the end of the volume key (0 for GCM and ChaCha20-Poly1305,
+    /// whose one key also keys the authenticator).
     pub fn mac_key_size(&self) -> usize {
         match self.alg {
-            AeadAlgorithm::Gcm => 0,
+            AeadAlgorithm::Gcm | AeadAlgorithm::ChaCha20Poly1305 => 0,
             AeadAlgorithm::AuthencXts(h) => h.digest_size(),
         }
     }
@@ -242,6 +279,7 @@ impl AeadSpec {
     pub fn valid_key_sizes(&self) -> Vec<usize> {
         match self.alg {
             AeadAlgorithm::Gcm => vec![16, 24, 32],
+            AeadAlgorithm::ChaCha20Poly1305 => vec![32],
             AeadAlgorithm::AuthencXts(_) => [32, 48, 64].iter().map(|k| k + self.mac_key_size()).collect(),
         }
     }
@@ -257,6 +295,9 @@ impl fmt::Display for AeadSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.alg {
             AeadAlgorithm::Gcm => write!(f, "capi:gcm(aes)-{}", self.iv.name()),
+            AeadAlgorithm::ChaCha20Poly1305 => {
+                write!(f, "capi:rfc7539(chacha20,poly1305)-{}", self.iv.name())
+            }
             AeadAlgorithm::AuthencXts(h) => {
                 write!(f, "capi:authenc(hmac({}),xts(aes))-{}", h.name(), self.iv.name())
             }
@@ -267,7 +308,8 @@ impl fmt::Display for AeadSpec {
 impl FromStr for AeadSpec {
     type Err = CryptoError;
 
-    /// `capi:gcm(aes)-random`, `capi:authenc(hmac(sha256),xts(aes))-plain64|random`.
+    /// `capi:gcm(aes)-random`, `capi:rfc7539(chacha20,poly1305)-random`,
+    /// `capi:authenc(hmac(sha256),xts(aes))-plain64|random`.
     fn from_str(s: &str) -> Result<Self, CryptoError> {
         let body = s.strip_prefix("capi:").ok_or_else(|| CryptoError::InvalidSpec {
             spec: s.to_string(),
@@ -286,6 +328,8 @@ impl FromStr for AeadSpec {
         };
         let alg = if api == "gcm(aes)" {
             AeadAlgorithm::Gcm
+        } else if api == "rfc7539(chacha20,poly1305)" {
+            AeadAlgorithm::ChaCha20Poly1305
         } else if let Some(h) = api.strip_prefix("authenc(hmac(").and_then(|r| r.strip_suffix("),xts(aes))"))
         {
             AeadAlgorithm::AuthencXts(
@@ -356,8 +400,13 @@ impl MacKey {
 }
 
 enum Engine {
-    Gcm(Gcm),
-    Authenc { xts: Box<dyn SectorMode>, mac: MacKey, ivgen: IvGen },
+    /// GCM or ChaCha20-Poly1305 (aws-lc `EVP_AEAD`): nonce = IV, detached 16-byte tag.
+    Aead(EvpAead),
+    Authenc {
+        xts: Box<dyn SectorMode>,
+        mac: MacKey,
+        ivgen: IvGen,
+    },
 }
 
 /// A keyed AEAD sector cipher. `Send + Sync`: share it between threads.
@@ -430,8 +479,16 @@ impl AeadSectorCipher {
         }
         let engine = match spec.alg {
             AeadAlgorithm::Gcm => {
-                Engine::Gcm(Gcm::new(k).ok_or(CryptoError::Provider { op: "aws-lc: keying gcm(aes)" })?)
+                Engine::Aead(EvpAead::gcm(k).ok_or(CryptoError::Provider { op: "aws-lc: keying gcm(aes)" })?)
             }
+            // aws-lc rather than RustCrypto's `chacha20poly1305`: it is already linked for
+            // GCM, its ChaCha20-Poly1305 is assembly (SSE4/AVX2/NEON) and documented safe to
+            // share between threads, and it takes the same detached-tag EVP_AEAD path as GCM,
+            // so this adds no dependency and no new unsafe pattern.
+            AeadAlgorithm::ChaCha20Poly1305 => Engine::Aead(
+                EvpAead::chacha20_poly1305(k)
+                    .ok_or(CryptoError::Provider { op: "aws-lc: keying rfc7539(chacha20,poly1305)" })?,
+            ),
             AeadAlgorithm::AuthencXts(h) => {
                 let (enc, mac) = k.split_at(k.len() - spec.mac_key_size());
                 let xts = provider::aes_xts(Provider::Auto, enc)?;
@@ -462,7 +519,7 @@ impl AeadSectorCipher {
     /// Which implementations run the data path, e.g. `aws-lc gcm(aes256)`.
     pub fn implementation(&self) -> String {
         match &self.engine {
-            Engine::Gcm(g) => g.name().to_string(),
+            Engine::Aead(g) => g.name().to_string(),
             Engine::Authenc { xts, .. } => format!("{} + rustcrypto hmac", xts.name()),
         }
     }
@@ -533,12 +590,12 @@ impl AeadSectorCipher {
             aad[..8].copy_from_slice(&s.to_le_bytes());
             let (tag, rest) = t.split_at_mut(tag_len);
             match &self.engine {
-                Engine::Gcm(g) => {
+                Engine::Aead(g) => {
                     aad[8..8 + iv_len].copy_from_slice(&rest[..iv_len]);
-                    let nonce: [u8; GCM_NONCE] = rest[..GCM_NONCE]
+                    let nonce: [u8; AEAD_NONCE] = rest[..AEAD_NONCE]
                         .try_into()
-                        .map_err(|_| CryptoError::Provider { op: "gcm nonce" })?;
-                    let mut tg = [0u8; GCM_TAG];
+                        .map_err(|_| CryptoError::Provider { op: "aead nonce" })?;
+                    let mut tg = [0u8; AEAD_TAG];
                     g.seal(&nonce, &aad[..8 + iv_len], d, &mut tg)?;
                     tag.copy_from_slice(&tg);
                 }
@@ -576,13 +633,13 @@ impl AeadSectorCipher {
             aad[..8].copy_from_slice(&s.to_le_bytes());
             let (tag, rest) = t.split_at(tag_len);
             let ok = match &self.engine {
-                Engine::Gcm(g) => {
+                Engine::Aead(g) => {
                     aad[8..8 + iv_len].copy_from_slice(&rest[..iv_len]);
-                    let nonce: [u8; GCM_NONCE] = rest[..GCM_NONCE]
+                    let nonce: [u8; AEAD_NONCE] = rest[..AEAD_NONCE]
                         .try_into()
-                        .map_err(|_| CryptoError::Provider { op: "gcm nonce" })?;
-                    let tg: [u8; GCM_TAG] =
-                        tag.try_into().map_err(|_| CryptoError::Provider { op: "gcm tag" })?;
+                        .map_err(|_| CryptoError::Provider { op: "aead nonce" })?;
+                    let tg: [u8; AEAD_TAG] =
+                        tag.try_into().map_err(|_| CryptoError::Provider { op: "aead tag" })?;
                     g.open(&nonce, &aad[..8 + iv_len], d, &tg)
                 }
                 Engine::Authenc { xts, mac, ivgen } => {

@@ -5,7 +5,8 @@
 //!      └── enc pool ─┐  one ArrayQueue<CipherCtx> per CPU: pop → set IV per sector →
 //!      └── dec pool ─┘  EVP_Cipher → push (lock-free; a context is used by one thread at a time)
 //!   Cbc ── AES_KEY enc + AES_KEY dec, immutable after setup ──► AES_cbc_encrypt(ivec = local copy)
-//!   Gcm ── one EVP_AEAD_CTX, immutable after setup ──► seal_scatter / open_gather (detached tag)
+//!   EvpAead ── one EVP_AEAD_CTX (gcm(aes) or chacha20-poly1305), immutable after setup
+//!              ──► seal_scatter / open_gather (detached tag)
 //! ```
 //!
 //! Why a pool: an `EVP_CIPHER_CTX` carries the IV and a "data unit processed" flag, so it
@@ -292,29 +293,34 @@ impl SectorMode for Cbc {
     }
 }
 
-/// AES-GCM (128, 192 or 256-bit key) with a 12-byte nonce and a 16-byte tag, over one
-/// `EVP_AEAD_CTX` keyed once and then only read: aws-lc documents concurrent seal/open on a
-/// shared context as safe for its AES-GCM AEADs (`aead.h`, "Concurrency").
-pub(crate) struct Gcm {
+/// An `EVP_AEAD` with a 12-byte nonce and a 16-byte tag: AES-GCM (128, 192 or 256-bit key)
+/// or ChaCha20-Poly1305 (RFC 8439, 256-bit key), over one `EVP_AEAD_CTX` keyed once and then
+/// only read: aws-lc documents concurrent seal/open on a shared context as safe for both
+/// (`aead.h`, "Concurrency", which lists `EVP_aead_aes_*_gcm` and
+/// `EVP_aead_chacha20_poly1305`). No other AEAD may be constructed here.
+pub(crate) struct EvpAead {
     ctx: NonNull<ffi::EVP_AEAD_CTX>,
     name: &'static str,
 }
 
 // SAFETY: the context is created and keyed in `new`, then only passed as `const
-// EVP_AEAD_CTX *` to seal/open, which aws-lc allows to run concurrently on one AES-GCM
-// context; it is freed once, in `Drop`, when no reference remains.
-unsafe impl Send for Gcm {}
-// SAFETY: see `Send`: shared use is read-only seal/open, documented as thread-safe for GCM.
-unsafe impl Sync for Gcm {}
+// EVP_AEAD_CTX *` to seal/open, which aws-lc allows to run concurrently on one AES-GCM or
+// ChaCha20-Poly1305 context (the only AEADs the constructors select); it is freed once, in
+// `Drop`, when no reference remains.
+unsafe impl Send for EvpAead {}
+// SAFETY: see `Send`: shared use is read-only seal/open, documented as thread-safe for these
+// AEADs.
+unsafe impl Sync for EvpAead {}
 
-/// GCM nonce and tag sizes (the kernel's `gcm(aes)`).
-pub(crate) const GCM_NONCE: usize = 12;
-/// GCM tag size.
-pub(crate) const GCM_TAG: usize = 16;
+/// Nonce size of both AEADs here (the kernel's `gcm(aes)` and `rfc7539(chacha20,poly1305)`
+/// IV size).
+pub(crate) const AEAD_NONCE: usize = 12;
+/// Tag size of both AEADs here.
+pub(crate) const AEAD_TAG: usize = 16;
 
-impl Gcm {
-    /// `None` unless `key` is 16, 24 or 32 bytes.
-    pub(crate) fn new(key: &[u8]) -> Option<Self> {
+impl EvpAead {
+    /// AES-GCM; `None` unless `key` is 16, 24 or 32 bytes.
+    pub(crate) fn gcm(key: &[u8]) -> Option<Self> {
         // SAFETY: these return pointers to static AEAD descriptors; no preconditions.
         let (aead, name) = unsafe {
             match key.len() {
@@ -324,12 +330,31 @@ impl Gcm {
                 _ => return None,
             }
         };
-        // SAFETY: `aead` is a valid descriptor whose key length is `key.len()`, `key` points to
-        // that many readable bytes; the tag length is GCM's full 16 bytes. The call copies the
-        // key schedule into the new context; null is returned on failure.
-        let ctx = unsafe { ffi::EVP_AEAD_CTX_new(aead, key.as_ptr(), key.len(), GCM_TAG) };
+        Self::keyed(aead, key, name)
+    }
+
+    /// ChaCha20-Poly1305 as RFC 8439 (the kernel's `rfc7539(chacha20,poly1305)`: 32-bit block
+    /// counter, 96-bit nonce, Poly1305 key from block 0); `None` unless `key` is 32 bytes.
+    pub(crate) fn chacha20_poly1305(key: &[u8]) -> Option<Self> {
+        if key.len() != 32 {
+            return None;
+        }
+        // SAFETY: returns a pointer to a static AEAD descriptor; no preconditions.
+        let aead = unsafe { ffi::EVP_aead_chacha20_poly1305() };
+        Self::keyed(aead, key, "aws-lc rfc7539(chacha20,poly1305)")
+    }
+
+    /// A context for `aead` (one of the descriptors above, whose key length the caller
+    /// checked against `key.len()`).
+    fn keyed(aead: *const ffi::EVP_AEAD, key: &[u8], name: &'static str) -> Option<Self> {
+        // SAFETY: `aead` is a valid static descriptor (from the constructors above) whose key
+        // length is `key.len()` (checked there; aws-lc also rejects a mismatch and returns
+        // null), `key` points to that many readable bytes; the tag length is the full 16 bytes
+        // both AEADs produce. The call copies the key schedule into the new context; null is
+        // returned on failure.
+        let ctx = unsafe { ffi::EVP_AEAD_CTX_new(aead, key.as_ptr(), key.len(), AEAD_TAG) };
         match NonNull::new(ctx) {
-            Some(ctx) => Some(Gcm { ctx, name }),
+            Some(ctx) => Some(EvpAead { ctx, name }),
             None => {
                 clear_errors();
                 None
@@ -340,26 +365,26 @@ impl Gcm {
     /// Encrypts `data` in place and writes its 16-byte tag.
     pub(crate) fn seal(
         &self,
-        nonce: &[u8; GCM_NONCE],
+        nonce: &[u8; AEAD_NONCE],
         ad: &[u8],
         data: &mut [u8],
-        tag: &mut [u8; GCM_TAG],
+        tag: &mut [u8; AEAD_TAG],
     ) -> Result<(), CryptoError> {
         let mut tag_len = 0usize;
         let p = data.as_mut_ptr();
         // SAFETY: the context is valid and keyed (constructor invariant) and only read; `p` is
         // valid for reads and writes of `data.len()` bytes and in == out is allowed; `tag` is 16
-        // writable bytes that do not alias `data`; `nonce` is 12 readable bytes (GCM's nonce
-        // length); `ad` is `ad.len()` readable bytes; no extra input.
+        // writable bytes that do not alias `data`; `nonce` is 12 readable bytes (the nonce
+        // length of both AEADs); `ad` is `ad.len()` readable bytes; no extra input.
         let ok = unsafe {
             ffi::EVP_AEAD_CTX_seal_scatter(
                 self.ctx.as_ptr(),
                 p,
                 tag.as_mut_ptr(),
                 &mut tag_len,
-                GCM_TAG,
+                AEAD_TAG,
                 nonce.as_ptr(),
-                GCM_NONCE,
+                AEAD_NONCE,
                 p,
                 data.len(),
                 ptr::null(),
@@ -368,9 +393,9 @@ impl Gcm {
                 ad.len(),
             )
         };
-        if ok != 1 || tag_len != GCM_TAG {
+        if ok != 1 || tag_len != AEAD_TAG {
             clear_errors();
-            return Err(CryptoError::Provider { op: "aws-lc: EVP_AEAD_CTX_seal_scatter(gcm)" });
+            return Err(CryptoError::Provider { op: "aws-lc: EVP_AEAD_CTX_seal_scatter" });
         }
         Ok(())
     }
@@ -379,10 +404,10 @@ impl Gcm {
     /// does not authenticate `ad` and `data`.
     pub(crate) fn open(
         &self,
-        nonce: &[u8; GCM_NONCE],
+        nonce: &[u8; AEAD_NONCE],
         ad: &[u8],
         data: &mut [u8],
-        tag: &[u8; GCM_TAG],
+        tag: &[u8; AEAD_TAG],
     ) -> bool {
         let p = data.as_mut_ptr();
         // SAFETY: as in `seal`: valid keyed context, only read; `p` valid for `data.len()`
@@ -393,11 +418,11 @@ impl Gcm {
                 self.ctx.as_ptr(),
                 p,
                 nonce.as_ptr(),
-                GCM_NONCE,
+                AEAD_NONCE,
                 p,
                 data.len(),
                 tag.as_ptr(),
-                GCM_TAG,
+                AEAD_TAG,
                 ad.as_ptr(),
                 ad.len(),
             )
@@ -416,7 +441,7 @@ impl Gcm {
     }
 }
 
-impl Drop for Gcm {
+impl Drop for EvpAead {
     fn drop(&mut self) {
         // SAFETY: the pointer came from EVP_AEAD_CTX_new and is freed exactly once, here;
         // aws-lc cleanses the key schedule when it frees the context.

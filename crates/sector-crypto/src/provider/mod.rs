@@ -25,7 +25,7 @@ use crate::CryptoError;
 mod awslc;
 mod rustcrypto;
 
-pub(crate) use awslc::{Gcm, GCM_NONCE, GCM_TAG};
+pub(crate) use awslc::{EvpAead, AEAD_NONCE, AEAD_TAG};
 
 /// One 16-byte cipher block (also an AES IV or XTS tweak).
 pub(crate) type Block = [u8; 16];
