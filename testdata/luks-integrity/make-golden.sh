@@ -3,6 +3,11 @@
 # REAL kernel (Linux 6.1, cryptsetup 2.6.1) via /work/shared/oracle/kernel-run. See README.md.
 #
 #   testdata/luks-integrity/make-golden.sh
+#   ONLY=chacha20-poly1305-s512 testdata/luks-integrity/make-golden.sh   # just these cases
+#
+# ONLY (a space-separated list of case names) regenerates only those images, leaving the
+# others' bytes alone; the guest transcript then goes to boot-<name>.log (kernel-run-<name>.log)
+# instead of boot.log.
 #
 # Every case: a 4 MiB image, `cryptsetup luksFormat --type luks2 --integrity ...` with a fixed
 # volume key (vk96.bin / vk32.bin = bytes 0..95 / 0..31), passphrase file pass.txt, PBKDF2
@@ -34,6 +39,7 @@ hmac-sha256-xts-s512|--cipher aes-xts-plain64 --key-size 512 --integrity hmac-sh
 hmac-sha256-xts-s4096|--cipher aes-xts-plain64 --key-size 512 --integrity hmac-sha256 --sector-size 4096 --volume-key-file /kr/vk96.bin --integrity-no-wipe
 aead-gcm-s512|--cipher aes-gcm-random --key-size 256 --integrity aead --sector-size 512 --volume-key-file /kr/vk32.bin --integrity-no-wipe
 aead-gcm-s4096-nojournal|--cipher aes-gcm-random --key-size 256 --integrity aead --sector-size 4096 --integrity-no-journal --volume-key-file /kr/vk32.bin --integrity-no-wipe
+chacha20-poly1305-s512|--cipher chacha20-random --key-size 256 --integrity poly1305 --sector-size 512 --volume-key-file /kr/vk32.bin --integrity-no-wipe
 C
 )
 
@@ -41,6 +47,9 @@ disks=()
 : > cases.txt
 n=0
 while IFS='|' read -r name opts; do
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+        continue
+    fi
     truncate -s 4M "$name.img"
     disks+=(--disk "$name.img")
     dev=/dev/vd$(printf "\\x$(printf %02x $((97 + n)))")
@@ -86,10 +95,16 @@ done < /kr/cases.txt
 echo "### done"
 G
 
+log=boot.log
+runlog=kernel-run.log
+if [ -n "${ONLY:-}" ]; then
+    log=boot-${ONLY// /+}.log
+    runlog=kernel-run-${ONLY// /+}.log
+fi
 "$KR" --timeout 1500 --file cases.txt --file pattern-A --file vk96.bin --file vk32.bin --file pass.txt \
-    "${disks[@]}" guest.sh > boot.log 2> boot.err || { cat boot.err; cp boot.log "$here/boot.log"; exit 1; }
-cp boot.log "$here/boot.log"
-grep '^kernel-run' boot.err > "$here/kernel-run.log" || true
+    "${disks[@]}" guest.sh > boot.log 2> boot.err || { cat boot.err; cp boot.log "$here/$log"; exit 1; }
+cp boot.log "$here/$log"
+grep '^kernel-run' boot.err > "$here/$runlog" || true
 while IFS='|' read -r name dev opts; do
     xz -9e -T1 -c "$name.img" > "$here/$name.img.xz"
 done < cases.txt

@@ -1,5 +1,6 @@
 //! LUKS2 authenticated encryption volumes made by the real kernel (Linux 6.1, cryptsetup
-//! 2.6.1; `testdata/luks-integrity/make-golden.sh`, transcript in `boot.log`): sealdisk opens
+//! 2.6.1; `testdata/luks-integrity/make-golden.sh`, transcripts in `boot.log` and, for images
+//! made later on their own, `boot-<name>.log`): sealdisk opens
 //! each, reads the kernel's pattern, matches its sizes, key and table, refuses the sectors
 //! the kernel never wrote, detects one flipped byte of data or tag on exactly that sector,
 //! and its own writes read back after reopening.
@@ -14,11 +15,12 @@ use sector_crypto::kdf::Passphrase;
 use sha2::{Digest, Sha256};
 use volume::luks::{self, CryptOptions, OpenParams};
 
-const CASES: [(&str, u32); 4] = [
+const CASES: [(&str, u32); 5] = [
     ("hmac-sha256-xts-s512", 512),
     ("hmac-sha256-xts-s4096", 4096),
     ("aead-gcm-s512", 512),
     ("aead-gcm-s4096-nojournal", 4096),
+    ("chacha20-poly1305-s512", 512),
 ];
 /// Bytes of pattern A the kernel wrote at the start of each volume.
 const WRITTEN: usize = 256 * 1024;
@@ -43,10 +45,25 @@ fn pattern_a(len: usize) -> Vec<u8> {
     v
 }
 
-/// `KEY name value` lines of the kernel transcript.
+/// The kernel transcripts: `boot.log` (the first images) and `boot-<name>.log` (images
+/// made later with `ONLY=<name> make-golden.sh`), concatenated.
+fn kernel_log() -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("boot") && n.ends_with(".log")
+        })
+        .collect();
+    logs.sort();
+    logs.iter().map(|p| std::fs::read_to_string(p).unwrap()).collect()
+}
+
+/// `KEY name value` lines of the kernel transcripts.
 fn transcript(key: &str) -> HashMap<String, String> {
-    let log = std::fs::read_to_string(dir().join("boot.log")).unwrap();
-    log.lines()
+    kernel_log()
+        .lines()
         .filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
         .filter_map(|r| r.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string())))
         .collect()
@@ -194,6 +211,8 @@ fn format_like_the_kernel(path: &Path, name: &str, ss: u32, no_wipe: bool) -> se
     use volume::luks::{FormatParams, LuksIntegrity, PbkdfParams, PbkdfType};
     let (cipher, integrity, vk) = if name.starts_with("hmac") {
         ("aes-xts-plain64", "hmac-sha256", "vk96.bin")
+    } else if name.starts_with("chacha20") {
+        ("chacha20-random", "poly1305", "vk32.bin")
     } else {
         ("aes-gcm-random", "aead", "vk32.bin")
     };
@@ -252,7 +271,7 @@ fn sealdisk_formats_the_integrity_area_as_cryptsetup_does() {
 #[test]
 fn luks_format_with_integrity_wipes_so_every_sector_reads_as_zeroes() {
     let tmp = tempfile::tempdir().unwrap();
-    for (name, ss) in [CASES[0], CASES[3]] {
+    for (name, ss) in [CASES[0], CASES[3], CASES[4]] {
         let path = tmp.path().join(format!("{name}-wiped.img"));
         format_like_the_kernel(&path, name, ss, false);
         let opened = luks::open(&params(&path), &pass()).unwrap();
@@ -312,7 +331,7 @@ fn bad_integrity_format_requests_are_refused_before_writing() {
 
 /// The `luksDump` block of `name` in the kernel transcript (the guest indented it by two).
 fn kernel_dump(name: &str) -> String {
-    let log = std::fs::read_to_string(dir().join("boot.log")).unwrap();
+    let log = kernel_log();
     let mut out = String::new();
     let mut on = false;
     for l in log.lines() {
