@@ -8,7 +8,9 @@
 //! The matrix: aes-xts-plain64 + hmac-sha256 with 512- and 4096-byte sectors (the latter
 //! wiped with --integrity-no-journal), aes-gcm-random + aead with 512-byte sectors (wiped)
 //! and 4096-byte sectors (--integrity-no-wipe), aes-xts-random + hmac-sha256 (the random IV
-//! stored after the tag: 48 bytes), hmac-sha512 with a 256-bit XTS key, hmac-sha1. Guest script:
+//! stored after the tag: 48 bytes), hmac-sha512 with a 256-bit XTS key, hmac-sha1,
+//! chacha20-random + poly1305 with 512-byte sectors and with 4096-byte sectors
+//! (--integrity-no-journal). Guest script:
 //! testdata/luks-integrity/sealdisk-to-kernel.sh. The other direction (kernel-made images
 //! opened by sealdisk) is the ordinary test crates/volume/tests/luks2_integrity_golden.rs.
 //!
@@ -69,6 +71,24 @@ const CASES: &[Case] = &[
             "--integrity-no-wipe",
         ],
         wiped: false,
+    },
+    Case {
+        name: "chacha20-poly1305-s512",
+        format: &["--cipher", "chacha20-random", "--integrity", "poly1305"],
+        wiped: true,
+    },
+    Case {
+        name: "chacha20-poly1305-s4096-nojournal",
+        format: &[
+            "--cipher",
+            "chacha20-random",
+            "--integrity",
+            "poly1305",
+            "--sector-size",
+            "4096",
+            "--integrity-no-journal",
+        ],
+        wiped: true,
     },
 ];
 
@@ -140,6 +160,14 @@ fn sealdisk_aead_volumes_open_in_the_kernel_and_kernel_writes_read_back() {
         let name = c.name;
         assert_eq!(sizes.get(name), Some(&size.to_string()), "{name}: the kernel's size differs");
         assert!(tables[name].contains(":aead"), "{name}: {}", tables[name]);
+        if name.starts_with("chacha20") {
+            assert!(
+                tables[name].contains("capi:rfc7539(chacha20,poly1305)-random")
+                    && tables[name].contains("integrity:28:aead"),
+                "{name}: {}",
+                tables[name]
+            );
+        }
         assert_eq!(sha.get(name), Some(&want), "{name}: the kernel reads different data");
         if c.wiped {
             assert_eq!(shaall.get(name), Some(&want_all), "{name}: the wiped area does not read as zeroes");
