@@ -57,11 +57,16 @@ fn an_aead_volume_is_served_over_nbd_and_a_flipped_byte_is_an_eio() {
     for (name, extra) in [
         ("gcm", &["--cipher", "aes-gcm-random", "--integrity", "aead", "--sector-size", "4096"][..]),
         ("hmac", &["--integrity", "hmac-sha256"][..]),
+        ("chacha", &["--cipher", "chacha20-random", "--integrity", "poly1305"][..]),
     ] {
         let (img, pass) = format(dir.path(), name, extra);
         let dump = run(&["luksDump", &img]);
         let text = String::from_utf8_lossy(&dump.stdout).to_string();
-        let want = if name == "gcm" { "integrity: aead" } else { "integrity: hmac(sha256)" };
+        let want = match name {
+            "gcm" => "integrity: aead",
+            "chacha" => "integrity: poly1305",
+            _ => "integrity: hmac(sha256)",
+        };
         assert!(text.contains(want), "{name}: {text}");
         if have("cryptsetup") {
             let out = Command::new("cryptsetup").args(["luksDump", &img]).output().unwrap();
@@ -89,10 +94,10 @@ fn an_aead_volume_is_served_over_nbd_and_a_flipped_byte_is_an_eio() {
         qemu_io(&srv.uri(), &["read -P 0 0 1M", "write -P 0x5a 1M 1M", "read -P 0x5a 1M 1M"]);
         let out = srv.stop_ok();
         let table = String::from_utf8_lossy(&out.stdout).to_string();
-        let cipher = if name == "gcm" {
-            "capi:gcm(aes)-random"
-        } else {
-            "capi:authenc(hmac(sha256),xts(aes))-plain64"
+        let cipher = match name {
+            "gcm" => "capi:gcm(aes)-random",
+            "chacha" => "capi:rfc7539(chacha20,poly1305)-random",
+            _ => "capi:authenc(hmac(sha256),xts(aes))-plain64",
         };
         assert!(table.contains(cipher) && table.contains(":aead"), "{name}: {table}");
         assert!(!table.contains("000102"), "the key is masked");
@@ -122,6 +127,9 @@ fn bad_integrity_requests_are_refused_before_anything_is_written() {
     for (args, msg) in [
         (&["--integrity", "hmac-md5"][..], "hmac(md5) is not supported"),
         (&["--integrity", "aead"][..], "only aes-gcm-random"),
+        (&["--integrity", "poly1305"][..], "only chacha20-random"),
+        (&["--cipher", "chacha20-plain64", "--integrity", "poly1305"][..], "random IV generator"),
+        (&["--cipher", "chacha20-random", "--integrity", "poly1305", "--key-size", "512"][..], "512 bits"),
         (&["--cipher", "aes-cbc-essiv:sha256", "--integrity", "hmac-sha256"][..], "only aes-xts-plain64"),
         (&["--integrity", "crc32c"][..], "not supported"),
         (&["--integrity-no-wipe"][..], "need --integrity"),

@@ -57,8 +57,9 @@ pub struct LuksFormatArgs {
     #[arg(long, value_name = "FILE")]
     pub header: Option<String>,
     /// LUKS2 authenticated encryption: hmac-sha256 (or hmac-sha1, hmac-sha512) with an
-    /// aes-xts-plain64/aes-xts-random cipher, or aead with --cipher aes-gcm-random. The
-    /// volume key grows by the HMAC key; the data area gets a dm-integrity layout.
+    /// aes-xts-plain64/aes-xts-random cipher, aead with --cipher aes-gcm-random, or poly1305
+    /// with --cipher chacha20-random. The volume key grows by the HMAC key; the data area
+    /// gets a dm-integrity layout.
     #[arg(long, short = 'I', value_name = "ALG")]
     pub integrity: Option<String>,
     /// With --integrity: do not wipe the data area (unwritten sectors then fail to read).
