@@ -2,7 +2,8 @@
 //! `integrity`, and the data-area format of `luksFormat --integrity`.
 //!
 //! ```text
-//!   AeadCryptTarget   capi:authenc(hmac(sha256),xts(aes))-plain64 | capi:gcm(aes)-random,
+//!   AeadCryptTarget   capi:authenc(hmac(sha256),xts(aes))-plain64 | capi:gcm(aes)-random
+//!         │           | capi:rfc7539(chacha20,poly1305)-random,
 //!         │           key = volume key, offset 0, integrity:<tuple>:aead, sector_size
 //!   IntegrityTarget   "<name>_dif": superblock at the segment offset on the DATA device
 //!         │           (even with a detached header), tag size = tuple size, block size =
