@@ -143,7 +143,10 @@ impl AeadSpec {
     /// The kernel itself accepts `capi:rfc7539(chacha20,poly1305)-plain64` (cryptsetup
     /// `chacha20-plain64` + `poly1305`): 12-byte IV = le64(iv_sector) ‖ 4 zero bytes
     /// (`crypt_iv_plain64_gen` fills `iv_size` = 12 bytes), not stored (the tuple is the
-    /// 16-byte tag only), AAD = le64(sector) ‖ that IV. We refuse it for that nonce reuse.
+    /// 16-byte tag only; cryptsetup formats `integrity:16:aead`), AAD = le64(sector) ‖ that
+    /// IV. Checked once by hand against a Linux 6.1 + cryptsetup 2.6.1 image (Python
+    /// `cryptography` decrypted its sectors with exactly that nonce and AAD). We refuse it
+    /// for that nonce reuse.
     pub fn new(alg: AeadAlgorithm, iv: AeadIv) -> Result<Self, CryptoError> {
         let s = AeadSpec { alg, iv };
         if iv != AeadIv::Random {
