@@ -18,6 +18,7 @@ type Stack = AeadCryptTarget<IntegrityTarget<Arc<MemDevice>>>;
 
 const HMAC: &str = "capi:authenc(hmac(sha256),xts(aes))-plain64";
 const GCM: &str = "capi:gcm(aes)-random";
+const CHACHA: &str = "capi:rfc7539(chacha20,poly1305)-random";
 
 fn cipher(spec: &str, sector_size: u32) -> AeadSectorCipher {
     let spec: AeadSpec = spec.parse().unwrap();
@@ -69,6 +70,7 @@ fn variants() -> Vec<(&'static str, u32, Mode)> {
         (HMAC, 4096, Mode::Journal),
         (GCM, 512, Mode::Journal),
         (GCM, 4096, Mode::Direct),
+        (CHACHA, 512, Mode::Direct),
     ]
 }
 
@@ -299,7 +301,7 @@ fn large_requests_split_across_the_pool_read_back_and_name_the_first_bad_sector(
     // pool, Inline keeps them on this thread. Every placement must write what every other
     // placement reads (same AAD sector per chunk), and a failing request must name its first
     // bad sector whichever chunk finished first.
-    for spec in [HMAC, GCM] {
+    for spec in [HMAC, GCM, CHACHA] {
         for ss in [512u32, 4096] {
             let data = pattern(1 << 20, 11);
             let stacks: Vec<(CryptMode, Stack)> = [CryptMode::Inline, CryptMode::Auto, CryptMode::Pool]
