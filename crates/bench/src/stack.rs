@@ -674,11 +674,7 @@ impl StackSpec {
             }
             StackKind::Luks2 | StackKind::Luks2Integrity => {
                 let op = volume::luks::OpenParams {
-                    device: p.to_string(),
-                    header: None,
                     version: Some(volume::luks::LuksVersion::V2),
-                    key_slot: None,
-                    flags: volume::luks::CryptOptions::default(),
                     open: volume::OpenOptions {
                         read_only: false,
                         direct: self.direct,
@@ -686,6 +682,7 @@ impl StackSpec {
                     },
                     integrity_no_journal: self.kind == StackKind::Luks2Integrity
                         && self.integrity.mode == Mode::Direct,
+                    ..volume::luks::OpenParams::new(p)
                 };
                 let opened = volume::luks::open(&op, &secrets.passphrase())
                     .map_err(|e| BenchError::setup(format!("opening LUKS2 volume {p}"), e))?;

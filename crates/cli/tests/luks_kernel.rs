@@ -16,7 +16,6 @@ use std::process::Command;
 
 use blockdev::{BlockDevice, WriteFlags};
 use common::{bin, pattern, sha_hex, FAST_ARGON2ID, FAST_PBKDF2};
-use formats::dm::CryptOptions;
 use sector_crypto::kdf::Passphrase;
 use volume::luks::OpenParams;
 
@@ -44,15 +43,7 @@ const CASES: &[Case] = &[
 ];
 
 fn params(path: &str) -> OpenParams {
-    OpenParams {
-        device: path.to_owned(),
-        header: None,
-        version: None,
-        key_slot: None,
-        flags: CryptOptions::default(),
-        open: volume::OpenOptions::default(),
-        integrity_no_journal: false,
-    }
+    OpenParams::new(path)
 }
 
 #[test]

@@ -447,17 +447,7 @@ impl AeadSectorCipher {
         params: SectorParams,
         tuple_size: usize,
     ) -> Result<Self, CryptoError> {
-        let sector_shift = match params.sector_size {
-            512 => 0,
-            1024 => 1,
-            2048 => 2,
-            4096 => 3,
-            n => {
-                return Err(CryptoError::InvalidParams(format!(
-                    "sector_size {n} is not one of 512, 1024, 2048, 4096"
-                )))
-            }
-        };
+        let sector_shift = params.sector_shift()?;
         if params.iv_offset % (1u64 << sector_shift) != 0 {
             return Err(CryptoError::InvalidParams(format!(
                 "iv_offset {} is not a multiple of sector_size/512",

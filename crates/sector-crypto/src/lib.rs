@@ -171,6 +171,21 @@ pub struct SectorParams {
     pub iv_large_sectors: bool,
 }
 
+impl SectorParams {
+    /// log2(`sector_size` / 512), or an error naming the sizes dm-crypt accepts.
+    pub fn sector_shift(&self) -> Result<u32, CryptoError> {
+        match self.sector_size {
+            512 => Ok(0),
+            1024 => Ok(1),
+            2048 => Ok(2),
+            4096 => Ok(3),
+            n => Err(CryptoError::InvalidParams(format!(
+                "sector_size {n} is not one of 512, 1024, 2048, 4096"
+            ))),
+        }
+    }
+}
+
 /// A keyed sector cipher. `Send + Sync`: use it from many threads at once.
 pub struct SectorCipher {
     spec: CipherSpec,
@@ -206,17 +221,7 @@ impl SectorCipher {
         params: SectorParams,
         provider: Provider,
     ) -> Result<Self, CryptoError> {
-        let sector_shift = match params.sector_size {
-            512 => 0,
-            1024 => 1,
-            2048 => 2,
-            4096 => 3,
-            n => {
-                return Err(CryptoError::InvalidParams(format!(
-                    "sector_size {n} is not one of 512, 1024, 2048, 4096"
-                )))
-            }
-        };
+        let sector_shift = params.sector_shift()?;
         let step = 1u64 << sector_shift;
         if params.iv_offset % step != 0 {
             return Err(CryptoError::InvalidParams(format!(

@@ -13,7 +13,7 @@ use blockdev::{BlockDevice, BlockErrorKind, WriteFlags};
 use formats::integrity::{DeviceParams, Layout, Superblock};
 use sector_crypto::kdf::Passphrase;
 use sha2::{Digest, Sha256};
-use volume::luks::{self, CryptOptions, OpenParams};
+use volume::luks::{self, OpenParams};
 
 const CASES: [(&str, u32); 5] = [
     ("hmac-sha256-xts-s512", 512),
@@ -85,15 +85,7 @@ fn image(tmp: &Path, name: &str) -> Option<PathBuf> {
 }
 
 fn params(path: &Path) -> OpenParams {
-    OpenParams {
-        device: path.to_str().unwrap().to_owned(),
-        header: None,
-        version: None,
-        key_slot: None,
-        flags: CryptOptions::default(),
-        open: volume::OpenOptions::default(),
-        integrity_no_journal: false,
-    }
+    OpenParams::new(path.to_str().unwrap())
 }
 
 fn pass() -> Passphrase {

@@ -786,6 +786,22 @@ pub struct OpenParams {
     pub integrity_no_journal: bool,
 }
 
+impl OpenParams {
+    /// Opens `device` as cryptsetup would with no options: either LUKS version, any
+    /// keyslot, the header's own flags, read-write, default crypto placement.
+    pub fn new(device: impl Into<String>) -> Self {
+        OpenParams {
+            device: device.into(),
+            header: None,
+            version: None,
+            key_slot: None,
+            flags: CryptOptions::default(),
+            open: crate::OpenOptions::default(),
+            integrity_no_journal: false,
+        }
+    }
+}
+
 /// An unlocked and assembled LUKS volume.
 #[derive(Debug)]
 pub struct Opened {
