@@ -552,6 +552,41 @@ impl AeadSectorCipher {
         Ok(iv[0])
     }
 
+    /// The nonce and AAD (le64(sector) ‖ IV) of an `Engine::Aead` sector whose tuple holds
+    /// `iv_part` after the tag; returns the AAD's length with it.
+    fn aead_inputs(
+        s: u64,
+        iv_part: &[u8],
+        iv_len: usize,
+    ) -> Result<([u8; AEAD_NONCE], [u8; MAX_AAD], usize), CryptoError> {
+        let nonce: [u8; AEAD_NONCE] =
+            iv_part[..AEAD_NONCE].try_into().map_err(|_| CryptoError::Provider { op: "aead nonce" })?;
+        let mut aad = [0u8; MAX_AAD];
+        aad[..8].copy_from_slice(&s.to_le_bytes());
+        aad[8..8 + iv_len].copy_from_slice(&iv_part[..iv_len]);
+        Ok((nonce, aad, 8 + iv_len))
+    }
+
+    /// The XTS IV and AAD (le64(sector) ‖ IV) of an `Engine::Authenc` sector: the stored
+    /// random IV (`iv_part`, after the tag) or the generator's IV for sector `s`.
+    fn authenc_inputs(
+        &self,
+        ivgen: &IvGen,
+        xts: &dyn SectorMode,
+        s: u64,
+        iv_part: &[u8],
+    ) -> Result<(Block, [u8; MAX_AAD]), CryptoError> {
+        let iv: Block = if self.spec.stored_iv_size() > 0 {
+            iv_part[..16].try_into().map_err(|_| CryptoError::Provider { op: "xts iv" })?
+        } else {
+            self.derived_iv(ivgen, xts, s)?
+        };
+        let mut aad = [0u8; MAX_AAD];
+        aad[..8].copy_from_slice(&s.to_le_bytes());
+        aad[8..24].copy_from_slice(&iv);
+        Ok((iv, aad))
+    }
+
     /// Encrypts `data` (target-relative 512-byte sector `sector`, whole crypto sectors) in
     /// place and writes one tuple per crypto sector into `tuples`
     /// (`data.len() / sector_size × tuple_size` bytes).
@@ -579,26 +614,16 @@ impl AeadSectorCipher {
             data.chunks_exact_mut(ss).zip(tuples.chunks_exact_mut(self.tuple_size)).enumerate().take(n)
         {
             let s = sector.wrapping_add(i as u64 * step);
-            let mut aad = [0u8; MAX_AAD];
-            aad[..8].copy_from_slice(&s.to_le_bytes());
             let (tag, rest) = t.split_at_mut(tag_len);
             match &self.engine {
                 Engine::Aead(g) => {
-                    aad[8..8 + iv_len].copy_from_slice(&rest[..iv_len]);
-                    let nonce: [u8; AEAD_NONCE] = rest[..AEAD_NONCE]
-                        .try_into()
-                        .map_err(|_| CryptoError::Provider { op: "aead nonce" })?;
+                    let (nonce, aad, aad_len) = Self::aead_inputs(s, rest, iv_len)?;
                     let mut tg = [0u8; AEAD_TAG];
-                    g.seal(&nonce, &aad[..8 + iv_len], d, &mut tg)?;
+                    g.seal(&nonce, &aad[..aad_len], d, &mut tg)?;
                     tag.copy_from_slice(&tg);
                 }
                 Engine::Authenc { xts, mac, ivgen } => {
-                    let iv: Block = if stored > 0 {
-                        rest[..16].try_into().map_err(|_| CryptoError::Provider { op: "xts iv" })?
-                    } else {
-                        self.derived_iv(ivgen, xts.as_ref(), s)?
-                    };
-                    aad[8..24].copy_from_slice(&iv);
+                    let (iv, aad) = self.authenc_inputs(ivgen, xts.as_ref(), s, rest)?;
                     xts.encrypt(d, ss, &[iv])?;
                     mac.tag(&aad[..24], d, tag);
                 }
@@ -616,32 +641,21 @@ impl AeadSectorCipher {
         let n = self.check(sector, data, tuples)?;
         let ss = self.params.sector_size as usize;
         let step = 1u64 << self.sector_shift;
-        let (tag_len, iv_len, stored) =
-            (self.spec.auth_tag_size(), self.spec.iv_size(), self.spec.stored_iv_size());
+        let (tag_len, iv_len) = (self.spec.auth_tag_size(), self.spec.iv_size());
         for (i, (d, t)) in
             data.chunks_exact_mut(ss).zip(tuples.chunks_exact(self.tuple_size)).enumerate().take(n)
         {
             let s = sector.wrapping_add(i as u64 * step);
-            let mut aad = [0u8; MAX_AAD];
-            aad[..8].copy_from_slice(&s.to_le_bytes());
             let (tag, rest) = t.split_at(tag_len);
             let ok = match &self.engine {
                 Engine::Aead(g) => {
-                    aad[8..8 + iv_len].copy_from_slice(&rest[..iv_len]);
-                    let nonce: [u8; AEAD_NONCE] = rest[..AEAD_NONCE]
-                        .try_into()
-                        .map_err(|_| CryptoError::Provider { op: "aead nonce" })?;
+                    let (nonce, aad, aad_len) = Self::aead_inputs(s, rest, iv_len)?;
                     let tg: [u8; AEAD_TAG] =
                         tag.try_into().map_err(|_| CryptoError::Provider { op: "aead tag" })?;
-                    g.open(&nonce, &aad[..8 + iv_len], d, &tg)
+                    g.open(&nonce, &aad[..aad_len], d, &tg)
                 }
                 Engine::Authenc { xts, mac, ivgen } => {
-                    let iv: Block = if stored > 0 {
-                        rest[..16].try_into().map_err(|_| CryptoError::Provider { op: "xts iv" })?
-                    } else {
-                        self.derived_iv(ivgen, xts.as_ref(), s)?
-                    };
-                    aad[8..24].copy_from_slice(&iv);
+                    let (iv, aad) = self.authenc_inputs(ivgen, xts.as_ref(), s, rest)?;
                     if mac.verify(&aad[..24], d, tag) {
                         xts.decrypt(d, ss, &[iv])?;
                         true
