@@ -74,6 +74,7 @@
 #![warn(missing_docs)]
 
 mod addr;
+mod budget;
 mod handshake;
 mod server;
 mod stream;
@@ -81,4 +82,6 @@ mod transmission;
 pub mod wire;
 
 pub use addr::{AddrParseError, ListenAddr, DEFAULT_HOST};
-pub use server::{BoundServer, Export, Server, ServerConfig, ShutdownHandle};
+pub use server::{
+    default_memory_budget, BoundServer, Export, Server, ServerConfig, ServerStats, ShutdownHandle,
+};
