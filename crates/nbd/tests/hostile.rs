@@ -522,7 +522,7 @@ fn servers_starting_together_on_a_stale_socket_never_both_bind() {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         let ok = results.iter().filter(|r| r.is_ok()).count();
-        assert_eq!(ok, 1, "round {round}: {} servers bound the same path", ok);
+        assert_eq!(ok, 1, "round {round}: {ok} servers bound the same path");
         for r in &results {
             if let Err(e) = r {
                 assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}");
