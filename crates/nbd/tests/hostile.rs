@@ -508,9 +508,10 @@ fn servers_starting_together_on_a_stale_socket_never_both_bind() {
     let path = dir.join("s.sock");
     for round in 0..50 {
         drop(UnixListener::bind(&path).unwrap());
-        let barrier = Arc::new(Barrier::new(2));
+        // Four at once: without the lock, one regularly removed another's fresh socket.
+        let barrier = Arc::new(Barrier::new(4));
         let results: Vec<io::Result<nbd::BoundServer>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..2)
+            let hs: Vec<_> = (0..4)
                 .map(|_| {
                     let (barrier, path) = (barrier.clone(), path.clone());
                     s.spawn(move || {
