@@ -34,7 +34,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value_t = nbd::default_memory_budget())]
     pub memory_budget: usize,
     /// The most payload bytes one connection may hold at once (k/m/g). Keeps a client that
-    /// does not read its replies from taking more; must fit --max-request.
+    /// does not read its replies from taking more; --max-request is lowered to fit in it.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value_t = ServerConfig::default().connection_budget)]
     pub connection_budget: usize,
     /// Largest READ/WRITE request accepted (k/m/g; advertised as the maximum block size).
@@ -135,4 +135,73 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
     bound.serve().context("NBD server failed")?;
     eprintln!("sealdisk: {name} flushed and closed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn defaults_are_the_servers() {
+        let a = Cli::try_parse_from(["x"]).unwrap().serve;
+        let c = a.server_config();
+        let d = ServerConfig::default();
+        assert_eq!(c, ServerConfig { memory_budget: c.memory_budget, ..d.clone() });
+        assert_eq!(c.memory_budget, nbd::default_memory_budget());
+        assert_eq!(c.handshake_timeout, Some(Duration::from_secs(10)));
+        assert_eq!((c.idle_timeout, c.socket_mode), (None, 0o600));
+    }
+
+    #[test]
+    fn limits_are_taken_from_the_flags() {
+        let a = Cli::try_parse_from([
+            "x",
+            "--memory-budget",
+            "512m",
+            "--connection-budget",
+            "16m",
+            "--max-request",
+            "4m",
+            "--max-connections",
+            "8",
+            "--handshake-timeout",
+            "0",
+            "--idle-timeout",
+            "30",
+            "--socket-mode",
+            "0660",
+        ])
+        .unwrap()
+        .serve;
+        let c = a.server_config();
+        assert_eq!((c.memory_budget, c.connection_budget, c.max_request), (512 << 20, 16 << 20, 4 << 20));
+        assert_eq!((c.max_connections, c.handshake_timeout), (8, None));
+        assert_eq!((c.idle_timeout, c.socket_mode), (Some(Duration::from_secs(30)), 0o660));
+    }
+
+    #[test]
+    fn bad_limits_are_refused() {
+        for bad in [
+            &["--socket-mode", "0400"][..],
+            &["--socket-mode", "1777"],
+            &["--socket-mode", "rw"],
+            &["--max-request", "2g"],
+            &["--max-request", "512"],
+            &["--memory-budget", "lots"],
+        ] {
+            let mut argv = vec!["x"];
+            argv.extend_from_slice(bad);
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_socket_mode("600"), Ok(0o600));
+        assert_eq!(parse_socket_mode("0o644"), Ok(0o644));
+    }
 }

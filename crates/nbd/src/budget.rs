@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 /// A pooled buffer unused this long is freed (by the server's watchdog).
 pub(crate) const POOL_IDLE: Duration = Duration::from_secs(2);
-/// Requests up to this size may take a pooled buffer of up to twice it; larger requests
-/// take one of at most twice their size. A small request never pins a huge buffer.
+/// A request takes a pooled buffer of at most twice its size (or of `2 × SMALL` for small
+/// ones), so a small request never pins a huge buffer.
 const SMALL: usize = 64 * 1024;
 /// How often a waiting worker checks whether it should give up (connection closing,
 /// server stopping), in case no release wakes it.
@@ -89,7 +89,11 @@ impl Budget {
     /// waits while either has no room. `None` if `give_up()` turned true while waiting.
     /// `n` must not exceed `conn`'s cap nor the limit (the server clamps `max_request`).
     pub(crate) fn acquire(&self, conn: &ConnBudget, n: usize, give_up: impl Fn() -> bool) -> Option<Vec<u8>> {
-        debug_assert!(n <= conn.cap && n <= self.limit);
+        if n > conn.cap || n > self.limit {
+            // Never satisfiable; the server clamps `max_request` so that this cannot happen.
+            debug_assert!(false, "request of {n} bytes over the budget");
+            return None;
+        }
         let mut st = lock(&self.state);
         let mut waiting = false;
         let got = loop {
@@ -117,14 +121,12 @@ impl Budget {
     fn try_take(&self, st: &mut State, conn: &ConnBudget, n: usize) -> Option<Vec<u8>> {
         let conn_used = conn.used.load(Ordering::Relaxed);
         let max_fit = n.max(SMALL).saturating_mul(2);
-        // Best fit among the pooled buffers that this connection may take.
+        // The most recently returned buffer that fits (requests of a workload tend to have
+        // one size, so this is usually the last one).
         let best = st
             .pool
             .iter()
-            .enumerate()
-            .filter(|(_, (b, _))| b.len() >= n && b.len() <= max_fit && conn_used + b.len() <= conn.cap)
-            .min_by_key(|(_, (b, _))| b.len())
-            .map(|(i, _)| i);
+            .rposition(|(b, _)| b.len() >= n && b.len() <= max_fit && conn_used + b.len() <= conn.cap);
         let (buf, charge) = if let Some(i) = best {
             let (b, _) = st.pool.remove(i);
             st.pooled -= b.len();
