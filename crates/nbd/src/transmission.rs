@@ -14,6 +14,12 @@
 //! worker is waiting to read, it starts one more (up to `threads_per_connection`), so a
 //! connection grows exactly as many threads as its clients' queue depth needs.
 //!
+//! A READ or WRITE takes its payload buffer from the server's budget (`crate::budget`)
+//! before the worker lets go of the reader, and gives it back after the reply has left: a
+//! connection over its share reads no further requests, so a client that does not take its
+//! replies holds at most `connection_budget` bytes and stalls only itself. With an idle
+//! timeout the socket has read and write timeouts (see `Conn::wait_for_request`).
+//!
 //! Replies are combined: a worker whose small reply finds another worker sending appends it
 //! to a bounded queue, which the sending worker writes out before it lets go of the socket.
 //! Under load several replies leave in one system call; at queue depth 1 nothing changes.
