@@ -3,8 +3,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, Caps};
 use log::{debug, error, info, warn};
-
 use rustix::fs::{FlockOperation, Mode};
 use rustix::net::{bind, listen, socket_with, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
