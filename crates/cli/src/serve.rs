@@ -45,7 +45,7 @@ pub struct ServeArgs {
     pub max_connections: usize,
     /// Seconds a client has from connecting to selecting an export before it is
     /// disconnected (0 = no limit).
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    #[arg(long, value_name = "SECS", default_value_t = ServerConfig::default().handshake_timeout.map_or(0, |d| d.as_secs()))]
     pub handshake_timeout: u64,
     /// Seconds a connection may stay without any request in flight, or with a reply the
     /// client does not take, before it is disconnected (0 = never).
