@@ -329,10 +329,14 @@ fn bind_unix(path: &Path, mode: u32) -> io::Result<(UnixListener, UnixGuard)> {
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
     bind(&fd, &SocketAddrUnix::new(path)?)?;
     let guard = UnixGuard { socket: path.to_path_buf(), _lock: lock };
+    // Listen at once: a client that sees the file may connect right away.
+    listen(&fd, BACKLOG)?;
     // The umask may have taken bits the caller asked for (0660 under umask 022): give them
-    // back. Widening is safe; nobody can connect before `listen` anyway.
+    // back (widening only: until then fewer users can connect, never more).
     let got = rustix::fs::stat(path)?.st_mode & 0o7777;
     if got & !mode != 0 {
+        // Only on a kernel that ignores the socket inode's mode at bind; nothing has been
+        // accepted, and the guard removes the file.
         return Err(io::Error::other(format!(
             "{} was created with mode {got:#o}, wider than {mode:#o}; refusing to serve",
             path.display()
@@ -341,7 +345,6 @@ fn bind_unix(path: &Path, mode: u32) -> io::Result<(UnixListener, UnixGuard)> {
     if got != mode {
         rustix::fs::chmod(path, Mode::from_raw_mode(mode))?;
     }
-    listen(&fd, BACKLOG)?;
     Ok((UnixListener::from(fd), guard))
 }
 
