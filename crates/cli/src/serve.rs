@@ -1,6 +1,7 @@
 //! Serving one device over NBD in the foreground until SIGINT/SIGTERM, then flushing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use blockdev::BlockDevice;
@@ -24,6 +25,79 @@ pub struct ServeArgs {
     /// net.core.wmem_max; 0 = the kernel's default). Large reads leave in fewer pieces.
     #[arg(long, value_name = "BYTES", default_value_t = ServerConfig::default().unix_send_buffer)]
     pub send_buffer: usize,
+
+    // Limits against hostile or broken clients (SECURITY.md, "Hostile clients").
+    /// Server-wide budget for request payloads in flight (reads and writes being received,
+    /// executed, or waiting for the client to take the reply) and buffers kept for reuse;
+    /// k/m/g suffixes. A connection that cannot get budget stops reading requests until it
+    /// can. Default: 1g, at most a quarter of RAM.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value_t = nbd::default_memory_budget())]
+    pub memory_budget: usize,
+    /// The most payload bytes one connection may hold at once (k/m/g). Keeps a client that
+    /// does not read its replies from taking more; --max-request is lowered to fit in it.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value_t = ServerConfig::default().connection_budget)]
+    pub connection_budget: usize,
+    /// Largest READ/WRITE request accepted (k/m/g; advertised as the maximum block size).
+    #[arg(long, value_name = "BYTES", value_parser = parse_request_size, default_value_t = ServerConfig::default().max_request)]
+    pub max_request: u32,
+    /// Most connections at once; further ones are closed right after accept.
+    #[arg(long, value_name = "N", default_value_t = ServerConfig::default().max_connections)]
+    pub max_connections: usize,
+    /// Seconds a client has from connecting to selecting an export before it is
+    /// disconnected (0 = no limit).
+    #[arg(long, value_name = "SECS", default_value_t = ServerConfig::default().handshake_timeout.map_or(0, |d| d.as_secs()))]
+    pub handshake_timeout: u64,
+    /// Seconds a connection may stay without any request in flight, or with a reply the
+    /// client does not take, before it is disconnected (0 = never).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub idle_timeout: u64,
+    /// Permission bits of the unix socket file, octal (0600: only this user may connect;
+    /// 0660 lets the socket's group in). Must include 0600.
+    #[arg(long, value_name = "MODE", value_parser = parse_socket_mode, default_value = "0600")]
+    pub socket_mode: u32,
+}
+
+/// A byte count with an optional k/m/g suffix.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let n = crate::actions::luks::parse_size(s)?;
+    usize::try_from(n).map_err(|_| format!("{s:?} is too large"))
+}
+
+fn parse_request_size(s: &str) -> Result<u32, String> {
+    let n = crate::actions::luks::parse_size(s)?;
+    if !(4096..=1 << 30).contains(&n) {
+        return Err(format!("{s:?} must be between 4k and 1g"));
+    }
+    Ok(n as u32)
+}
+
+/// An octal permission mode such as 0600 or 660.
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode"))?;
+    if m > 0o777 || m & 0o600 != 0o600 {
+        return Err(format!("socket mode {s} must be at most 0777 and include owner read and write (0600)"));
+    }
+    Ok(m)
+}
+
+impl ServeArgs {
+    /// The server configuration these flags describe.
+    pub fn server_config(&self) -> ServerConfig {
+        let secs = |n: u64| (n > 0).then(|| Duration::from_secs(n));
+        ServerConfig {
+            threads_per_connection: self.threads.max(1),
+            unix_send_buffer: self.send_buffer,
+            memory_budget: self.memory_budget,
+            connection_budget: self.connection_budget,
+            max_request: self.max_request,
+            max_connections: self.max_connections.max(1),
+            handshake_timeout: secs(self.handshake_timeout),
+            idle_timeout: secs(self.idle_timeout),
+            socket_mode: self.socket_mode,
+            ..ServerConfig::default()
+        }
+    }
 }
 
 /// Serves `device` as export `name` until SIGINT or SIGTERM, then flushes and returns.
@@ -35,11 +109,7 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
     let g = device.geometry();
     let export =
         Export { name: name.to_string(), description: format!("sealdisk {name}"), device, read_only };
-    let config = ServerConfig {
-        threads_per_connection: args.threads.max(1),
-        unix_send_buffer: args.send_buffer,
-        ..ServerConfig::default()
-    };
+    let config = args.server_config();
     let server = Server::new(vec![export], config);
     let bound = server.bind(&addr).with_context(|| format!("listening on {listen}"))?;
     let handle = bound.shutdown_handle();
@@ -65,4 +135,73 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
     bound.serve().context("NBD server failed")?;
     eprintln!("sealdisk: {name} flushed and closed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn defaults_are_the_servers() {
+        let a = Cli::try_parse_from(["x"]).unwrap().serve;
+        let c = a.server_config();
+        let d = ServerConfig::default();
+        assert_eq!(c, ServerConfig { memory_budget: c.memory_budget, ..d.clone() });
+        assert_eq!(c.memory_budget, nbd::default_memory_budget());
+        assert_eq!(c.handshake_timeout, Some(Duration::from_secs(10)));
+        assert_eq!((c.idle_timeout, c.socket_mode), (None, 0o600));
+    }
+
+    #[test]
+    fn limits_are_taken_from_the_flags() {
+        let a = Cli::try_parse_from([
+            "x",
+            "--memory-budget",
+            "512m",
+            "--connection-budget",
+            "16m",
+            "--max-request",
+            "4m",
+            "--max-connections",
+            "8",
+            "--handshake-timeout",
+            "0",
+            "--idle-timeout",
+            "30",
+            "--socket-mode",
+            "0660",
+        ])
+        .unwrap()
+        .serve;
+        let c = a.server_config();
+        assert_eq!((c.memory_budget, c.connection_budget, c.max_request), (512 << 20, 16 << 20, 4 << 20));
+        assert_eq!((c.max_connections, c.handshake_timeout), (8, None));
+        assert_eq!((c.idle_timeout, c.socket_mode), (Some(Duration::from_secs(30)), 0o660));
+    }
+
+    #[test]
+    fn bad_limits_are_refused() {
+        for bad in [
+            &["--socket-mode", "0400"][..],
+            &["--socket-mode", "1777"],
+            &["--socket-mode", "rw"],
+            &["--max-request", "2g"],
+            &["--max-request", "512"],
+            &["--memory-budget", "lots"],
+        ] {
+            let mut argv = vec!["x"];
+            argv.extend_from_slice(bad);
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(parse_socket_mode("600"), Ok(0o600));
+        assert_eq!(parse_socket_mode("0o644"), Ok(0o644));
+    }
 }

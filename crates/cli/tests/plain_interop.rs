@@ -202,3 +202,33 @@ fn allow_discards_punches_holes_in_the_backing_file() {
     qemu_io(&srv.uri(), &["read -P 0x77 2M 2M"]);
     srv.stop_ok();
 }
+
+/// The socket is 0600 unless `--socket-mode` says otherwise, a second server on the same
+/// path is refused while the first runs, and both the socket and its lock file go away
+/// when the server stops.
+#[test]
+fn socket_mode_flag_and_a_second_server_on_the_same_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, img, keyf, _) = setup(1 << 20);
+    let args = plain_args("aes-xts-plain64", "512", &keyf, &["--socket-mode", "0660"], &img, "m");
+    let srv = serve(dir.path(), "m", &args, None);
+    let mode = std::fs::metadata(&srv.sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    let lock = dir.path().join("m.sock.lock");
+    assert!(lock.exists());
+    let listen = format!("unix:{}", srv.sock.display());
+    let mut second = plain_args("aes-xts-plain64", "512", &keyf, &["--listen", &listen], &img, "m2");
+    second.insert(0, "open");
+    let out = run(&second);
+    assert!(!out.status.success(), "a second server bound the same socket");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("locked by another server"));
+    assert!(srv.sock.exists(), "the second server removed the first one's socket");
+    let sock = srv.sock.clone();
+    srv.stop_ok();
+    assert!(!sock.exists() && !lock.exists());
+
+    let srv = serve(dir.path(), "d", &plain_args("aes-xts-plain64", "512", &keyf, &[], &img, "d"), None);
+    let mode = std::fs::metadata(&srv.sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    srv.stop_ok();
+}

@@ -44,13 +44,38 @@
 //! This is nbdkit's design. A worker reads a request and executes it itself, so a request
 //! never changes threads and queue-depth-1 latency stays minimal; with a deeper queue the
 //! next worker is already reading while others execute, so requests of one connection run
-//! in parallel and replies go out in completion order. Each worker reuses its own buffer
-//! (up to 4 MiB), so steady-state requests allocate nothing.
+//! in parallel and replies go out in completion order. Payload buffers come from a
+//! server-wide pool and go back to it once the reply has left, so steady-state requests
+//! allocate nothing.
 //!
 //! `ShutdownHandle::shutdown` stops accepting, shuts down the read side of every socket
 //! (requests already read still run and are answered), waits for the connections (at most
 //! `ServerConfig::shutdown_grace`), flushes every export's device, removes the Unix socket
-//! file, and `serve` returns.
+//! file and its lock file, and `serve` returns. A TRIM or WRITE_ZEROES in progress stops
+//! at its next piece and is answered `ESHUTDOWN`.
+//!
+//! # Limits (hostile clients)
+//!
+//! ```text
+//!   accept ─ over max_connections? ─ close at once
+//!     │
+//!   handshake ─ not done within handshake_timeout (10 s)? ─ the watchdog closes the socket
+//!     │
+//!   transmission: each READ/WRITE payload buffer is taken from the memory budget while the
+//!     worker still holds the reader
+//!       ├ this connection holds connection_budget (64 MiB)? ─ wait: it reads nothing more
+//!       └ the server holds memory_budget (1 GiB, ≤ RAM/4)?  ─ free idle pooled buffers, else wait
+//!     buffers go back after the reply has left; idle_timeout (off) closes a connection with
+//!     nothing in flight that sends nothing, or whose reply makes no progress, that long
+//!   TRIM / WRITE_ZEROES reach the device in pieces of at most 64 MiB; shutdown stops between
+//!     pieces (ESHUTDOWN)
+//! ```
+//!
+//! A client that does not read its replies therefore pins at most its connection's budget
+//! and stalls only itself. Error replies carry a fixed text per error kind, never the device
+//! error's own text (which can name the backing file). A Unix socket file is created with
+//! `ServerConfig::socket_mode` (0600) from the start, and `PATH.lock` is held while serving
+//! so that two servers never remove each other's socket (`Server::bind`).
 //!
 //! # Protocol
 //!
@@ -66,14 +91,23 @@
 //!
 //! * No TLS (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP`), no `NBD_CMD_BLOCK_STATUS` /
 //!   meta contexts, no extended headers, no `NBD_CMD_CACHE`, no fast zero.
-//! * Memory is bounded per connection (`threads_per_connection × max_request`, 512 MiB with
-//!   the defaults, only when a client keeps that many maximum-size requests in flight) and
-//!   by `max_connections`, but there is no server-wide budget. nbdkit has the same exposure.
-//! * A connection that never finishes its handshake holds a thread until shutdown.
+//! * Not in the memory budget: per connection a 64 KiB read buffer, at most 64 KiB of
+//!   handshake option data, at most 256 KiB of queued small replies, and its threads'
+//!   stacks — bounded by `max_connections` and `threads_per_connection`, not by the budget.
+//!   Nor is what a device allocates for a TRIM/WRITE_ZEROES piece.
+//! * Enough clients that do not read their replies (`memory_budget / connection_budget`,
+//!   16 with the defaults) exhaust the budget and stall everyone else until `idle_timeout`
+//!   (off by default) closes them. Likewise `max_connections` clients that never finish the
+//!   handshake keep others out for up to `handshake_timeout`. Without authentication (TLS)
+//!   a local user who may connect can always deny service; these limits keep the server's
+//!   memory and threads bounded while that happens.
+//! * The connection limit and the handshake watchdog are per listener (`BoundServer`); the
+//!   memory budget is per `Server`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod addr;
+mod budget;
 mod handshake;
 mod server;
 mod stream;
@@ -81,4 +115,6 @@ mod transmission;
 pub mod wire;
 
 pub use addr::{AddrParseError, ListenAddr, DEFAULT_HOST};
-pub use server::{BoundServer, Export, Server, ServerConfig, ShutdownHandle};
+pub use server::{
+    default_memory_budget, BoundServer, Export, Server, ServerConfig, ServerStats, ShutdownHandle,
+};

@@ -3,18 +3,21 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, Caps};
 use log::{debug, error, info, warn};
+use rustix::fs::{FlockOperation, Mode};
+use rustix::net::{bind, listen, socket_with, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use crate::addr::{connectable_tcp, ListenAddr};
+use crate::budget::Budget;
 use crate::stream::Stream;
 use crate::wire::tflag;
 use crate::{handshake, transmission};
@@ -40,7 +43,8 @@ impl Export {
     }
 }
 
-/// Server tuning. `ServerConfig::default()` is what the measurements chose.
+/// Server tuning and the limits that protect it from hostile clients.
+/// `ServerConfig::default()` is what the measurements chose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     /// Most worker threads per connection, i.e. the most requests of one connection executed
@@ -48,10 +52,32 @@ pub struct ServerConfig {
     /// one or two threads. At least 1.
     pub threads_per_connection: usize,
     /// Largest READ or WRITE payload accepted, in bytes; advertised as the maximum block size.
-    /// Clamped to 4 KiB..=1 GiB and to at least the export's preferred block size.
+    /// Clamped to 4 KiB..=1 GiB, to at least the export's preferred block size, and to at
+    /// most `connection_budget`.
     pub max_request: u32,
+    /// Server-wide budget, in bytes, for READ/WRITE payload buffers: requests being read,
+    /// executed, or whose replies the client has not taken yet, plus idle buffers kept for
+    /// reuse. A connection that cannot get budget for its next request stops reading
+    /// requests until some is released. At least 1 MiB.
+    pub memory_budget: usize,
+    /// The most payload bytes one connection may hold at once (clamped to 1 MiB..=
+    /// `memory_budget`). Well below `memory_budget`, so that a client that never reads its
+    /// replies stalls only itself. 64 MiB keeps 32 requests of 1 MiB (fio/nbdcopy at QD32)
+    /// and two maximum-size requests in flight.
+    pub connection_budget: usize,
     /// Further connections are closed right after `accept`.
     pub max_connections: usize,
+    /// A connection that has not finished the handshake (selected an export) this long after
+    /// `accept` is closed. `None`: no limit.
+    pub handshake_timeout: Option<Duration>,
+    /// A connection in transmission with no request in flight that sends nothing this long
+    /// is closed; so is one whose reply makes no progress (the client does not read) this
+    /// long. `None` (the default): connections may stay idle forever.
+    pub idle_timeout: Option<Duration>,
+    /// Permission bits of a Unix socket file (default 0600: only the server's user may
+    /// connect). Must include owner read and write. The file never has more bits than this
+    /// at any moment, whatever the umask.
+    pub socket_mode: u32,
     /// After `shutdown`, how long in-flight requests may take before the remaining
     /// connections are cut (a client that stops reading could otherwise block shutdown).
     pub shutdown_grace: Duration,
@@ -64,15 +90,41 @@ pub struct ServerConfig {
     pub unix_send_buffer: usize,
 }
 
+/// The default server-wide memory budget: 1 GiB, but at most a quarter of physical memory
+/// (and at least 128 MiB).
+pub fn default_memory_budget() -> usize {
+    let info = rustix::system::sysinfo();
+    let ram = u64::from(info.mem_unit.max(1)).saturating_mul(info.totalram as u64);
+    let quarter = usize::try_from(ram / 4).unwrap_or(usize::MAX);
+    quarter.clamp(128 << 20, 1 << 30)
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             threads_per_connection: 16,
             max_request: 32 << 20,
+            memory_budget: default_memory_budget(),
+            connection_budget: 64 << 20,
             max_connections: 1024,
+            handshake_timeout: Some(Duration::from_secs(10)),
+            idle_timeout: None,
+            socket_mode: 0o600,
             shutdown_grace: Duration::from_secs(10),
             unix_send_buffer: 1 << 20,
         }
+    }
+}
+
+impl ServerConfig {
+    /// `memory_budget` as enforced.
+    pub(crate) fn effective_budget(&self) -> usize {
+        self.memory_budget.max(1 << 20)
+    }
+
+    /// `connection_budget` as enforced.
+    pub(crate) fn effective_connection_budget(&self) -> usize {
+        self.connection_budget.clamp(1 << 20, self.effective_budget())
     }
 }
 
@@ -87,6 +139,8 @@ pub struct Server {
 pub(crate) struct Shared {
     pub(crate) exports: Vec<Export>,
     pub(crate) config: ServerConfig,
+    /// Payload buffers of every connection of every listener.
+    pub(crate) budget: Budget,
 }
 
 impl Shared {
@@ -118,7 +172,9 @@ impl ExportParams {
         let caps = export.device.caps();
         let min_block = geometry.logical_block.max(1);
         let preferred_block = geometry.physical_block.max(4096).max(min_block).next_power_of_two();
-        let max_request = config.max_request.clamp(4096, 1 << 30).max(preferred_block);
+        // A request must fit in one connection's budget, or it could never be served.
+        let cap = u32::try_from(config.effective_connection_budget()).unwrap_or(u32::MAX);
+        let max_request = config.max_request.clamp(4096, 1 << 30).min(cap).max(preferred_block);
         let max_request = max_request - max_request % min_block;
         ExportParams {
             size: geometry.size,
@@ -176,7 +232,15 @@ impl Server {
                 warn!("export {:?}: unusual geometry {g:?}; clients may be unable to reach its end", e.name);
             }
         }
-        Server { shared: Arc::new(Shared { exports, config }) }
+        if config.max_request as usize > config.effective_connection_budget() {
+            warn!(
+                "maximum request {} exceeds the per-connection budget {}; advertising the budget",
+                config.max_request,
+                config.effective_connection_budget()
+            );
+        }
+        let budget = Budget::new(config.effective_budget());
+        Server { shared: Arc::new(Shared { exports, config, budget }) }
     }
 
     /// The exports, in the order given.
@@ -184,13 +248,19 @@ impl Server {
         &self.shared.exports
     }
 
-    /// Starts listening on `addr`. A stale Unix socket file (nobody accepting) is replaced;
-    /// a live one is an `AddrInUse` error.
+    /// Starts listening on `addr`.
+    ///
+    /// A Unix socket is created with `ServerConfig::socket_mode` (0600 by default) from the
+    /// start, and `PATH.lock` is created beside it and locked (`flock`) while the server runs:
+    /// a second server for the same path fails with `AddrInUse` instead of racing this one.
+    /// Under that lock a stale socket file (nobody accepting) is replaced; a live one (a
+    /// server that does not use the lock) is an `AddrInUse` error, and anything that is not a
+    /// socket is left alone (`AlreadyExists`).
     pub fn bind(&self, addr: &ListenAddr) -> io::Result<BoundServer> {
         let (listener, local, guard) = match addr {
             ListenAddr::Unix(path) => {
-                let l = bind_unix(path)?;
-                (Listener::Unix(l), ListenAddr::Unix(path.clone()), Some(SocketFileGuard(path.clone())))
+                let (l, guard) = bind_unix(path, self.shared.config.socket_mode)?;
+                (Listener::Unix(l), ListenAddr::Unix(path.clone()), Some(guard))
             }
             ListenAddr::Tcp(a) => {
                 let l = TcpListener::bind(a.as_str())?;
@@ -205,6 +275,7 @@ impl Server {
             state: Arc::new(ShutdownState {
                 stopping: AtomicBool::new(false),
                 registry: Mutex::new(Registry::default()),
+                tick: Condvar::new(),
                 wake: local.clone(),
             }),
             local,
@@ -213,32 +284,136 @@ impl Server {
     }
 }
 
-fn bind_unix(path: &Path) -> io::Result<UnixListener> {
-    match UnixListener::bind(path) {
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            let is_socket =
-                std::fs::symlink_metadata(path).map(|m| m.file_type().is_socket()).unwrap_or(false);
-            if is_socket && UnixStream::connect(path).is_err() {
+/// Most connections waiting in the kernel for `accept`.
+const BACKLOG: i32 = 1024;
+
+/// Binds a listening Unix socket at `path` whose file has permission bits `mode` from the
+/// moment it exists, holding `PATH.lock` (see `Server::bind`).
+fn bind_unix(path: &Path, mode: u32) -> io::Result<(UnixListener, UnixGuard)> {
+    if mode & !0o777 != 0 || mode & 0o600 != 0o600 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("socket mode {mode:#o} must be at most 0777 and include owner read and write (0600)"),
+        ));
+    }
+    let lock = SocketLock::acquire(path)?;
+    // Under the lock no other sealdisk server binds or removes `path`.
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by another server", path.display()),
+                ))
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 warn!("removing stale socket {}", path.display());
                 std::fs::remove_file(path)?;
-                UnixListener::bind(path)
-            } else {
-                Err(e)
+            }
+            // Permission denied and the like: not ours to judge, let alone remove.
+            Err(e) => return Err(e),
+        },
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let fd = socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
+    // Linux creates the socket file with the socket inode's mode minus the umask
+    // (net/unix/af_unix.c, unix_bind_bsd), so after this fchmod the file never has more than
+    // `mode`, whatever the umask and without touching the process-wide umask.
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+    bind(&fd, &SocketAddrUnix::new(path)?)?;
+    let guard = UnixGuard { socket: path.to_path_buf(), _lock: lock };
+    // Listen at once: a client that sees the file may connect right away.
+    listen(&fd, BACKLOG)?;
+    // The umask may have taken bits the caller asked for (0660 under umask 022): give them
+    // back (widening only: until then fewer users can connect, never more).
+    let got = rustix::fs::stat(path)?.st_mode & 0o7777;
+    if got & !mode != 0 {
+        // Only on a kernel that ignores the socket inode's mode at bind; nothing has been
+        // accepted, and the guard removes the file.
+        return Err(io::Error::other(format!(
+            "{} was created with mode {got:#o}, wider than {mode:#o}; refusing to serve",
+            path.display()
+        )));
+    }
+    if got != mode {
+        rustix::fs::chmod(path, Mode::from_raw_mode(mode))?;
+    }
+    Ok((UnixListener::from(fd), guard))
+}
+
+/// `PATH.lock`, locked with `flock` for as long as a server uses the socket `PATH`.
+#[derive(Debug)]
+struct SocketLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl SocketLock {
+    fn acquire(socket: &Path) -> io::Result<SocketLock> {
+        let mut name = socket.as_os_str().to_owned();
+        name.push(".lock");
+        let path = PathBuf::from(name);
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)?;
+            match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("{} is locked by another server", path.display()),
+                    ))
+                }
+                Err(e) => return Err(e.into()),
+            }
+            // The previous holder removes the file before unlocking it: if what we locked is
+            // no longer what the path names, lock the new file instead.
+            let ours = rustix::fs::fstat(&file)?;
+            match rustix::fs::stat(&path) {
+                Ok(now) if now.st_dev == ours.st_dev && now.st_ino == ours.st_ino => {
+                    return Ok(SocketLock { path, _file: file })
+                }
+                Ok(_) => continue,
+                Err(e) if e == rustix::io::Errno::NOENT => continue,
+                Err(e) => return Err(e.into()),
             }
         }
-        r => r,
     }
 }
 
-/// Removes the Unix socket file when the listener goes away.
-#[derive(Debug)]
-struct SocketFileGuard(PathBuf);
-
-impl Drop for SocketFileGuard {
+impl Drop for SocketLock {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.0) {
+        // Removed while still locked (the file closes after this), see `acquire`.
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            warn!("could not remove lock file {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Removes the Unix socket file when the listener goes away, then releases the lock.
+#[derive(Debug)]
+struct UnixGuard {
+    socket: PathBuf,
+    _lock: SocketLock,
+}
+
+impl Drop for UnixGuard {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.socket) {
             if e.kind() != io::ErrorKind::NotFound {
-                warn!("could not remove socket {}: {e}", self.0.display());
+                warn!("could not remove socket {}: {e}", self.socket.display());
             }
         }
     }
@@ -283,7 +458,7 @@ pub struct BoundServer {
     listener: Listener,
     local: ListenAddr,
     state: Arc<ShutdownState>,
-    guard: Option<SocketFileGuard>,
+    guard: Option<UnixGuard>,
 }
 
 /// Stops a `BoundServer`: see `shutdown`.
@@ -296,15 +471,25 @@ pub struct ShutdownHandle {
 struct ShutdownState {
     stopping: AtomicBool,
     registry: Mutex<Registry>,
+    /// Wakes the watchdog (with the registry's lock) when the server stops.
+    tick: Condvar,
     /// The listening address, to connect to once so that a blocked `accept` returns.
     wake: ListenAddr,
 }
 
-/// Live connections, by id: a handle on each socket so that shutdown can end its reads.
+/// Live connections, by id: a handle on each socket so that shutdown and the watchdog can
+/// end its reads.
 #[derive(Debug, Default)]
 struct Registry {
     next_id: u64,
-    conns: HashMap<u64, Stream>,
+    conns: HashMap<u64, Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    stream: Stream,
+    /// While the connection is in its handshake: when the watchdog cuts it.
+    handshake_deadline: Option<Instant>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,9 +506,10 @@ impl ShutdownHandle {
             if self.state.stopping.swap(true, Ordering::SeqCst) {
                 return;
             }
-            for s in reg.conns.values() {
-                let _ = s.shutdown(Shutdown::Read);
+            for e in reg.conns.values() {
+                let _ = e.stream.shutdown(Shutdown::Read);
             }
+            self.state.tick.notify_all();
         }
         // Wake the accept loop with a throwaway connection.
         match &self.state.wake {
@@ -365,11 +551,20 @@ impl BoundServer {
         ShutdownHandle { state: self.state.clone() }
     }
 
+    /// A handle on the server's live figures (memory held for payloads, connections).
+    pub fn stats(&self) -> ServerStats {
+        ServerStats { shared: self.shared.clone(), state: self.state.clone() }
+    }
+
     /// Accepts and serves clients, one thread per connection plus its workers, until
     /// `ShutdownHandle::shutdown`. Returns the first error from the final flush of the
     /// exports' devices, if any.
     pub fn serve(self) -> io::Result<()> {
         let BoundServer { shared, listener, local, state, guard } = self;
+        let watchdog = {
+            let (shared, state) = (shared.clone(), state.clone());
+            thread::Builder::new().name("nbd-watchdog".into()).spawn(move || watchdog(&shared, &state))?
+        };
         let mut handles: Vec<JoinHandle<()>> = Vec::new();
         while !state.stopping.load(Ordering::SeqCst) {
             let accepted = listener.accept(shared.config.unix_send_buffer);
@@ -403,13 +598,16 @@ impl BoundServer {
         while handles.iter().any(|h| !h.is_finished()) && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(5));
         }
-        for s in lock(&state.registry).conns.values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for e in lock(&state.registry).conns.values() {
+            let _ = e.stream.shutdown(Shutdown::Both);
         }
         for h in handles {
             if h.join().is_err() {
                 error!("{local}: a connection thread panicked");
             }
+        }
+        if watchdog.join().is_err() {
+            error!("{local}: the watchdog thread panicked");
         }
 
         let mut result = Ok(());
@@ -423,6 +621,69 @@ impl BoundServer {
         }
         info!("{local}: stopped");
         result
+    }
+}
+
+/// Closes connections whose handshake took too long and frees pooled buffers left idle,
+/// until the server stops.
+fn watchdog(shared: &Shared, state: &ShutdownState) {
+    let tick = shared
+        .config
+        .handshake_timeout
+        .map_or(Duration::from_millis(500), |t| t / 4)
+        .clamp(Duration::from_millis(10), Duration::from_millis(500));
+    let mut reg = lock(&state.registry);
+    while !state.stopping.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        for (id, e) in reg.conns.iter_mut() {
+            if e.handshake_deadline.is_some_and(|d| d <= now) {
+                info!("connection {id}: no export selected within the handshake timeout; closing it");
+                e.handshake_deadline = None;
+                let _ = e.stream.shutdown(Shutdown::Both);
+            }
+        }
+        drop(reg);
+        shared.budget.reap_idle();
+        reg = lock(&state.registry);
+        if state.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        reg = state.tick.wait_timeout(reg, tick).unwrap_or_else(PoisonError::into_inner).0;
+    }
+}
+
+/// Live figures of a running server; `Clone + Send`.
+#[derive(Debug, Clone)]
+pub struct ServerStats {
+    shared: Arc<Shared>,
+    state: Arc<ShutdownState>,
+}
+
+impl ServerStats {
+    /// Bytes of READ/WRITE payload buffers held for requests now (being read, executed, or
+    /// waiting for the client to take the reply), over every connection of the server.
+    pub fn bytes_in_flight(&self) -> usize {
+        self.shared.budget.in_use()
+    }
+
+    /// The most `bytes_in_flight` seen at once.
+    pub fn peak_bytes_in_flight(&self) -> usize {
+        self.shared.budget.peak()
+    }
+
+    /// Bytes of idle payload buffers kept for reuse (they count against the budget too).
+    pub fn bytes_pooled(&self) -> usize {
+        self.shared.budget.pooled()
+    }
+
+    /// The server-wide memory budget in force.
+    pub fn memory_budget(&self) -> usize {
+        self.shared.budget.limit()
+    }
+
+    /// Connections of this listener, in handshake or transmission.
+    pub fn connections(&self) -> usize {
+        lock(&self.state.registry).conns.len()
     }
 }
 
@@ -450,14 +711,16 @@ fn start_connection(
         }
         reg.next_id += 1;
         let id = reg.next_id;
-        reg.conns.insert(id, ctl);
+        let handshake_deadline = shared.config.handshake_timeout.map(|t| Instant::now() + t);
+        reg.conns.insert(id, Entry { stream: ctl, handshake_deadline });
         id
     };
     let dereg = Deregister { state: state.clone(), id };
     let shared = shared.clone();
+    let state = state.clone();
     let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
         let _dereg = dereg;
-        run_connection(stream, &shared, &peer);
+        run_connection(stream, &shared, &state, id, &peer);
     });
     match spawned {
         Ok(h) => Some(h),
@@ -474,7 +737,7 @@ fn start_connection(
 /// pipelined headers, arrive with one `read`.
 const READ_BUFFER: usize = 64 * 1024;
 
-fn run_connection(stream: Stream, shared: &Shared, peer: &str) {
+fn run_connection(stream: Stream, shared: &Shared, state: &ShutdownState, id: u64, peer: &str) {
     debug!("{peer}: connected");
     let mut writer = match stream.try_clone() {
         Ok(w) => w,
@@ -486,9 +749,29 @@ fn run_connection(stream: Stream, shared: &Shared, peer: &str) {
     let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
     match handshake::negotiate(&mut reader, &mut writer, shared, peer) {
         Ok(Some(session)) => {
+            // The handshake is over: the watchdog no longer times this connection out.
+            let timed_out = match lock(&state.registry).conns.get_mut(&id) {
+                Some(e) => e.handshake_deadline.take().is_none() && shared.config.handshake_timeout.is_some(),
+                None => true,
+            };
+            if timed_out {
+                debug!("{peer}: handshake finished after the timeout");
+                return;
+            }
             let export = &shared.exports[session.export];
             info!("{peer}: serving export {:?} (structured replies: {})", export.name, session.structured);
-            transmission::serve(reader, writer, export, &shared.config, session, peer);
+            if let Some(t) = shared.config.idle_timeout {
+                if let Err(e) = writer.set_timeouts(Some(t)) {
+                    warn!("{peer}: cannot set the idle timeout: {e}");
+                    return;
+                }
+            }
+            let limits = transmission::Limits {
+                config: &shared.config,
+                budget: &shared.budget,
+                stopping: &state.stopping,
+            };
+            transmission::serve(reader, writer, export, limits, session, peer);
         }
         Ok(None) => {}
         Err(e) => debug!("{peer}: handshake ended: {e}"),

@@ -3,6 +3,7 @@
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 /// A connected client socket.
 #[derive(Debug)]
@@ -26,6 +27,21 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
+        }
+    }
+
+    /// Sets `SO_RCVTIMEO` and `SO_SNDTIMEO` (shared by every handle on the socket): a read
+    /// or write that makes no progress this long fails with `WouldBlock`.
+    pub(crate) fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(t)?;
+                s.set_write_timeout(t)
+            }
         }
     }
 

@@ -14,28 +14,45 @@
 //! worker is waiting to read, it starts one more (up to `threads_per_connection`), so a
 //! connection grows exactly as many threads as its clients' queue depth needs.
 //!
+//! A READ or WRITE takes its payload buffer from the server's budget (`crate::budget`)
+//! before the worker lets go of the reader, and gives it back after the reply has left: a
+//! connection over its share reads no further requests, so a client that does not take its
+//! replies holds at most `connection_budget` bytes and stalls only itself. With an idle
+//! timeout the socket has read and write timeouts (see `Conn::wait_for_request`).
+//!
 //! Replies are combined: a worker whose small reply finds another worker sending appends it
 //! to a bounded queue, which the sending worker writes out before it lets go of the socket.
 //! Under load several replies leave in one system call; at queue depth 1 nothing changes.
 
-use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Scope};
 
-use blockdev::{BlockDevice, BlockError, Caps, WriteFlags, ZeroFlags};
+use blockdev::{BlockDevice, BlockError, BlockErrorKind, Caps, WriteFlags, ZeroFlags};
 use log::{debug, info, warn};
 
+use crate::budget::{Budget, ConnBudget};
 use crate::handshake::Session;
 use crate::server::{Export, ExportParams, ServerConfig};
 use crate::stream::{write_all_vectored, Stream};
 use crate::wire::{self, cmd, cmd_flag, errno, tflag, Request};
 
-/// Worker buffers up to this size are kept for the next request; larger ones (rare, up to
-/// the maximum request size) are freed after use.
-const KEEP_BUFFER: usize = 4 << 20;
+/// TRIM and WRITE_ZEROES are passed to the device in pieces of at most this many bytes, so
+/// that a 4 GiB request neither makes a device allocate in proportion nor holds up shutdown
+/// for its whole length.
+pub(crate) const ZERO_CHUNK: u64 = 64 << 20;
+
+/// What the server imposes on every connection.
+pub(crate) struct Limits<'a> {
+    pub(crate) config: &'a ServerConfig,
+    /// The server-wide payload budget.
+    pub(crate) budget: &'a Budget,
+    /// Set when the server shuts down.
+    pub(crate) stopping: &'a AtomicBool,
+}
 
 /// Serves requests until the client disconnects, breaks the protocol, or the socket is shut
 /// down; returns after every request read has been answered (or the socket failed).
@@ -43,12 +60,17 @@ pub(crate) fn serve(
     reader: BufReader<Stream>,
     writer: Stream,
     export: &Export,
-    config: &ServerConfig,
+    limits: Limits<'_>,
     session: Session,
     peer: &str,
 ) {
+    let config = limits.config;
     let params = ExportParams::new(export, config);
     let conn = Conn {
+        budget: limits.budget,
+        conn_budget: ConnBudget::new(config.effective_connection_budget()),
+        stopping: limits.stopping,
+        idle_timeout: config.idle_timeout.is_some(),
         device: &*export.device,
         tflags: params.tflags(session.structured),
         params,
@@ -67,6 +89,14 @@ pub(crate) fn serve(
 
 /// One connection in transmission.
 struct Conn<'a> {
+    /// Payload buffers come from here, and go back after the reply has left.
+    budget: &'a Budget,
+    /// This connection's share of `budget`.
+    conn_budget: ConnBudget,
+    /// The server is shutting down.
+    stopping: &'a AtomicBool,
+    /// The socket has read and write timeouts (`ServerConfig::idle_timeout`).
+    idle_timeout: bool,
     device: &'a dyn BlockDevice,
     params: ExportParams,
     tflags: u16,
@@ -96,13 +126,15 @@ struct Pending {
 
 /// Replies up to this size are combined with others (see `Conn::send`).
 const COMBINE_MAX: usize = 64 * 1024;
-/// Most bytes of replies queued behind the one being sent.
-const MAX_PENDING: usize = 1 << 20;
+/// Most bytes of replies queued behind the one being sent. Not part of the memory budget:
+/// a fixed cost per connection, like the 64 KiB read buffer.
+const MAX_PENDING: usize = 256 * 1024;
 
 /// What reading one request produced.
 enum Next {
-    /// A valid request; a WRITE's payload is in the worker's buffer.
-    Run(Request),
+    /// A valid request, with its payload buffer (charged to the budget) for a READ or WRITE
+    /// of nonzero length; a WRITE's payload is in it.
+    Run(Request, Option<Vec<u8>>),
     /// An invalid request, answered with this error (its payload was consumed and dropped).
     Reject(Request, u32, &'static str),
     /// `NBD_CMD_DISC`.
@@ -115,6 +147,39 @@ enum Stop {
     Eof(&'static str),
     /// Anything else: a socket error or a request that cannot be resynchronised.
     Fatal(String),
+    /// The connection was idle for `ServerConfig::idle_timeout`.
+    Idle,
+    /// The connection or the server closed while waiting for budget.
+    Cancelled,
+}
+
+/// Why executing a request failed.
+enum Failure {
+    Device(BlockError),
+    /// The server began shutting down between two pieces of a TRIM or WRITE_ZEROES.
+    Shutdown,
+}
+
+impl From<BlockError> for Failure {
+    fn from(e: BlockError) -> Self {
+        Failure::Device(e)
+    }
+}
+
+/// What an error reply tells the client about a device error: the kind only. The error's
+/// own text (which can name host paths, e.g. the backing file's) goes to the log.
+fn client_message(kind: BlockErrorKind) -> &'static str {
+    match kind {
+        BlockErrorKind::Misaligned => "request not aligned to the device's block size",
+        BlockErrorKind::OutOfRange => "request beyond the end of the device",
+        BlockErrorKind::Unsupported => "operation not supported by the device",
+        BlockErrorKind::ReadOnly => "device is read-only",
+        BlockErrorKind::IntegrityMismatch { .. } => "integrity check failed",
+        BlockErrorKind::Poisoned => "device refuses writes after a failed metadata write",
+        BlockErrorKind::NoSpace => "no space left on the backing device",
+        BlockErrorKind::InvalidArgument => "invalid argument",
+        _ => "I/O error",
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -135,14 +200,6 @@ fn cmd_name(typ: u16) -> &'static str {
     }
 }
 
-/// Makes `buf` at least `len` bytes long. A fresh zeroed allocation (not `resize`) lets the
-/// allocator hand out untouched zero pages for big buffers.
-fn ensure_len(buf: &mut Vec<u8>, len: usize) {
-    if buf.len() < len {
-        *buf = vec![0u8; len];
-    }
-}
-
 fn read_stop(e: io::Error, what: &'static str) -> Stop {
     // A client killed mid-request resets the connection: as unremarkable as a plain EOF.
     if matches!(
@@ -157,7 +214,6 @@ fn read_stop(e: io::Error, what: &'static str) -> Stop {
 
 impl<'a> Conn<'a> {
     fn worker<'s>(&'s self, scope: &'s Scope<'s, '_>) {
-        let mut buf: Vec<u8> = Vec::new();
         loop {
             if self.closing.load(Ordering::Acquire) {
                 break;
@@ -170,7 +226,7 @@ impl<'a> Conn<'a> {
                     self.readers.fetch_sub(1, Ordering::SeqCst);
                     break;
                 }
-                let next = self.read_next(&mut r, &mut buf);
+                let next = self.read_next(&mut r);
                 if matches!(next, Err(_) | Ok(Next::Disconnect)) {
                     // Still under the lock: waiting workers see it before they read.
                     self.closing.store(true, Ordering::Release);
@@ -178,8 +234,8 @@ impl<'a> Conn<'a> {
                 next
             };
             let others_reading = self.readers.fetch_sub(1, Ordering::SeqCst) - 1;
-            let req = match next {
-                Ok(Next::Run(req)) => req,
+            let (req, buf) = match next {
+                Ok(Next::Run(req, buf)) => (req, buf),
                 Ok(Next::Reject(req, err, msg)) => {
                     debug!(
                         "{}: {} at {}+{} rejected: {msg}",
@@ -203,14 +259,19 @@ impl<'a> Conn<'a> {
                     warn!("{}: {msg}; closing the connection", self.peer);
                     break;
                 }
+                Err(Stop::Idle) => {
+                    info!("{}: idle for the idle timeout; closing the connection", self.peer);
+                    break;
+                }
+                Err(Stop::Cancelled) => {
+                    debug!("{}: closing while waiting for memory budget", self.peer);
+                    break;
+                }
             };
             if others_reading == 0 {
                 self.spawn_worker(scope);
             }
-            self.run(&req, &mut buf);
-            if buf.len() > KEEP_BUFFER {
-                buf = Vec::new();
-            }
+            self.run(&req, buf);
         }
     }
 
@@ -232,9 +293,14 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// Reads one request and, for WRITE, its payload (into `buf`, or dropped if the request
-    /// is rejected), so that the next request starts where the client put it.
-    fn read_next(&self, r: &mut BufReader<Stream>, buf: &mut Vec<u8>) -> Result<Next, Stop> {
+    /// Reads one request and, for WRITE, its payload (into a buffer from the budget, or
+    /// dropped if the request is rejected), so that the next request starts where the client
+    /// put it. A valid READ or WRITE waits here, holding the reader, until the budget has
+    /// room for its payload: a connection over its share reads nothing more.
+    fn read_next(&self, r: &mut BufReader<Stream>) -> Result<Next, Stop> {
+        if self.idle_timeout {
+            self.wait_for_request(r)?;
+        }
         let mut hb = [0u8; Request::SIZE];
         r.read_exact(&mut hb).map_err(|e| read_stop(e, "a request header"))?;
         let req = Request::decode(&hb).map_err(|e| Stop::Fatal(e.to_string()))?;
@@ -242,12 +308,19 @@ impl<'a> Conn<'a> {
             return Ok(Next::Disconnect);
         }
         let check = self.validate(&req);
+        let len = req.length as usize;
+        let mut buf = None;
+        if check.is_ok() && matches!(req.typ, cmd::READ | cmd::WRITE) && len > 0 {
+            let give_up = || self.closing.load(Ordering::Acquire) || self.stopping.load(Ordering::SeqCst);
+            buf = Some(self.budget.acquire(&self.conn_budget, len, give_up).ok_or(Stop::Cancelled)?);
+        }
         if req.typ == cmd::WRITE {
-            let len = req.length as usize;
-            if check.is_ok() {
-                ensure_len(buf, len);
-                r.read_exact(&mut buf[..len]).map_err(|e| read_stop(e, "a write payload"))?;
-            } else {
+            if let Some(b) = buf.as_mut() {
+                if let Err(e) = r.read_exact(&mut b[..len]) {
+                    self.budget.release(&self.conn_budget, std::mem::take(b));
+                    return Err(read_stop(e, "a write payload"));
+                }
+            } else if check.is_err() {
                 let n = io::copy(&mut r.by_ref().take(u64::from(req.length)), &mut io::sink())
                     .map_err(|e| read_stop(e, "a rejected write payload"))?;
                 if n < u64::from(req.length) {
@@ -256,9 +329,29 @@ impl<'a> Conn<'a> {
             }
         }
         Ok(match check {
-            Ok(()) => Next::Run(req),
+            Ok(()) => Next::Run(req, buf),
             Err((err, msg)) => Next::Reject(req, err, msg),
         })
+    }
+
+    /// With an idle timeout: waits until the next request starts arriving. A read timeout
+    /// while other requests of this connection are still in flight is not idleness (the
+    /// client is waiting for them); otherwise the connection is idle and closes.
+    fn wait_for_request(&self, r: &mut BufReader<Stream>) -> Result<(), Stop> {
+        loop {
+            match r.fill_buf() {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    // Workers not waiting for the reader are executing or replying.
+                    let busy = self.workers.load(Ordering::SeqCst) > self.readers.load(Ordering::SeqCst);
+                    if !busy {
+                        return Err(Stop::Idle);
+                    }
+                }
+                Err(e) => return Err(read_stop(e, "a request header")),
+            }
+        }
     }
 
     /// Checks a request against the protocol and the export, as the NBD spec asks: EINVAL
@@ -319,35 +412,44 @@ impl<'a> Conn<'a> {
         Ok(())
     }
 
-    /// Executes a valid request and answers it.
-    fn run(&self, req: &Request, buf: &mut Vec<u8>) {
+    /// Executes a valid request, answers it, and gives its buffer back to the budget once
+    /// the reply has left.
+    fn run(&self, req: &Request, mut buf: Option<Vec<u8>>) {
         let len = req.length as usize;
-        if req.typ == cmd::READ {
-            ensure_len(buf, len);
-        }
-        let result = match catch_unwind(AssertUnwindSafe(|| self.execute(req, buf))) {
-            Ok(r) => r,
+        let payload: &mut [u8] = match buf.as_mut() {
+            Some(b) => &mut b[..len],
+            None => &mut [],
+        };
+        match catch_unwind(AssertUnwindSafe(|| self.execute(req, payload))) {
+            Ok(Ok(())) => {
+                let data = if req.typ == cmd::READ { &payload[..] } else { &[][..] };
+                self.send_ok(req, data);
+            }
+            Ok(Err(Failure::Device(e))) => {
+                warn!("{}: {} at {}+{} failed: {e}", self.peer, cmd_name(req.typ), req.offset, req.length);
+                self.send_error(req, wire::nbd_errno(e.kind().errno()), client_message(e.kind()));
+            }
+            Ok(Err(Failure::Shutdown)) => {
+                info!(
+                    "{}: {} at {}+{} cut short by shutdown",
+                    self.peer,
+                    cmd_name(req.typ),
+                    req.offset,
+                    req.length
+                );
+                self.send_error(req, errno::ESHUTDOWN, "server is shutting down");
+            }
             Err(_) => {
                 warn!("{}: the device panicked during {} at {}", self.peer, cmd_name(req.typ), req.offset);
                 self.send_error(req, errno::EIO, "internal error in the device");
-                return;
             }
-        };
-        match result {
-            Ok(()) => {
-                let data = if req.typ == cmd::READ { &buf[..len] } else { &[][..] };
-                self.send_ok(req, data);
-            }
-            Err(e) => {
-                warn!("{}: {} at {}+{} failed: {e}", self.peer, cmd_name(req.typ), req.offset, req.length);
-                let msg = e.to_string();
-                let msg = if msg.is_empty() { "I/O error" } else { msg.as_str() };
-                self.send_error(req, wire::nbd_errno(e.kind().errno()), msg);
-            }
+        }
+        if let Some(b) = buf {
+            self.budget.release(&self.conn_budget, b);
         }
     }
 
-    fn execute(&self, req: &Request, buf: &mut [u8]) -> Result<(), BlockError> {
+    fn execute(&self, req: &Request, buf: &mut [u8]) -> Result<(), Failure> {
         let dev = self.device;
         let (off, len) = (req.offset, req.length);
         let fua = req.flags & cmd_flag::FUA != 0;
@@ -369,30 +471,40 @@ impl<'a> Conn<'a> {
                 }
             }
             cmd::FLUSH => dev.flush()?,
-            cmd::TRIM => {
-                if len > 0 {
-                    dev.discard(off, u64::from(len))?;
+            cmd::TRIM | cmd::WRITE_ZEROES => {
+                let mut flags = ZeroFlags::empty();
+                if req.flags & cmd_flag::NO_HOLE == 0 {
+                    flags |= ZeroFlags::MAY_UNMAP;
                 }
-                // `discard` has no FUA flag of its own.
-                if fua {
+                // In pieces (see ZERO_CHUNK). FUA must cover the whole range: native FUA on
+                // a request of one piece, otherwise one flush at the end (`discard` has no
+                // FUA flag of its own anyway).
+                let one_piece = u64::from(len) <= ZERO_CHUNK;
+                let fua_native_zero = req.typ == cmd::WRITE_ZEROES && fua && native_fua && one_piece;
+                if fua_native_zero {
+                    flags |= ZeroFlags::FUA;
+                }
+                let end = off + u64::from(len);
+                let mut pos = off;
+                while pos < end {
+                    if self.stopping.load(Ordering::SeqCst) {
+                        return Err(Failure::Shutdown);
+                    }
+                    let n = ZERO_CHUNK.min(end - pos);
+                    if req.typ == cmd::TRIM {
+                        dev.discard(pos, n)?;
+                    } else {
+                        dev.write_zeroes(pos, n, flags)?;
+                    }
+                    pos += n;
+                }
+                if fua && !fua_native_zero {
                     dev.flush()?;
                 }
                 return Ok(());
             }
-            cmd::WRITE_ZEROES => {
-                if len > 0 {
-                    let mut flags = ZeroFlags::empty();
-                    if req.flags & cmd_flag::NO_HOLE == 0 {
-                        flags |= ZeroFlags::MAY_UNMAP;
-                    }
-                    if fua && native_fua {
-                        flags |= ZeroFlags::FUA;
-                    }
-                    dev.write_zeroes(off, u64::from(len), flags)?;
-                }
-            }
             // `validate` lets nothing else through.
-            _ => return Err(BlockError::unsupported(cmd_name(req.typ))),
+            _ => return Err(BlockError::unsupported(cmd_name(req.typ)).into()),
         }
         if flush_after && len > 0 {
             dev.flush()?;

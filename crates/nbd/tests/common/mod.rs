@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use blockdev::{BlockDevice, BlockError, BlockResult, Caps, Geometry, MemDevice, WriteFlags, ZeroFlags};
-use nbd::{Export, ListenAddr, Server, ServerConfig, ShutdownHandle};
+use nbd::{Export, ListenAddr, Server, ServerConfig, ServerStats, ShutdownHandle};
 
 // Protocol numbers, spelled out here rather than imported from the crate under test.
 pub const NBD_OPT_EXPORT_NAME: u32 = 1;
@@ -79,6 +79,7 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 pub struct TestServer {
     pub addr: ListenAddr,
     pub handle: ShutdownHandle,
+    pub stats: ServerStats,
     thread: Option<JoinHandle<io::Result<()>>>,
     pub dir: PathBuf,
 }
@@ -103,8 +104,9 @@ impl TestServer {
         let bound = Server::new(exports, config).bind(&addr).unwrap();
         let addr = bound.local_addr().clone();
         let handle = bound.shutdown_handle();
+        let stats = bound.stats();
         let thread = std::thread::spawn(move || bound.serve());
-        TestServer { addr, handle, thread: Some(thread), dir }
+        TestServer { addr, handle, stats, thread: Some(thread), dir }
     }
 
     pub fn socket_path(&self) -> PathBuf {
