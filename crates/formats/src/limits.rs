@@ -67,6 +67,18 @@ pub const LUKS2_MAX_METADATA_SIZE: u64 = 0x40_0000;
 /// [`MAX_AF_MATERIAL_BYTES`].
 pub const LUKS2_MAX_KEYSLOTS_SIZE: u64 = 0x800_0000;
 
+/// Largest LUKS2 header with its keyslots area (cryptsetup `LUKS2_HDR_MAX_MDA_SIZE`: two
+/// 4 MiB metadata copies and 128 MiB of keyslots), 136 MiB.
+pub const LUKS2_MAX_HEADER_BYTES: u64 = 2 * LUKS2_MAX_METADATA_SIZE + LUKS2_MAX_KEYSLOTS_SIZE;
+
+/// Largest LUKS1 header with its keyslot areas (the end of the last keyslot's key
+/// material), 136 MiB: what a header backup reads whole, and where unlock looks for key
+/// material. cryptsetup packs LUKS1 keyslots from 4 KiB on (`LUKS_generate_phdr`: at most
+/// 8 × 4 000 KiB for [`MAX_KEY_BYTES`] keys); a header converted from LUKS2 keeps its areas,
+/// so the bound is LUKS2's ([`LUKS2_MAX_HEADER_BYTES`]). cryptsetup's own `luksHeaderBackup`
+/// allocates whatever the header says.
+pub const LUKS1_MAX_HEADER_BYTES: u64 = LUKS2_MAX_HEADER_BYTES;
+
 /// Nesting depth of the LUKS2 JSON (json-c's `JSON_TOKENER_DEFAULT_DEPTH`, which
 /// cryptsetup uses): bounds the recursion of every walk over the parsed value.
 pub const LUKS2_JSON_MAX_DEPTH: usize = 32;

@@ -157,6 +157,15 @@ pub enum Luks1Error {
         /// payloadOffset, in sectors.
         payload: u32,
     },
+    /// The keyslot areas end beyond [`limits::LUKS1_MAX_HEADER_BYTES`] (a header backup
+    /// reads the header and keyslots whole).
+    #[error("LUKS1 keyslot {slot} is invalid: its key material ends at byte {end}, beyond the {max} bytes a LUKS1 header may span", max = limits::LUKS1_MAX_HEADER_BYTES)]
+    KeyslotsTooLarge {
+        /// The keyslot ending last.
+        slot: usize,
+        /// End of its key material, bytes.
+        end: u64,
+    },
     /// Two keyslot areas overlap (`first` is the one that is too short for its neighbour).
     #[error("LUKS1 keyslot {first} is invalid: its key material overlaps keyslot {second}")]
     KeyslotsOverlap {
@@ -461,6 +470,10 @@ impl Luks1Header {
             }
         }
         let sorted = self.slots_by_offset();
+        let end = self.required_device_size();
+        if end > limits::LUKS1_MAX_HEADER_BYTES {
+            return Err(Luks1Error::KeyslotsTooLarge { slot: sorted[NUM_KEYSLOTS - 1], end });
+        }
         for w in sorted.windows(2) {
             let (prev, next) = (w[0], w[1]);
             if u64::from(self.keyslots[next].key_material_offset)

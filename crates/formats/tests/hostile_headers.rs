@@ -126,3 +126,15 @@ fn dm_table_huge_values_are_refused() {
     let t = CryptTable::parse(&format!("0 8 crypt aes-xts-plain64 {key} {max} /dev/x 8")).unwrap();
     assert_eq!(t.key.len(), limits::MAX_KEY_BYTES as usize);
 }
+
+#[test]
+fn luks1_keyslots_beyond_the_header_bound_are_refused() {
+    // Keyslot 7's material placed at 2^31 sectors (1 TiB): a header backup would read it all.
+    let mut b = luks1_bytes();
+    let o = 208 + 48 * 7 + 40;
+    b[o..o + 4].copy_from_slice(&(1u32 << 31).to_be_bytes());
+    match Luks1Header::decode(&b) {
+        Err(Luks1Error::KeyslotsTooLarge { slot: 7, end }) => assert!(end > limits::LUKS1_MAX_HEADER_BYTES),
+        other => panic!("{other:?}"),
+    }
+}

@@ -25,7 +25,7 @@ const DEFAULT_HDR_SIZE: u64 = 0x100_0000;
 /// Data alignment (`DEFAULT_DISK_ALIGNMENT`, 1 MiB).
 const ALIGNMENT: u64 = 0x10_0000;
 /// Largest area wiped with zeroes at format (`LUKS2_HDR_MAX_MDA_SIZE`).
-const MAX_MDA_SIZE: u64 = 2 * METADATA_SIZES[8] + MAX_KEYSLOTS_SIZE;
+const MAX_MDA_SIZE: u64 = formats::limits::LUKS2_MAX_HEADER_BYTES;
 /// AF stripes of new keyslots.
 const STRIPES: u32 = 4000;
 
