@@ -257,7 +257,7 @@ fn dm_table_lines_with_huge_values_are_refused() {
     let max = u64::MAX >> 9;
     let key = "00".repeat(64);
     let lines = [
-        (format!("0 8 crypt aes-xts-plain64 {key} 0 {img} {}", max), "offset + length"),
+        (format!("0 8 crypt aes-xts-plain64 {key} 0 {img} {max}"), "offset + length"),
         (format!("0 8 crypt aes-xts-plain64 {key} 0 {img} {}", u64::MAX), "offset"),
         (format!("0 {} crypt aes-xts-plain64 {key} 0 {img} 0", max + 1), "length"),
         (format!("0 8 crypt aes-xts-plain64 {} 0 {img} 0", "00".repeat(4096)), "hex digits"),
