@@ -195,3 +195,20 @@ fn legitimate_costs_within_the_bounds_still_unlock() {
         l.unlock_with(&dev, &pass(), Some(0), &KdfLimits::unbounded()).unwrap();
     }
 }
+
+#[test]
+fn luks2_huge_header_size_is_refused_at_load() {
+    let dev = formatted(LuksVersion::V2);
+    let before = bytes(&dev);
+    // hdr_size (be64 at 8) of both copies: the JSON area read is sized by it.
+    let mut img = before.clone();
+    for copy in [0usize, 16384] {
+        img[copy + 8..copy + 16].copy_from_slice(&u64::MAX.to_be_bytes());
+    }
+    let hostile = MemDevice::from_vec(img.clone(), 512);
+    let start = Instant::now();
+    assert!(matches!(Luks::load(&hostile, true), Err(LuksError::Luks2(_))));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(bytes(&hostile), img, "a refused load wrote to the image");
+    // (config.keyslots_size and json_size above cryptsetup's limits: luks2_malformed.rs.)
+}
