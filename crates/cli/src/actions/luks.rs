@@ -61,7 +61,7 @@ pub struct KdfLimitArgs {
     /// (default 268435456, 2^28).
     #[arg(long, value_name = "N")]
     pub max_pbkdf2_iterations: Option<u32>,
-    /// Refuse Argon2 keyslots whose memory (KiB) × time cost exceeds N
+    /// Refuse Argon2 keyslots whose memory (KiB) × time cost exceeds this
     /// (default 134217728, e.g. 1 GiB × 128 passes).
     #[arg(long, value_name = "KIB_PASSES")]
     pub max_argon2_cost: Option<u64>,
