@@ -23,6 +23,8 @@ use std::fmt;
 
 use zeroize::Zeroizing;
 
+use crate::limits;
+
 /// Why a table line was refused. One variant per distinct malformation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -67,6 +69,18 @@ pub enum TableError {
     /// More than the kernel's 9 optional parameters.
     #[error("too many optional parameters ({0}; the kernel accepts at most 9)")]
     TooManyOpts(usize),
+    /// A key longer than [`limits::MAX_KEY_BYTES`]. The key itself is never shown.
+    #[error("the key is {0} hex digits long; keys are at most {max} bytes", max = limits::MAX_KEY_BYTES)]
+    KeyTooLong(usize),
+    /// A sector count (or `offset + len`) whose byte value does not fit 64 bits
+    /// ([`limits::DM_MAX_SECTORS`]).
+    #[error("{field} {value} is too large: {field} × 512 bytes must fit 64 bits")]
+    TooLarge {
+        /// Field name.
+        field: &'static str,
+        /// The value.
+        value: u64,
+    },
     /// An unknown optional parameter.
     #[error("unknown optional parameter {0:?}")]
     UnknownOpt(String),
@@ -198,7 +212,11 @@ fn parse_u64(field: &'static str, s: &str) -> Result<u64, TableError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(TableError::BadNumber { field, value: s.to_string() });
     }
-    s.parse().map_err(|_| TableError::BadNumber { field, value: s.to_string() })
+    let v: u64 = s.parse().map_err(|_| TableError::BadNumber { field, value: s.to_string() })?;
+    if v > limits::DM_MAX_SECTORS {
+        return Err(TableError::TooLarge { field, value: v });
+    }
+    Ok(v)
 }
 
 fn parse_key(s: &str) -> Result<Zeroizing<Vec<u8>>, TableError> {
@@ -210,6 +228,9 @@ fn parse_key(s: &str) -> Result<Zeroizing<Vec<u8>>, TableError> {
     }
     if !s.len().is_multiple_of(2) {
         return Err(TableError::BadKey(s.len()));
+    }
+    if s.len() / 2 > limits::MAX_KEY_BYTES as usize {
+        return Err(TableError::KeyTooLong(s.len()));
     }
     let mut key = Zeroizing::new(vec![0u8; s.len() / 2]);
     hex::decode_to_slice(s, &mut key[..]).map_err(|_| TableError::BadKey(s.len()))?;
@@ -243,6 +264,9 @@ impl CryptTable {
         let iv_offset = parse_u64("iv_offset", f[5])?;
         let device = f[6].to_string();
         let offset = parse_u64("offset", f[7])?;
+        if offset.checked_add(len).is_none_or(|end| end > limits::DM_MAX_SECTORS) {
+            return Err(TableError::TooLarge { field: "offset + length", value: offset.saturating_add(len) });
+        }
         let options = Self::parse_options(&f[8..])?;
         let table = CryptTable { len, cipher, key, iv_offset, device, offset, options };
         table.validate()?;
@@ -286,7 +310,7 @@ impl CryptTable {
         if n != opts.len() {
             return Err(TableError::BadOptCount { count: count.to_string(), given: opts.len() });
         }
-        if n > 9 {
+        if n > limits::DM_MAX_OPTIONAL_PARAMS {
             return Err(TableError::TooManyOpts(n));
         }
         for &opt in opts {

@@ -41,14 +41,16 @@
 
 use std::fmt;
 
+use crate::limits::{self, MAX_KEY_BYTES};
+
 /// `"LUKS\xba\xbe"`, shared with the LUKS2 primary header.
 pub const MAGIC: [u8; 6] = *b"LUKS\xba\xbe";
 /// Sector unit of `payloadOffset` and `keyMaterialOffset`.
 pub const SECTOR_SIZE: u64 = 512;
-/// Number of keyslots.
-pub const NUM_KEYSLOTS: usize = 8;
-/// The only AF stripe count cryptsetup accepts.
-pub const STRIPES: u32 = 4000;
+/// Number of keyslots ([`limits::LUKS1_KEYSLOTS`]).
+pub const NUM_KEYSLOTS: usize = limits::LUKS1_KEYSLOTS as usize;
+/// The only AF stripe count cryptsetup accepts ([`limits::AF_STRIPES`]).
+pub const STRIPES: u32 = limits::AF_STRIPES;
 /// `active` value of an enabled keyslot.
 pub const KEY_ENABLED: u32 = 0x00AC_71F3;
 /// `active` value of a disabled keyslot.
@@ -113,6 +115,10 @@ pub enum Luks1Error {
     /// `keyBytes` is zero.
     #[error("LUKS1 volume key size is 0")]
     ZeroKeyBytes,
+    /// `keyBytes` is above [`MAX_KEY_BYTES`] (a crafted header: the key material read and
+    /// the AF merge are sized by it).
+    #[error("LUKS1 header field keyBytes = {0} exceeds the largest key size, {MAX_KEY_BYTES} bytes")]
+    KeyBytesTooLarge(u32),
     /// A keyslot has a stripe count other than 4000.
     #[error("LUKS1 keyslot {slot} is invalid: {stripes} stripes (must be {STRIPES})")]
     BadStripes {
@@ -150,6 +156,15 @@ pub enum Luks1Error {
         sectors: u64,
         /// payloadOffset, in sectors.
         payload: u32,
+    },
+    /// The keyslot areas end beyond [`limits::LUKS1_MAX_HEADER_BYTES`] (a header backup
+    /// reads the header and keyslots whole).
+    #[error("LUKS1 keyslot {slot} is invalid: its key material ends at byte {end}, beyond the {max} bytes a LUKS1 header may span", max = limits::LUKS1_MAX_HEADER_BYTES)]
+    KeyslotsTooLarge {
+        /// The keyslot ending last.
+        slot: usize,
+        /// End of its key material, bytes.
+        end: u64,
     },
     /// Two keyslot areas overlap (`first` is the one that is too short for its neighbour).
     #[error("LUKS1 keyslot {first} is invalid: its key material overlaps keyslot {second}")]
@@ -411,7 +426,7 @@ impl Luks1Header {
     }
 
     /// cryptsetup's structural checks (`LUKS_check_keyslots`, plus non-empty cipher and a
-    /// non-zero key size). Run by [`decode`](Self::decode) and [`encode`](Self::encode).
+    /// key size in 1..=[`MAX_KEY_BYTES`]). Run by [`decode`](Self::decode) and [`encode`](Self::encode).
     pub fn validate(&self) -> Result<(), Luks1Error> {
         if self.cipher_name.is_empty() {
             return Err(Luks1Error::EmptyField("cipherName"));
@@ -421,6 +436,9 @@ impl Luks1Header {
         }
         if self.key_bytes == 0 {
             return Err(Luks1Error::ZeroKeyBytes);
+        }
+        if self.key_bytes > MAX_KEY_BYTES {
+            return Err(Luks1Error::KeyBytesTooLarge(self.key_bytes));
         }
         let secs = af_split_sectors(self.key_bytes, STRIPES);
         for (slot, ks) in self.keyslots.iter().enumerate() {
@@ -452,6 +470,10 @@ impl Luks1Header {
             }
         }
         let sorted = self.slots_by_offset();
+        let end = self.required_device_size();
+        if end > limits::LUKS1_MAX_HEADER_BYTES {
+            return Err(Luks1Error::KeyslotsTooLarge { slot: sorted[NUM_KEYSLOTS - 1], end });
+        }
         for w in sorted.windows(2) {
             let (prev, next) = (w[0], w[1]);
             if u64::from(self.keyslots[next].key_material_offset)

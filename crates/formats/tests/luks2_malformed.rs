@@ -512,7 +512,12 @@ fn segment_wrong_backup_keys_are_rejected() {
         v["segments"]["268435472"] =
             json!({"type":"linear","offset":"512","size":"512","flags":["backup-x"]});
     });
-    assert!(matches!(metadata_error(&primary_only(&v)), MetadataError::SegmentGap(_)));
+    // cryptsetup fails this one on the gap; sealdisk refuses it earlier, on the segment ids
+    // at or above LUKS2_OBJECTS_MAX (formats::limits).
+    assert!(matches!(
+        metadata_error(&primary_only(&v)),
+        MetadataError::IdTooLarge { section: "segments", id: 32 }
+    ));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -742,4 +747,48 @@ fn unknown_fields_survive_a_rewrite() {
     });
     let sel = recovers(&both(&v));
     assert_eq!(sel.header.metadata.to_value(), v);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostile images (issue 10): sizes and counts bounded at decode (formats::limits).
+
+#[test]
+fn keyslot_key_size_above_the_bound_is_rejected() {
+    for (field, value) in [("key_size", 1025u64), ("key_size", u64::from(u32::MAX))] {
+        let v = mangle(|v| v["keyslots"]["3"][field] = json!(value));
+        assert!(
+            matches!(metadata_error(&both(&v)), MetadataError::KeySizeTooLarge { field: "key_size", .. }),
+            "{value}"
+        );
+        let v = mangle(|v| v["keyslots"]["3"]["area"]["key_size"] = json!(value.min(i32::MAX as u64)));
+        match metadata_error(&both(&v)) {
+            MetadataError::KeySizeTooLarge { what, .. } => assert_eq!(what, "keyslot 3 area"),
+            e => panic!("{e:?}"),
+        }
+    }
+    // At the bound it decodes (whether the key material fits its area is checked when the
+    // keyslot is unlocked, in volume).
+    let v = mangle(|v| v["keyslots"]["3"]["key_size"] = json!(1024));
+    recovers(&both(&v));
+}
+
+#[test]
+fn object_ids_at_or_above_luks2_objects_max_are_rejected() {
+    let v = mangle(|v| {
+        let ks = v["keyslots"]["7"].take();
+        v["keyslots"].as_object_mut().unwrap().remove("7");
+        v["keyslots"]["32"] = ks;
+        v["digests"]["0"]["keyslots"] = json!(["0", "1", "2", "3", "4", "5", "6", "32"]);
+    });
+    assert_eq!(metadata_error(&both(&v)), MetadataError::IdTooLarge { section: "keyslots", id: 32 });
+    let v = mangle(|v| v["tokens"]["4294967295"] = json!({"type":"x","keyslots":[]}));
+    assert_eq!(metadata_error(&both(&v)), MetadataError::IdTooLarge { section: "tokens", id: u32::MAX });
+    // Keyslot 31 is the last valid id.
+    let v = mangle(|v| {
+        let ks = v["keyslots"]["7"].take();
+        v["keyslots"].as_object_mut().unwrap().remove("7");
+        v["keyslots"]["31"] = ks;
+        v["digests"]["0"]["keyslots"] = json!(["0", "1", "2", "3", "4", "5", "6", "31"]);
+    });
+    assert!(recovers(&both(&v)).header.metadata.keyslots.contains_key(&31));
 }

@@ -18,7 +18,7 @@ use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sector_crypto::kdf::{HashAlg, Passphrase};
-use volume::luks::{LuksError, PbkdfParams, PbkdfType};
+use volume::luks::{KdfLimits, LuksError, PbkdfParams, PbkdfType};
 use volume::VolumeError;
 use zeroize::Zeroizing;
 
@@ -50,6 +50,39 @@ pub struct KeyArgs {
     /// Read at most this many bytes of the key file.
     #[arg(long, short = 'l', value_name = "BYTES")]
     pub keyfile_size: Option<usize>,
+}
+
+/// Bounds on the KDF costs an existing header may ask for (see SECURITY.md, "Hostile
+/// images"). A header over a bound is refused before any derivation, with a message naming
+/// the field, its value and the option below that lifts the bound.
+#[derive(Debug, Clone, Args)]
+pub struct KdfLimitArgs {
+    /// Refuse keyslots and digests with more PBKDF2 iterations than N
+    /// (default 268435456, 2^28).
+    #[arg(long, value_name = "N")]
+    pub max_pbkdf2_iterations: Option<u32>,
+    /// Refuse Argon2 keyslots whose memory (KiB) × time cost exceeds this
+    /// (default 134217728, e.g. 1 GiB × 128 passes).
+    #[arg(long, value_name = "KIB_PASSES")]
+    pub max_argon2_cost: Option<u64>,
+    /// Lift every soft KDF bound: PBKDF2 iterations, Argon2 cost and lanes, and Argon2
+    /// memory above half of RAM (Argon2 memory stays at most 4 GiB, as in cryptsetup).
+    #[arg(long)]
+    pub allow_expensive_kdf: bool,
+}
+
+impl KdfLimitArgs {
+    /// The bounds these options ask for.
+    pub fn limits(&self) -> KdfLimits {
+        let mut l = if self.allow_expensive_kdf { KdfLimits::unbounded() } else { KdfLimits::default() };
+        if let Some(n) = self.max_pbkdf2_iterations {
+            l.max_pbkdf2_iterations = n;
+        }
+        if let Some(n) = self.max_argon2_cost {
+            l.max_argon2_cost = n;
+        }
+        l
+    }
 }
 
 /// PBKDF options for new keyslots (cryptsetup's names).

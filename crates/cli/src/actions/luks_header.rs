@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use volume::luks::{self, Luks, LuksVersion};
 
-use super::luks::{confirm, luks_err, open_meta, passphrase, KeyArgs};
+use super::luks::{confirm, luks_err, open_meta, passphrase, KdfLimitArgs, KeyArgs};
 use super::UsageError;
 
 /// Arguments of `luksDump DEVICE`.
@@ -14,6 +14,8 @@ use super::UsageError;
 pub struct DumpArgs {
     #[command(flatten)]
     pub key: KeyArgs,
+    #[command(flatten)]
+    pub kdf_limits: KdfLimitArgs,
     /// Also print the volume key (needs a passphrase; asks for confirmation unless -q).
     #[arg(long, alias = "dump-master-key")]
     pub dump_volume_key: bool,
@@ -47,7 +49,8 @@ pub fn dump(a: DumpArgs) -> Result<()> {
             a.batch_mode,
         )?;
         let pass = passphrase(&a.key, &format!("Enter passphrase for {}: ", a.device))?;
-        let (slot, vk) = luks.unlock(&meta, &pass, a.key_slot).map_err(luks_err(path))?;
+        let (slot, vk) =
+            luks.unlock_with(&meta, &pass, a.key_slot, &a.kdf_limits.limits()).map_err(luks_err(path))?;
         log::info!("Key slot {slot} unlocked.");
         if let Some(f) = &a.volume_key_file {
             write_private(f, vk.as_bytes()).with_context(|| format!("writing the volume key to {f}"))?;

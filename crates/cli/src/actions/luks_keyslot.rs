@@ -5,7 +5,9 @@ use clap::Args;
 use sector_crypto::kdf::Passphrase;
 use volume::luks::Luks;
 
-use super::luks::{confirm, luks_err, new_passphrase, open_meta, passphrase, KeyArgs, PbkdfArgs};
+use super::luks::{
+    confirm, luks_err, new_passphrase, open_meta, passphrase, KdfLimitArgs, KeyArgs, PbkdfArgs,
+};
 use super::UsageError;
 
 /// Options every keyslot action has.
@@ -13,6 +15,8 @@ use super::UsageError;
 pub struct Common {
     #[command(flatten)]
     pub key: KeyArgs,
+    #[command(flatten)]
+    pub kdf_limits: KdfLimitArgs,
     /// Detached header file holding the LUKS metadata.
     #[arg(long, value_name = "FILE")]
     pub header: Option<String>,
@@ -101,7 +105,7 @@ pub fn add_key(a: AddKeyArgs) -> Result<()> {
         }
         None => {
             let old = passphrase(&a.common.key, "Enter any existing passphrase: ")?;
-            luks.unlock(&meta, &old, None).map_err(luks_err(path))?.1
+            luks.unlock_with(&meta, &old, None, &a.common.kdf_limits.limits()).map_err(luks_err(path))?.1
         }
     };
     let new = a.new_key.read(new_file, "Enter new passphrase for key slot: ")?;
@@ -132,7 +136,8 @@ pub fn remove_key(a: RemoveKeyArgs) -> Result<()> {
         Some(f) => super::luks::read_keyfile(f, a.common.key.keyfile_offset, a.common.key.keyfile_size)?,
         None => passphrase(&a.common.key, "Enter passphrase to be deleted: ")?,
     };
-    let (slot, _) = luks.unlock(&meta, &pass, None).map_err(luks_err(path))?;
+    let (slot, _) =
+        luks.unlock_with(&meta, &pass, None, &a.common.kdf_limits.limits()).map_err(luks_err(path))?;
     if luks.active_keyslots().len() == 1 {
         confirm(
             "This is the last keyslot. Device will become unusable after purging this key.",
@@ -168,7 +173,8 @@ pub fn change_key(a: ChangeKeyArgs) -> Result<()> {
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
     let old = passphrase(&a.common.key, "Enter passphrase to be changed: ")?;
-    let (slot, vk) = luks.unlock(&meta, &old, a.key_slot).map_err(luks_err(path))?;
+    let (slot, vk) =
+        luks.unlock_with(&meta, &old, a.key_slot, &a.common.kdf_limits.limits()).map_err(luks_err(path))?;
     let new = a.new_key.read(new_file, "Enter new passphrase: ")?;
     let new_slot = luks.change_keyslot(&meta, slot, &vk, &new, &a.pbkdf.params()?).map_err(luks_err(path))?;
     log::info!("Key slot {slot} changed (now key slot {new_slot}).");
@@ -203,7 +209,9 @@ pub fn kill_slot(a: KillSlotArgs) -> Result<()> {
     if !last && (a.common.key.key_file.is_some() || !a.common.batch_mode) {
         let p = passphrase(&a.common.key, "Enter any remaining passphrase: ")?;
         let others: Vec<u32> = luks.active_keyslots().into_iter().filter(|&s| s != a.slot).collect();
-        let ok = others.iter().any(|&s| luks.unlock(&meta, &p, Some(s)).is_ok());
+        let ok = others
+            .iter()
+            .any(|&s| luks.unlock_with(&meta, &p, Some(s), &a.common.kdf_limits.limits()).is_ok());
         if !ok {
             return Err(luks_err(path)(volume::luks::LuksError::WrongPassphrase));
         }

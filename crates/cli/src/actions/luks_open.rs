@@ -49,6 +49,7 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         flags,
         open: *opts,
         integrity_no_journal: a.integrity_no_journal,
+        kdf_limits: a.kdf_limits.limits(),
     };
     let keys = KeyArgs {
         key_file: a.key_file.clone(),
@@ -60,7 +61,8 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         let (meta, l) = luks::load_for(&p)?;
         l.check_supported().map_err(luks_err(&meta_path))?;
         let pass = passphrase(&keys, &format!("Enter passphrase for {device}: "))?;
-        let (slot, _) = l.unlock(&meta, &pass, a.key_slot).map_err(luks_err(&meta_path))?;
+        let (slot, _) =
+            l.unlock_with(&meta, &pass, a.key_slot, &p.kdf_limits).map_err(luks_err(&meta_path))?;
         log::info!("Key slot {slot} unlocked.");
         return Ok(());
     }

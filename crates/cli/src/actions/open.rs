@@ -5,6 +5,7 @@ use std::io::Read;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use formats::dm::{CryptOptions, CryptTable};
+use formats::limits::DM_MAX_TABLE_BYTES;
 use volume::plain::PlainParams;
 use volume::OpenOptions;
 use zeroize::Zeroizing;
@@ -34,6 +35,8 @@ pub struct OpenArgs {
     /// LUKS: check the passphrase and exit without serving (DEVICE only).
     #[arg(long)]
     pub test_passphrase: bool,
+    #[command(flatten)]
+    pub kdf_limits: super::luks::KdfLimitArgs,
     /// Read a dm-crypt table line from FILE (`-` for stdin) instead of plain options.
     #[arg(long, value_name = "FILE")]
     pub table_file: Option<String>,
@@ -196,13 +199,22 @@ fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTa
     Ok(volume::plain::table(device, &params, opts)?)
 }
 
+/// Reads a table line, at most [`DM_MAX_TABLE_BYTES`] of it (a longer input, such as
+/// `--table-file /dev/zero`, is refused instead of filling memory).
 pub(super) fn read_table(file: &str) -> Result<CryptTable> {
     let mut text = Zeroizing::new(String::new());
+    let limit = DM_MAX_TABLE_BYTES + 1;
     if file == "-" {
-        std::io::stdin().read_to_string(&mut text).context("reading the table line from stdin")?;
+        std::io::stdin()
+            .take(limit)
+            .read_to_string(&mut text)
+            .context("reading the table line from stdin")?;
     } else {
-        let mut f = std::fs::File::open(file).with_context(|| format!("opening table file {file}"))?;
-        f.read_to_string(&mut text).with_context(|| format!("reading table file {file}"))?;
+        let f = std::fs::File::open(file).with_context(|| format!("opening table file {file}"))?;
+        f.take(limit).read_to_string(&mut text).with_context(|| format!("reading table file {file}"))?;
+    }
+    if text.len() as u64 > DM_MAX_TABLE_BYTES {
+        bail!(UsageError(format!("table file {file} is longer than {DM_MAX_TABLE_BYTES} bytes")));
     }
     CryptTable::parse(&text).map_err(volume::VolumeError::Table).context("parsing the table line")
 }

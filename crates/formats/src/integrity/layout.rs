@@ -81,6 +81,18 @@ pub enum LayoutError {
     /// The superblock has no journal sections.
     #[error("journal_sections is 0")]
     NoJournal,
+    /// The journal (`journal_sections` × section size) is larger than the engine holds in
+    /// memory ([`crate::limits::INTEGRITY_MAX_JOURNAL_BYTES`]).
+    #[error(
+        "journal_sections = {sections} makes a journal of {bytes} bytes, more than the {} bytes sealdisk holds in memory",
+        crate::limits::INTEGRITY_MAX_JOURNAL_BYTES
+    )]
+    JournalTooLarge {
+        /// `journal_sections`.
+        sections: u32,
+        /// Journal bytes.
+        bytes: u64,
+    },
     /// The table maps more sectors than provided ("Not enough provided sectors for requested
     /// mapping size").
     #[error("table length {len} exceeds provided_data_sectors {provided}")]
@@ -246,6 +258,16 @@ fn device_limits(inp: &LimitInputs, provided: u64) -> Result<Limits, ()> {
     }
 }
 
+/// The journal is allocated whole by the engine: refuse one above
+/// [`crate::limits::INTEGRITY_MAX_JOURNAL_BYTES`] before anything is sized by it.
+fn check_journal_size(journal: &JournalGeometry, sections: u32) -> Result<(), LayoutError> {
+    let bytes = u64::from(sections) * journal.section_sectors as u64 * 512;
+    if bytes > crate::limits::INTEGRITY_MAX_JOURNAL_BYTES {
+        return Err(LayoutError::JournalTooLarge { sections, bytes });
+    }
+    Ok(())
+}
+
 /// `get_area_and_offset`.
 fn area_and_offset(log2_interleave: u8, meta_device: bool, data_sector: u64) -> (u64, u64) {
     if meta_device {
@@ -377,6 +399,7 @@ impl Layout {
             sb.log2_sectors_per_block,
             sb.flags.has(SbFlags::HAVE_JOURNAL_MAC),
         );
+        check_journal_size(&journal, sb.journal_sections)?;
         let meta_device = dev.meta_device_sectors.is_some();
         let buffer_sectors = if dev.buffer_sectors == 0 { 1 } else { dev.buffer_sectors };
         let mut inp = LimitInputs {

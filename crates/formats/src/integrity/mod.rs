@@ -37,9 +37,10 @@ pub use journal::{
 pub use layout::{DeviceParams, FormatParams, Layout, LayoutError, TagLocation};
 pub use superblock::{sb_set_version, Mode, SbCheck, SbFlags, Superblock, SuperblockError};
 
-/// `MAX_TAG_SIZE` in Linux 6.1 (newer kernels: 424).
-pub const MAX_TAG_SIZE: u32 = 255;
-/// log2(`MAX_SECTORS_PER_BLOCK`): blocks of at most 4096 bytes.
-pub const MAX_SECTORS_PER_BLOCK_LOG2: u8 = 3;
+/// `MAX_TAG_SIZE` in Linux 6.1 (newer kernels: 424); [`crate::limits::INTEGRITY_MAX_TAG_SIZE`].
+pub const MAX_TAG_SIZE: u32 = crate::limits::INTEGRITY_MAX_TAG_SIZE;
+/// log2(`MAX_SECTORS_PER_BLOCK`): blocks of at most 4096 bytes
+/// ([`crate::limits::INTEGRITY_MAX_LOG2_SECTORS_PER_BLOCK`]).
+pub const MAX_SECTORS_PER_BLOCK_LOG2: u8 = crate::limits::INTEGRITY_MAX_LOG2_SECTORS_PER_BLOCK;
 /// `DISCARD_FILLER`: discarded blocks' tags are filled with this byte.
 pub const DISCARD_FILLER: u8 = 0xf6;

@@ -42,8 +42,9 @@ use super::segment::Segment;
 use super::token::Token;
 use super::{BINARY_HEADER_SIZE, MAX_KEYSLOTS_SIZE, METADATA_SIZES};
 
-/// json-c's default nesting limit (`JSON_TOKENER_DEFAULT_DEPTH`), which cryptsetup uses.
-pub const MAX_DEPTH: usize = 32;
+/// json-c's default nesting limit (`JSON_TOKENER_DEFAULT_DEPTH`), which cryptsetup uses
+/// ([`crate::limits::LUKS2_JSON_MAX_DEPTH`]).
+pub const MAX_DEPTH: usize = crate::limits::LUKS2_JSON_MAX_DEPTH;
 
 /// Why the JSON metadata was refused. One variant per distinct malformation; `what` names
 /// the object (`"segment 0"`, `"keyslot 3 area"`, `"config"`, `"JSON area"`) and `field`
@@ -154,6 +155,32 @@ pub enum MetadataError {
         section: &'static str,
         /// The key.
         id: String,
+    },
+    /// A keyslot, token or segment id at or above cryptsetup's `LUKS2_OBJECTS_MAX`
+    /// ([`crate::limits::LUKS2_OBJECTS_MAX`]): it bounds how many keyslots an unlock tries.
+    #[error(
+        "{section} id {id} is out of range (cryptsetup allows ids 0..{})",
+        crate::limits::LUKS2_OBJECTS_MAX
+    )]
+    IdTooLarge {
+        /// `keyslots`, `tokens` or `segments`.
+        section: &'static str,
+        /// The id.
+        id: u32,
+    },
+    /// A key size above [`crate::limits::MAX_KEY_BYTES`] (the keyslot read, the KDF output
+    /// and the AF merge are sized by it).
+    #[error(
+        "{what} \"{field}\" = {value} exceeds the largest key size, {} bytes",
+        crate::limits::MAX_KEY_BYTES
+    )]
+    KeySizeTooLarge {
+        /// Object.
+        what: String,
+        /// Member (`key_size`).
+        field: &'static str,
+        /// Value found.
+        value: u32,
     },
     /// A `type` this implementation requires to be known is unknown (keyslot `af`, raw
     /// `area` of a `luks2` keyslot).
@@ -401,7 +428,18 @@ fn section(top: &mut Obj, name: &'static str) -> Result<Obj, MetadataError> {
 }
 
 fn ids(section_name: &'static str, o: Obj) -> Result<Vec<(u32, Value)>, MetadataError> {
-    o.into_iter().map(|(k, v)| Ok((internal::parse_id(section_name, &k)?, v))).collect()
+    // cryptsetup addresses keyslots, tokens and segments by an index below
+    // LUKS2_OBJECTS_MAX; digests have no such index.
+    let bounded = section_name != "digests";
+    o.into_iter()
+        .map(|(k, v)| {
+            let id = internal::parse_id(section_name, &k)?;
+            if bounded && id >= crate::limits::LUKS2_OBJECTS_MAX {
+                return Err(MetadataError::IdTooLarge { section: section_name, id });
+            }
+            Ok((id, v))
+        })
+        .collect()
 }
 
 fn member_obj(section_name: &'static str, id: u32, v: Value) -> Result<Obj, MetadataError> {

@@ -4,7 +4,8 @@
 //! ```text
 //! "0": {
 //!   "type": "luks2",                       every keyslot: non-empty string
-//!   "key_size": 64,                        every keyslot: int, 0..=u32::MAX (volume key bytes)
+//!   "key_size": 64,                        every keyslot: int, 0..=u32::MAX (volume key bytes);
+//!                                          luks2 keyslots: at most limits::MAX_KEY_BYTES
 //!   "priority": 1,                         optional int: 0 ignore, 1 normal, 2 prefer
 //!   "af":   {"type": "luks1", "stripes": 4000, "hash": "sha256"},
 //!   "area": {"type": "raw", "offset": "32768", "size": "258048",     offset/size: u64 strings
@@ -192,6 +193,16 @@ impl Kdf {
     }
 }
 
+/// A `luks2` keyslot's `key_size` or raw area `key_size` is at most
+/// [`crate::limits::MAX_KEY_BYTES`]: the key derivation's output, the key-material read and
+/// the AF merge are all sized by it.
+fn check_key_size(what: &str, field: &'static str, value: u32) -> Result<(), MetadataError> {
+    if value > crate::limits::MAX_KEY_BYTES {
+        return Err(MetadataError::KeySizeTooLarge { what: what.to_owned(), field, value });
+    }
+    Ok(())
+}
+
 impl Area {
     fn decode(mut o: Obj, what: &str, luks2: bool) -> Result<Self, MetadataError> {
         let type_name = take_str(&mut o, what, "type")?;
@@ -203,13 +214,15 @@ impl Area {
                 return Err(MetadataError::UnknownType { what: what.to_owned(), type_name });
             }
             encryption = Some(take_str(&mut o, what, "encryption")?);
-            key_size = Some(take_i32(&mut o, what, "key_size").and_then(|k| {
+            let k = take_i32(&mut o, what, "key_size").and_then(|k| {
                 u32::try_from(k).map_err(|_| MetadataError::OutOfRange {
                     what: what.to_owned(),
                     field: "key_size",
                     value: k.to_string(),
                 })
-            })?);
+            })?;
+            check_key_size(what, "key_size", k)?;
+            key_size = Some(k);
         }
         Ok(Self { type_name, offset, size, encryption, key_size, extra: o })
     }
@@ -274,6 +287,9 @@ impl Keyslot {
         let type_name = take_str(&mut o, &what, "type")?;
         let key_size = take_u32(&mut o, &what, "key_size")?;
         let luks2 = type_name == KEYSLOT_LUKS2;
+        if luks2 {
+            check_key_size(&what, "key_size", key_size)?;
+        }
         let area = take_obj(&mut o, &what, "area")?;
         let area = Area::decode(area, &format!("{what} area"), luks2)?;
         let priority =

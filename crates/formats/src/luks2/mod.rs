@@ -74,10 +74,20 @@ pub use token::Token;
 pub const BINARY_HEADER_SIZE: u64 = 4096;
 /// The nine valid metadata (binary header + JSON area) sizes. They are also the offsets
 /// where a secondary header may be found (cryptsetup `LUKS2_HDR2_OFFSETS`).
-pub const METADATA_SIZES: [u64; 9] =
-    [0x4000, 0x8000, 0x10000, 0x20000, 0x40000, 0x80000, 0x100000, 0x200000, 0x400000];
-/// Largest keyslots area (cryptsetup `LUKS2_MAX_KEYSLOTS_SIZE`, 128 MiB).
-pub const MAX_KEYSLOTS_SIZE: u64 = 0x800_0000;
+pub const METADATA_SIZES: [u64; 9] = [
+    0x4000,
+    0x8000,
+    0x10000,
+    0x20000,
+    0x40000,
+    0x80000,
+    0x100000,
+    0x200000,
+    crate::limits::LUKS2_MAX_METADATA_SIZE,
+];
+/// Largest keyslots area (cryptsetup `LUKS2_MAX_KEYSLOTS_SIZE`, 128 MiB;
+/// [`crate::limits::LUKS2_MAX_KEYSLOTS_SIZE`]).
+pub const MAX_KEYSLOTS_SIZE: u64 = crate::limits::LUKS2_MAX_KEYSLOTS_SIZE;
 /// Primary header magic.
 pub const MAGIC_PRIMARY: [u8; 6] = *b"LUKS\xba\xbe";
 /// Secondary header magic.

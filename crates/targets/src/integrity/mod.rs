@@ -1137,6 +1137,8 @@ impl<D: BlockDevice> Inner<D> {
             return Ok(());
         }
         let l = self.layout;
+        // Held whole in memory: `Layout::open` refused a superblock whose journal_sections
+        // ask for more than formats::limits::INTEGRITY_MAX_JOURNAL_BYTES.
         let mut bytes = vec![0u8; l.journal_bytes() as usize];
         self.next.read_at(l.journal_byte_offset(), &mut bytes).map_err(io("reading the journal"))?;
         let sb = lock(&self.sb).sb.clone();

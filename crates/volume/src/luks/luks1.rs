@@ -8,7 +8,8 @@ use sector_crypto::kdf::{self, Kdf};
 use sector_crypto::VolumeKey;
 use zeroize::Zeroizing;
 
-use super::keyslot::{digest_eq, Material};
+use super::keyslot::{check_kdf, digest_eq, Material};
+use super::KdfLimits;
 use super::{io, parse_hash, FormatParams, Luks, LuksError, LuksHeader, PbkdfParams, LUKS1_KEYSLOTS};
 
 /// Default data alignment: 1 MiB, in sectors (cryptsetup `DEFAULT_DISK_ALIGNMENT`).
@@ -72,11 +73,18 @@ fn try_slot(
     let vk = material(h, slot, &spec)?.recover(meta, &area_key)?;
     Ok(verify_key(h, &vk)?.then_some(vk))
 }
+/// The volume-key digest's cost.
+pub(super) fn check_digest(h: &Luks1Header, limits: &KdfLimits) -> Result<(), LuksError> {
+    let digest = Kdf::Pbkdf2 { hash: parse_hash(&h.hash_spec)?, iterations: h.mk_digest_iterations };
+    check_kdf(&digest, "LUKS1 volume key digest (mkDigestIterations)", limits)
+}
+
 pub(super) fn unlock(
     h: &Luks1Header,
     meta: &dyn BlockDevice,
     pass: &[u8],
     slot: Option<u32>,
+    limits: &KdfLimits,
 ) -> Result<(u32, VolumeKey), LuksError> {
     let slots = match slot {
         Some(s) => {
@@ -87,6 +95,11 @@ pub(super) fn unlock(
         }
         None => active(h),
     };
+    // Every cost this unlock may pay, checked before the first derivation.
+    check_digest(h, limits)?;
+    for &s in &slots {
+        check_kdf(&slot_kdf(h, s)?, &format!("LUKS1 keyslot {s}"), limits)?;
+    }
     for s in slots {
         if let Some(vk) = try_slot(h, meta, s, pass)? {
             log::info!("LUKS1 keyslot {s} unlocked");

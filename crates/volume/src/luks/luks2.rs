@@ -15,7 +15,8 @@ use sector_crypto::AeadSpec;
 use sector_crypto::{af, VolumeKey};
 use serde_json::Map;
 
-use super::keyslot::{digest_eq, Material};
+use super::keyslot::{check_kdf, digest_eq, Material};
+use super::KdfLimits;
 use super::{io, parse_hash, FormatParams, Luks, Luks2State, LuksError, LuksHeader, PbkdfParams, Segment};
 
 /// cryptsetup's default LUKS2 header + keyslots size, which is also the default data
@@ -24,7 +25,7 @@ const DEFAULT_HDR_SIZE: u64 = 0x100_0000;
 /// Data alignment (`DEFAULT_DISK_ALIGNMENT`, 1 MiB).
 const ALIGNMENT: u64 = 0x10_0000;
 /// Largest area wiped with zeroes at format (`LUKS2_HDR_MAX_MDA_SIZE`).
-const MAX_MDA_SIZE: u64 = 2 * METADATA_SIZES[8] + MAX_KEYSLOTS_SIZE;
+const MAX_MDA_SIZE: u64 = formats::limits::LUKS2_MAX_HEADER_BYTES;
 /// AF stripes of new keyslots.
 const STRIPES: u32 = 4000;
 
@@ -226,11 +227,19 @@ fn verify_digest(d: &Digest, vk: &VolumeKey) -> Result<bool, LuksError> {
     Ok(digest_eq(&out, &p.digest))
 }
 
-pub(super) fn verify_segment_key(h: &Luks2Header, vk: &VolumeKey) -> Result<bool, LuksError> {
+pub(super) fn verify_segment_key(
+    h: &Luks2Header,
+    vk: &VolumeKey,
+    limits: &KdfLimits,
+) -> Result<bool, LuksError> {
     let (seg, _) = default_segment(h)?;
     let Some(d) = h.metadata.segment_digest(seg).and_then(|d| h.metadata.digests.get(&d)) else {
         return Ok(false);
     };
+    if let Some(p) = &d.pbkdf2 {
+        let digest = Kdf::Pbkdf2 { hash: parse_hash(&p.hash)?, iterations: p.iterations };
+        check_kdf(&digest, &format!("LUKS2 digest of segment {seg}"), limits)?;
+    }
     verify_digest(d, vk)
 }
 
@@ -268,7 +277,8 @@ fn material(slot: u32, ks: &Keyslot) -> Result<Material<'_>, LuksError> {
         stripes: af.stripes,
         key_len: ks.key_size as usize,
     };
-    if m.stripes == 0 || m.len() as u64 > ks.area.size {
+    m.check_bounds(&format!("keyslot {slot}"))?;
+    if m.len() as u64 > ks.area.size {
         return Err(bad("key material does not fit its area"));
     }
     Ok(m)
@@ -299,11 +309,29 @@ fn try_slot(
     }
 }
 
+/// The costs of trying `slot`: its KDF, its key material's bounds and its digest's PBKDF2.
+fn check_slot_costs(h: &Luks2Header, slot: u32, limits: &KdfLimits) -> Result<(), LuksError> {
+    let Some(ks) = h.metadata.keyslots.get(&slot) else { return Ok(()) };
+    if !ks.is_luks2() {
+        return Ok(());
+    }
+    let what = format!("LUKS2 keyslot {slot}");
+    check_kdf(&slot_kdf(h, slot)?.0, &what, limits)?;
+    material(slot, ks)?;
+    if let Some(p) = h.metadata.keyslot_digest(slot).and_then(|d| h.metadata.digests.get(&d)?.pbkdf2.as_ref())
+    {
+        let digest = Kdf::Pbkdf2 { hash: parse_hash(&p.hash)?, iterations: p.iterations };
+        check_kdf(&digest, &format!("LUKS2 digest of keyslot {slot}"), limits)?;
+    }
+    Ok(())
+}
+
 pub(super) fn unlock(
     h: &Luks2Header,
     meta: &dyn BlockDevice,
     pass: &[u8],
     slot: Option<u32>,
+    limits: &KdfLimits,
 ) -> Result<(u32, VolumeKey), LuksError> {
     let seg_digest = default_segment(h).ok().and_then(|(s, _)| h.metadata.segment_digest(s));
     let bound = |s: u32| h.metadata.keyslot_digest(s).is_some() && h.metadata.keyslot_digest(s) == seg_digest;
@@ -328,6 +356,10 @@ pub(super) fn unlock(
             v
         }
     };
+    // Every cost this unlock may pay, checked before the first derivation.
+    for &s in &slots {
+        check_slot_costs(h, s, limits)?;
+    }
     for s in slots {
         if let Some(vk) = try_slot(h, meta, s, pass)? {
             log::info!("LUKS2 keyslot {s} unlocked");

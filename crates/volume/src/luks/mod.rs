@@ -51,6 +51,8 @@ pub use aead::{format_integrity, LuksIntegrity};
 pub use dump::{dump, dump_volume_key};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).
 pub use formats::dm::CryptOptions;
+/// The soft KDF bounds an unlock applies ([`Luks::unlock_with`], [`OpenParams::kdf_limits`]).
+pub use formats::limits::{KdfLimits, LimitError};
 pub use pbkdf::{default_parallel, PbkdfParams, PbkdfType};
 
 /// LUKS1 keyslots.
@@ -145,6 +147,10 @@ pub enum LuksError {
     /// Key derivation (or randomness) failed.
     #[error("key derivation failed")]
     Kdf(#[source] KdfError),
+    /// A size, count or cost in the header is over its bound (`formats::limits`); nothing
+    /// was derived or written.
+    #[error("refusing the LUKS header: a value is over sealdisk's bound")]
+    Limit(#[source] LimitError),
     /// Bad parameters for format or a keyslot operation.
     #[error("{0}")]
     Params(String),
@@ -340,26 +346,49 @@ impl Luks {
     /// Tries the passphrase on `slot`, or on every usable keyslot in priority order
     /// (LUKS2: `prefer` first, then `normal`; `ignore` only when named). Returns the
     /// keyslot that opened and the volume key.
+    ///
+    /// The header's KDF costs are checked against the default [`KdfLimits`] first; see
+    /// [`unlock_with`](Self::unlock_with).
     pub fn unlock(
         &self,
         meta: &dyn BlockDevice,
         passphrase: &Passphrase,
         slot: Option<u32>,
     ) -> Result<(u32, VolumeKey), LuksError> {
+        self.unlock_with(meta, passphrase, slot, &KdfLimits::default())
+    }
+
+    /// [`unlock`](Self::unlock) with explicit KDF bounds. Every keyslot that would be tried
+    /// (and the digest that checks it) is checked against `limits` and the format's hard
+    /// bounds **before** any derivation runs, so a hostile header fails in milliseconds
+    /// with [`LuksError::Limit`] naming the field, its value, the bound and the option that
+    /// lifts it.
+    pub fn unlock_with(
+        &self,
+        meta: &dyn BlockDevice,
+        passphrase: &Passphrase,
+        slot: Option<u32>,
+        limits: &KdfLimits,
+    ) -> Result<(u32, VolumeKey), LuksError> {
         if let Some(s) = slot {
             self.check_slot(s)?;
         }
         match &self.header {
-            LuksHeader::V1(h) => luks1::unlock(h, meta, passphrase.as_bytes(), slot),
-            LuksHeader::V2(s) => luks2::unlock(&s.header, meta, passphrase.as_bytes(), slot),
+            LuksHeader::V1(h) => luks1::unlock(h, meta, passphrase.as_bytes(), slot, limits),
+            LuksHeader::V2(s) => luks2::unlock(&s.header, meta, passphrase.as_bytes(), slot, limits),
         }
     }
 
-    /// Checks a volume key against the header's digest.
+    /// Checks a volume key against the header's digest (whose PBKDF2 cost is checked
+    /// against the default [`KdfLimits`] first).
     pub fn verify_volume_key(&self, vk: &VolumeKey) -> Result<(), LuksError> {
+        let limits = KdfLimits::default();
         let ok = match &self.header {
-            LuksHeader::V1(h) => luks1::verify_key(h, vk)?,
-            LuksHeader::V2(s) => luks2::verify_segment_key(&s.header, vk)?,
+            LuksHeader::V1(h) => {
+                luks1::check_digest(h, &limits)?;
+                luks1::verify_key(h, vk)?
+            }
+            LuksHeader::V2(s) => luks2::verify_segment_key(&s.header, vk, &limits)?,
         };
         if ok {
             Ok(())
@@ -751,11 +780,13 @@ pub fn format(
 
 /// Measures the unlock cost the header asks for: the time of one KDF run of `slot`'s
 /// parameters on this machine (no passphrase needed).
+/// The default [`KdfLimits`] apply: a hostile header is refused rather than timed.
 pub fn kdf_cost(luks: &Luks, slot: u32) -> Result<Duration, LuksError> {
     let kdf = match &luks.header {
         LuksHeader::V1(h) => luks1::slot_kdf(h, slot)?,
         LuksHeader::V2(s) => luks2::slot_kdf(&s.header, slot)?.0,
     };
+    keyslot::check_kdf(&kdf, &format!("keyslot {slot}"), &KdfLimits::default())?;
     let start = std::time::Instant::now();
     kdf.derive(b"sealdisk-kdf-cost", &[0u8; 32], 32).map_err(LuksError::Kdf)?;
     Ok(start.elapsed())
@@ -784,6 +815,9 @@ pub struct OpenParams {
     /// `--integrity-no-journal`: open the dm-integrity layer of an authenticated volume in
     /// direct mode (D) instead of journaled (J). The header's `no-journal` flag does the same.
     pub integrity_no_journal: bool,
+    /// Bounds on the header's KDF costs (`--max-pbkdf2-iterations`, `--max-argon2-cost`,
+    /// `--allow-expensive-kdf`).
+    pub kdf_limits: KdfLimits,
 }
 
 impl OpenParams {
@@ -798,6 +832,7 @@ impl OpenParams {
             flags: CryptOptions::default(),
             open: crate::OpenOptions::default(),
             integrity_no_journal: false,
+            kdf_limits: KdfLimits::default(),
         }
     }
 }
@@ -843,7 +878,7 @@ pub fn open(p: &OpenParams, passphrase: &Passphrase) -> Result<Opened, crate::Vo
     let meta_path = p.header.as_deref().unwrap_or(&p.device).to_owned();
     let wrap = |source| crate::VolumeError::Luks { path: meta_path.clone(), source };
     luks.check_supported().map_err(wrap)?;
-    let (keyslot, vk) = luks.unlock(&meta, passphrase, p.key_slot).map_err(wrap)?;
+    let (keyslot, vk) = luks.unlock_with(&meta, passphrase, p.key_slot, &p.kdf_limits).map_err(wrap)?;
     drop(meta);
     let data = crate::open_backing(&p.device, &p.open)?;
     if let Some(spec) = luks.aead().map_err(wrap)? {
