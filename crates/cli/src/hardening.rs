@@ -46,7 +46,9 @@ pub fn install() -> Result<()> {
                 if SERVING.load(Ordering::SeqCst) {
                     continue;
                 }
-                // Neither deriving nor serving: behave as if no handler were installed.
+                // Neither deriving nor serving: behave as if no handler were installed (after
+                // giving the terminal its echo back, should a passphrase prompt be open).
+                crate::keys::restore_terminal();
                 if let Err(e) = signal_hook::low_level::emulate_default_handler(sig) {
                     eprintln!("sealdisk: signal {sig}: {e}");
                     std::process::exit(128 + sig);

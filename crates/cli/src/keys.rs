@@ -85,6 +85,9 @@ pub fn read_key_file(path: &str, offset: u64, limit: usize) -> Result<SecretBuf>
     read_secret(f.as_fd(), limit, false).with_context(|| format!("reading key file {path}"))
 }
 
+/// The terminal and its modes while a prompt has echo off, for [`restore_terminal`].
+static ECHO_OFF: std::sync::Mutex<Option<(File, rustix::termios::Termios)>> = std::sync::Mutex::new(None);
+
 /// Restores the terminal's modes when dropped (also on error paths).
 struct EchoOff<'a> {
     tty: &'a File,
@@ -93,7 +96,19 @@ struct EchoOff<'a> {
 
 impl Drop for EchoOff<'_> {
     fn drop(&mut self) {
+        let mut g = ECHO_OFF.lock().unwrap_or_else(|e| e.into_inner());
         let _ = rustix::termios::tcsetattr(self.tty, rustix::termios::OptionalActions::Flush, &self.saved);
+        *g = None;
+    }
+}
+
+/// Turns terminal echo back on if a prompt turned it off: for a signal that ends the
+/// process in the middle of a prompt (the signal thread calls it first).
+pub fn restore_terminal() {
+    let g = ECHO_OFF.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((tty, saved)) = g.as_ref() {
+        let _ = rustix::termios::tcsetattr(tty, rustix::termios::OptionalActions::Flush, saved);
+        let _ = std::io::Write::write_all(&mut &*tty, b"\n");
     }
 }
 
@@ -108,7 +123,11 @@ pub fn prompt_tty(text: &str, limit: usize) -> Result<SecretBuf> {
     let mut quiet = saved.clone();
     quiet.local_modes.remove(LocalModes::ECHO);
     quiet.local_modes.insert(LocalModes::ECHONL);
-    tcsetattr(&tty, OptionalActions::Flush, &quiet).context("turning terminal echo off")?;
+    {
+        let mut g = ECHO_OFF.lock().unwrap_or_else(|e| e.into_inner());
+        tcsetattr(&tty, OptionalActions::Flush, &quiet).context("turning terminal echo off")?;
+        *g = tty.try_clone().ok().map(|t| (t, saved.clone()));
+    }
     let guard = EchoOff { tty: &tty, saved };
     (&tty).write_all(text.as_bytes()).context("writing the prompt")?;
     (&tty).flush().ok();
