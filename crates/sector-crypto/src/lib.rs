@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   "aes-xts-plain64" ──FromStr──► CipherSpec ─┐
-//!   VolumeKey (zeroizing) ─────────────────────┼──► SectorCipher::new ──► encrypt/decrypt(sector, data)
+//!   VolumeKey (secret memory) ─────────────────┼──► SectorCipher::new ──► encrypt/decrypt(sector, data)
 //!   SectorParams {sector_size, iv_offset, ...} ┘        │
 //!                                                        ├─ IvGen      iv.rs      (plain, plain64, essiv, ...)
 //!                                                        └─ SectorMode provider/  (aws-lc | RustCrypto)

@@ -16,7 +16,7 @@ use sector_crypto::tag::TagHash;
 use sector_crypto::{AeadSectorCipher, AeadSpec, CipherSpec, SectorCipher, SectorParams, VolumeKey};
 use targets::integrity::{JournalCipher, JournalCryptSpec};
 use volume::integrity::IntegrityParams;
-use volume::luks::{self, FormatParams, LuksVersion, OpenParams, PbkdfParams, PbkdfType};
+use volume::luks::{self, FormatParams, LuksIntegrity, LuksVersion, OpenParams, PbkdfParams, PbkdfType};
 use volume::plain::PlainParams;
 
 /// 64 distinctive bytes (0xa5, 0x5b, ...: no two XTS halves alike).
@@ -176,6 +176,34 @@ fn no_debug_output_shows_key_bytes() {
     let opened = luks::open(&op, &pass).unwrap();
     assert_eq!(&opened.volume.table.key[..], &k[..], "the volume really holds the key");
     check("luks::Opened", &opened);
+    drop(opened);
+
+    // LUKS2 authenticated encryption (aes-xts-plain64 + hmac-sha256 over dm-integrity):
+    // the opened stack is an AeadCryptTarget over an IntegrityTarget.
+    let img = dir.path().join("aead.img");
+    let spec = AeadSpec::from_luks2("aes-xts-plain64", "hmac-sha256").unwrap();
+    let i = LuksIntegrity { spec, no_wipe: true, no_journal: true };
+    let mut vk_aead = k.clone();
+    vk_aead.extend_from_slice(&k[..32]);
+    let fp = FormatParams {
+        version: LuksVersion::V2,
+        cipher: "aes-xts-plain64".into(),
+        key_bytes: 96,
+        pbkdf: cheap_pbkdf(),
+        volume_key: Some(VolumeKey::from_slice(&vk_aead)),
+        integrity: Some(i),
+        ..FormatParams::default()
+    };
+    check("FormatParams (integrity)", &fp);
+    {
+        let dev = FileDevice::create(&img, 24 << 20, FileOptions::default()).unwrap();
+        let (l, vk) = luks::format(&dev, &fp, &pass).unwrap();
+        let data = FileDevice::open(&img, FileOptions::default()).unwrap();
+        luks::format_integrity(data, &l, &vk, &i, |_, _| {}).unwrap();
+    }
+    let opened = luks::open(&OpenParams::new(img.to_str().unwrap()), &pass).unwrap();
+    check("luks::Opened (authenticated)", &opened);
+
     // The derived key must not leak either (checked against itself).
     assert_no_secret("KDF output (own bytes)", &derived, &[derived_bytes]);
 }
