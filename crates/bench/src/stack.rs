@@ -456,7 +456,7 @@ impl StackSpec {
         let i = &self.integrity;
         let mut p = IntegrityParams {
             integrity: i.hash.clone(),
-            key: i.hash.contains("hmac").then(|| zeroize::Zeroizing::new(key.to_vec())),
+            key: i.hash.contains("hmac").then(|| sector_crypto::secure::SecretBuf::from_slice(key)),
             tag_size: i.tag_size,
             journal_size: i.journal_size,
             sector_size: i.block_size,

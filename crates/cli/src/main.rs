@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod actions;
+mod hardening;
 mod keys;
 mod serve;
 
@@ -94,6 +95,16 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp_millis()
         .init();
+    // Actions that read keys or passphrases run non-dumpable, and a signal ends their key
+    // derivations at once. `bench`, `benchmark` and `demo` only make throwaway keys and keep
+    // their own signal handling (and stay profilable).
+    let handles_keys = !matches!(cli.action, Action::Bench(_) | Action::Benchmark(_) | Action::Demo(_));
+    if handles_keys {
+        if let Err(e) = hardening::install() {
+            eprintln!("sealdisk: {e:#}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    }
     let result = match cli.action {
         Action::Open(a) => actions::open::run(*a),
         Action::Demo(a) => actions::demo::run(a),

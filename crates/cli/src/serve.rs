@@ -116,6 +116,7 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing signal handlers")?;
+    crate::hardening::serving();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {

@@ -157,9 +157,9 @@ fn journal_integrity_and_journal_crypt_options() {
     // The volume API with the same options opens it, writes, and reopens (journal replayed).
     let mut p = volume::integrity::IntegrityParams {
         journal_integrity: Some("hmac-sha256".into()),
-        journal_integrity_key: Some(zeroize::Zeroizing::new(vec![0x42; 32])),
+        journal_integrity_key: Some(sector_crypto::secure::SecretBuf::from_slice(&[0x42; 32])),
         journal_crypt: Some("ctr-aes".into()),
-        journal_crypt_key: Some(zeroize::Zeroizing::new(vec![0x17; 32])),
+        journal_crypt_key: Some(sector_crypto::secure::SecretBuf::from_slice(&[0x17; 32])),
         journal_commit_time: 0,
         ..Default::default()
     };
@@ -179,7 +179,7 @@ fn journal_integrity_and_journal_crypt_options() {
     q.journal_integrity = None;
     q.journal_integrity_key = None;
     assert!(volume::integrity::open(img, &q).is_err());
-    p.journal_integrity_key = Some(zeroize::Zeroizing::new(vec![0x43; 32]));
+    p.journal_integrity_key = Some(sector_crypto::secure::SecretBuf::from_slice(&[0x43; 32]));
     assert!(volume::integrity::open(img, &p).is_err());
 
     // Refused: an unsupported cipher, a cipher without its key, a key without its algorithm.

@@ -21,7 +21,6 @@ use std::process::Command;
 use blockdev::{BlockDevice, WriteFlags};
 use common::{lcg_pattern as pattern, sha_hex};
 use volume::integrity::{IntegrityParams, Mode};
-use zeroize::Zeroizing;
 
 const SIZE: u64 = 4 << 20;
 
@@ -51,9 +50,9 @@ fn params(crypt: &str, mac: Option<&str>) -> IntegrityParams {
         mode: Mode::Journal,
         journal_commit_time: 0,
         journal_crypt: Some(crypt.into()),
-        journal_crypt_key: Some(Zeroizing::new(key())),
+        journal_crypt_key: Some(sector_crypto::secure::SecretBuf::from_vec(key())),
         journal_integrity: mac.map(str::to_string),
-        journal_integrity_key: mac.map(|_| Zeroizing::new(mac_key())),
+        journal_integrity_key: mac.map(|_| sector_crypto::secure::SecretBuf::from_vec(mac_key())),
         ..IntegrityParams::default()
     }
 }
@@ -104,7 +103,8 @@ fn kernel_encrypted_journals_replay() {
         let wrong = tmp.path().join(format!("{name}-wrong.img"));
         std::fs::write(&wrong, &out).unwrap();
         let mut p = params(crypt, mac);
-        p.journal_crypt_key = Some(Zeroizing::new(key().into_iter().rev().collect()));
+        p.journal_crypt_key =
+            Some(sector_crypto::secure::SecretBuf::from_vec(key().into_iter().rev().collect()));
         if let Ok(t) = volume::integrity::open(wrong.to_str().unwrap(), &p) {
             let mut back = vec![0u8; t.geometry().size as usize];
             assert!(t.read_at(0, &mut back).is_err() || sha_hex(&back) != sha, "{name}: wrong key");

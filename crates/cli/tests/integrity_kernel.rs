@@ -21,7 +21,6 @@ use std::process::Command;
 use blockdev::{BlockDevice, WriteFlags};
 use common::{lcg_pattern as pattern, sha_hex};
 use volume::integrity::{IntegrityParams, Mode};
-use zeroize::Zeroizing;
 
 struct Case {
     name: &'static str,
@@ -136,7 +135,7 @@ fn params(c: &Case, key_path: &Path) -> IntegrityParams {
         ..IntegrityParams::default()
     };
     if c.alg.starts_with("hmac") {
-        p.key = Some(Zeroizing::new(std::fs::read(key_path).unwrap()));
+        p.key = Some(sector_crypto::secure::SecretBuf::from_vec(std::fs::read(key_path).unwrap()));
     }
     p
 }

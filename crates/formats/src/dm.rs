@@ -347,17 +347,15 @@ impl CryptTable {
 /// Re-emits the line as `dmsetup table --showkeys` would, key in hex.
 impl fmt::Display for CryptTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let key = if self.key.is_empty() { "-".to_string() } else { hex::encode(&self.key[..]) };
-        let key = Zeroizing::new(key);
+        // The hex key in one exactly-sized, wiped buffer (no growing String left behind).
+        let mut hex_key = Zeroizing::new(vec![0u8; self.key.len() * 2]);
+        hex::encode_to_slice(&self.key[..], &mut hex_key[..]).map_err(|_| fmt::Error)?;
+        let key =
+            if self.key.is_empty() { "-" } else { std::str::from_utf8(&hex_key).map_err(|_| fmt::Error)? };
         write!(
             f,
             "0 {} crypt {} {} {} {} {}",
-            self.len,
-            self.cipher,
-            key.as_str(),
-            self.iv_offset,
-            self.device,
-            self.offset
+            self.len, self.cipher, key, self.iv_offset, self.device, self.offset
         )?;
         let words = self.options.words();
         if !words.is_empty() {

@@ -349,10 +349,10 @@ impl FromStr for AeadSpec {
 
 /// A keyed HMAC (the MAC half of authenc), cloned per sector.
 ///
-/// Known gap (shared with `tag::TagHash`): hmac 0.13's keyed state (the ipad/opad digest
-/// states derived from the MAC key) is not wiped on drop — its `HmacCore` does not implement
-/// `ZeroizeOnDrop`, even with the crate's `zeroize` feature. The MAC key itself is only
-/// borrowed from the zeroizing `VolumeKey`.
+/// The keyed state (the ipad/opad digest states derived from the MAC key) is wiped on drop:
+/// hmac 0.13's `HmacCore` has no `Drop` of its own, but its two digest cores do with the
+/// `sha1`/`sha2` `zeroize` features this workspace enables (as does `tag::TagHash`). The MAC
+/// key itself is only borrowed from the secret `VolumeKey`.
 #[derive(Clone)]
 enum MacKey {
     Sha1(Box<Hmac<Sha1>>),

@@ -17,11 +17,11 @@
 //! ```
 //!
 //! The split material is what gets encrypted into a keyslot area (padded to whole
-//! 512-byte sectors with zeroes, see [`split_sectors`]).
-
-use zeroize::Zeroizing;
+//! 512-byte sectors with zeroes, see [`split_sectors`]). Split material and merged keys are
+//! [`SecretBuf`]s: locked, kept out of core dumps, wiped on drop.
 
 use crate::kdf::{random_bytes, HashAlg, KdfError};
+use crate::secure::SecretBuf;
 
 /// Sector unit of keyslot key material.
 const SECTOR: usize = 512;
@@ -59,14 +59,14 @@ pub fn split_with(
     stripes: u32,
     hash: HashAlg,
     mut fill: impl FnMut(&mut [u8]) -> Result<(), KdfError>,
-) -> Result<Zeroizing<Vec<u8>>, KdfError> {
+) -> Result<SecretBuf, KdfError> {
     if stripes == 0 {
         return Err(KdfError::InvalidParams { kdf: "af", reason: "stripes must be at least 1".into() });
     }
     let n = key.len();
     let k = stripes as usize;
-    let mut out = Zeroizing::new(vec![0u8; n * k]);
-    let mut d = Zeroizing::new(vec![0u8; n]);
+    let mut out = SecretBuf::zeroed(n * k);
+    let mut d = SecretBuf::zeroed(n);
     for i in 0..k - 1 {
         let s = &mut out[i * n..(i + 1) * n];
         fill(s)?;
@@ -80,18 +80,13 @@ pub fn split_with(
 }
 
 /// Splits `key` into `stripes` stripes using the OS random source.
-pub fn split(key: &[u8], stripes: u32, hash: HashAlg) -> Result<Zeroizing<Vec<u8>>, KdfError> {
+pub fn split(key: &[u8], stripes: u32, hash: HashAlg) -> Result<SecretBuf, KdfError> {
     split_with(key, stripes, hash, random_bytes)
 }
 
 /// Recovers a `key_len`-byte key from split material (at least `stripes × key_len` bytes;
 /// trailing sector padding is ignored).
-pub fn merge(
-    material: &[u8],
-    key_len: usize,
-    stripes: u32,
-    hash: HashAlg,
-) -> Result<Zeroizing<Vec<u8>>, KdfError> {
+pub fn merge(material: &[u8], key_len: usize, stripes: u32, hash: HashAlg) -> Result<SecretBuf, KdfError> {
     let k = stripes as usize;
     if k == 0 || material.len() < key_len * k {
         return Err(KdfError::InvalidParams {
@@ -102,7 +97,7 @@ pub fn merge(
             ),
         });
     }
-    let mut d = Zeroizing::new(vec![0u8; key_len]);
+    let mut d = SecretBuf::zeroed(key_len);
     for i in 0..k - 1 {
         xor_into(&mut d, &material[i * key_len..(i + 1) * key_len]);
         diffuse(hash, &mut d);

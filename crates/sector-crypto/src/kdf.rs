@@ -13,8 +13,11 @@
 //!
 //! Implementations: RustCrypto `pbkdf2`/`hmac`/`sha1`/`sha2` (runtime CPU feature detection
 //! only; `target-cpu=native` makes SHA-NI PBKDF2 many times slower, llvm#142368) and
-//! RustCrypto `argon2` with its lanes on rayon. Outputs are [`Zeroizing`]; a [`Passphrase`]
-//! is wiped on drop and never printed.
+//! RustCrypto `argon2` with its lanes on rayon. Outputs are [`SecretBuf`]s; a [`Passphrase`]
+//! is kept in secret memory, wiped on drop and never printed. HMAC states are wiped on drop
+//! (the `hmac`/`sha1`/`sha2` `zeroize` features); Argon2's working memory is ours and wiped
+//! after each run. Every derivation is registered with [`crate::interrupt`], so a signal
+//! can end the process while one runs.
 //!
 //! [`benchmark_pbkdf2`] and [`benchmark_argon2`] turn cryptsetup's `--iter-time` into
 //! parameters the way `crypt_benchmark_pbkdf` does: time a run, scale to the target.
@@ -26,6 +29,8 @@ use std::time::{Duration, Instant};
 use sha1::Sha1;
 use sha2::{Digest, Sha224, Sha256, Sha384, Sha512};
 use zeroize::Zeroizing;
+
+use crate::secure::SecretBuf;
 
 /// Why a key derivation could not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -152,6 +157,7 @@ pub fn pbkdf2(
         return Err(KdfError::InvalidParams { kdf: "pbkdf2", reason: "empty output".into() });
     }
     use pbkdf2::pbkdf2_hmac;
+    let _deriving = crate::interrupt::Deriving::enter();
     match hash {
         HashAlg::Sha1 => pbkdf2_hmac::<Sha1>(password, salt, iterations, out),
         HashAlg::Sha224 => pbkdf2_hmac::<Sha224>(password, salt, iterations, out),
@@ -218,12 +224,25 @@ pub fn argon2_with(
         Argon2Variant::I => argon2::Algorithm::Argon2i,
         Argon2Variant::Id => argon2::Algorithm::Argon2id,
     };
+    let blocks = params.block_count();
     let a = if secret.is_empty() {
         argon2::Argon2::new(alg, argon2::Version::V0x13, params)
     } else {
         argon2::Argon2::new_with_secret(secret, alg, argon2::Version::V0x13, params).map_err(invalid)?
     };
-    a.hash_password_into(password, salt, out).map_err(invalid)
+    // Our own working memory, wiped afterwards: the crate's `hash_password_into` frees its
+    // blocks without zeroing them (argon2 0.6 zeroizes only the initial and final hashes),
+    // and they hold values derived from the passphrase.
+    let mut memory: Vec<argon2::Block> = Vec::new();
+    memory.try_reserve_exact(blocks).map_err(|_| KdfError::InvalidParams {
+        kdf,
+        reason: format!("cannot allocate {} KiB of Argon2 memory", p.memory_kib),
+    })?;
+    memory.resize(blocks, argon2::Block::default());
+    let _deriving = crate::interrupt::Deriving::enter();
+    let r = a.hash_password_into_with_memory(password, salt, out, &mut memory[..]).map_err(invalid);
+    zeroize::Zeroize::zeroize(&mut memory);
+    r
 }
 
 /// Argon2 as LUKS2 uses it: no secret, no associated data.
@@ -246,9 +265,9 @@ pub enum Kdf {
 }
 
 impl Kdf {
-    /// Derives `len` bytes from `password` and `salt`.
-    pub fn derive(&self, password: &[u8], salt: &[u8], len: usize) -> Result<Zeroizing<Vec<u8>>, KdfError> {
-        let mut out = Zeroizing::new(vec![0u8; len]);
+    /// Derives `len` bytes from `password` and `salt`, into secret memory.
+    pub fn derive(&self, password: &[u8], salt: &[u8], len: usize) -> Result<SecretBuf, KdfError> {
+        let mut out = SecretBuf::zeroed(len);
         match self {
             Self::Pbkdf2 { hash, iterations } => pbkdf2(*hash, password, salt, *iterations, &mut out)?,
             Self::Argon2(p) => argon2(p, password, salt, &mut out)?,

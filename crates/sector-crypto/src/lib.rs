@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   "aes-xts-plain64" ──FromStr──► CipherSpec ─┐
-//!   VolumeKey (zeroizing) ─────────────────────┼──► SectorCipher::new ──► encrypt/decrypt(sector, data)
+//!   VolumeKey (secret memory) ─────────────────┼──► SectorCipher::new ──► encrypt/decrypt(sector, data)
 //!   SectorParams {sector_size, iv_offset, ...} ┘        │
 //!                                                        ├─ IvGen      iv.rs      (plain, plain64, essiv, ...)
 //!                                                        └─ SectorMode provider/  (aws-lc | RustCrypto)
@@ -42,17 +42,26 @@
 
 use std::fmt;
 
-/// A byte-string secret: zeroized on drop, its `Debug` shows only the length. One macro
-/// so that every secret type behaves the same while staying a distinct type.
+/// A byte-string secret: its bytes in a [`secure::SecretBuf`] (locked, excluded from core
+/// dumps, zeroed on drop), its `Debug` shows only the length. One macro so that every secret
+/// type behaves the same while staying a distinct type.
 macro_rules! secret_bytes {
     ($(#[$attr:meta])* $name:ident, $what:literal, $empty_doc:literal) => {
         $(#[$attr])*
-        pub struct $name(zeroize::Zeroizing<Vec<u8>>);
+        pub struct $name($crate::secure::SecretBuf);
 
         impl $name {
-            #[doc = concat!("Wraps ", $what, " bytes.")]
+            #[doc = concat!("Moves ", $what, " bytes into secret memory; the vector is wiped.")]
             pub fn new(bytes: Vec<u8>) -> Self {
-                $name(zeroize::Zeroizing::new(bytes))
+                $name($crate::secure::SecretBuf::from_vec(bytes))
+            }
+            #[doc = concat!("Copies ", $what, " bytes into secret memory.")]
+            pub fn from_slice(bytes: &[u8]) -> Self {
+                $name($crate::secure::SecretBuf::from_slice(bytes))
+            }
+            #[doc = concat!("Takes ", $what, " bytes already in secret memory.")]
+            pub fn from_secret(bytes: $crate::secure::SecretBuf) -> Self {
+                $name(bytes)
             }
             /// The bytes.
             pub fn as_bytes(&self) -> &[u8] {
@@ -79,9 +88,12 @@ pub(crate) use secret_bytes;
 
 pub mod aead;
 pub mod af;
+pub mod interrupt;
 mod iv;
 pub mod kdf;
 mod provider;
+#[allow(unsafe_code)]
+pub mod secure;
 mod spec;
 pub mod tag;
 
@@ -155,7 +167,7 @@ pub enum CryptoError {
 }
 
 secret_bytes! {
-    /// Key material, wiped on drop, never printed.
+    /// Key material: locked, kept out of core dumps, wiped on drop, never printed.
     #[derive(Clone)]
     VolumeKey, "key", "True for an empty key (cipher_null)."
 }

@@ -33,7 +33,6 @@ use std::fmt;
 use hmac::{Hmac, KeyInit, Mac};
 use sha1::Sha1;
 use sha2::{Digest, Sha256, Sha512};
-use zeroize::Zeroizing;
 
 use crate::CryptoError;
 
@@ -143,15 +142,16 @@ enum Inner {
 pub struct TagHash {
     alg: TagAlgorithm,
     inner: Inner,
-    /// Kept for `Debug` only as a length; wiped on drop.
-    key: Zeroizing<Vec<u8>>,
+    /// Key length, for `Debug` (the key itself is not kept: only the keyed state, which is
+    /// wiped on drop).
+    key_len: usize,
 }
 
 impl fmt::Debug for TagHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TagHash")
             .field("alg", &self.alg)
-            .field("key", &format_args!("{} bytes, redacted", self.key.len()))
+            .field("key", &format_args!("{} bytes, redacted", self.key_len))
             .finish()
     }
 }
@@ -169,7 +169,7 @@ impl TagHash {
     /// cryptsetup's (`hmac-sha256`). HMACs need a key (any length); crc32c/crc32 accept a
     /// 4-byte and xxhash64 an 8-byte little-endian seed, as the kernel's `setkey` does; the
     /// plain digests take no key.
-    pub fn new(alg: &str, key: Option<&[u8]>) -> Result<Self, CryptoError> {
+    pub fn new<'a>(alg: &str, key: Option<&'a [u8]>) -> Result<Self, CryptoError> {
         let a = TagAlgorithm::from_name(alg).ok_or_else(|| CryptoError::Unsupported {
             spec: alg.to_string(),
             part: "internal hash".to_string(),
@@ -184,8 +184,8 @@ impl TagHash {
                 None => Ok(()),
             }
         };
-        let need_key = |k: Option<&[u8]>| -> Result<Vec<u8>, CryptoError> {
-            k.map(|k| k.to_vec()).ok_or_else(|| CryptoError::InvalidKeySize {
+        let need_key = |k: Option<&'a [u8]>| -> Result<&'a [u8], CryptoError> {
+            k.ok_or_else(|| CryptoError::InvalidKeySize {
                 spec: alg.to_string(),
                 bits: 0,
                 expected: "a key (the kernel refuses an unkeyed hmac: ENOKEY)".to_string(),
@@ -211,20 +211,11 @@ impl TagHash {
             TagAlgorithm::Sha256 => no_key(key).map(|_| Inner::Sha256)?,
             TagAlgorithm::Sha512 => no_key(key).map(|_| Inner::Sha512)?,
             TagAlgorithm::Blake2b256 => no_key(key).map(|_| Inner::Blake2b256)?,
-            TagAlgorithm::HmacSha1 => {
-                let k = Zeroizing::new(need_key(key)?);
-                Inner::HmacSha1(Box::new(hmac_key(alg, &k)?))
-            }
-            TagAlgorithm::HmacSha256 => {
-                let k = Zeroizing::new(need_key(key)?);
-                Inner::HmacSha256(Box::new(hmac_key(alg, &k)?))
-            }
-            TagAlgorithm::HmacSha512 => {
-                let k = Zeroizing::new(need_key(key)?);
-                Inner::HmacSha512(Box::new(hmac_key(alg, &k)?))
-            }
+            TagAlgorithm::HmacSha1 => Inner::HmacSha1(Box::new(hmac_key(alg, need_key(key)?)?)),
+            TagAlgorithm::HmacSha256 => Inner::HmacSha256(Box::new(hmac_key(alg, need_key(key)?)?)),
+            TagAlgorithm::HmacSha512 => Inner::HmacSha512(Box::new(hmac_key(alg, need_key(key)?)?)),
         };
-        Ok(TagHash { alg: a, inner, key: Zeroizing::new(key.map(|k| k.to_vec()).unwrap_or_default()) })
+        Ok(TagHash { alg: a, inner, key_len: key.map_or(0, <[u8]>::len) })
     }
 
     /// The algorithm.

@@ -14,11 +14,11 @@ use blockdev::{BlockDevice, BlockError, FileDevice, FileOptions, WriteFlags};
 use formats::integrity::layout::DEFAULT_INTERLEAVE_SECTORS;
 use formats::integrity::superblock::{dump_text, SB_AREA_BYTES};
 use formats::integrity::{FormatParams, Layout, Superblock};
+use sector_crypto::secure::SecretBuf;
 use sector_crypto::tag::TagHash;
 use sector_crypto::CryptoError;
 pub use targets::integrity::{HashMode, IntegrityStatus, IntegrityTarget, Mode};
 use targets::integrity::{IntegrityConfig, IntegrityError, JournalCipher, JournalCryptSpec};
-use zeroize::Zeroizing;
 
 /// Why an integrity volume operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +71,7 @@ pub struct IntegrityParams {
     /// `-I`: internal hash (kernel or cryptsetup spelling); default crc32c.
     pub integrity: String,
     /// `--integrity-key-file` contents (already read, `--integrity-key-size` bytes).
-    pub key: Option<Zeroizing<Vec<u8>>>,
+    pub key: Option<SecretBuf>,
     /// `-t`: tag size (default: the digest size).
     pub tag_size: Option<u32>,
     /// `-s`: block size (default 512).
@@ -111,11 +111,11 @@ pub struct IntegrityParams {
     /// `--journal-integrity` (`journal_mac:`), e.g. hmac-sha256.
     pub journal_integrity: Option<String>,
     /// `--journal-integrity-key-file` contents.
-    pub journal_integrity_key: Option<Zeroizing<Vec<u8>>>,
+    pub journal_integrity_key: Option<SecretBuf>,
     /// `--journal-crypt` (`journal_crypt:`): ctr-aes / cbc-aes (or ctr(aes) / cbc(aes)).
     pub journal_crypt: Option<String>,
     /// `--journal-crypt-key-file` contents.
-    pub journal_crypt_key: Option<Zeroizing<Vec<u8>>>,
+    pub journal_crypt_key: Option<SecretBuf>,
 }
 
 impl Default for IntegrityParams {
@@ -151,14 +151,14 @@ impl Default for IntegrityParams {
 
 impl IntegrityParams {
     fn hash(&self) -> Result<TagHash, IntegrityVolumeError> {
-        TagHash::new(&self.integrity, self.key.as_deref().map(|k| k.as_slice()))
+        TagHash::new(&self.integrity, self.key.as_deref())
             .map_err(|source| IntegrityVolumeError::Hash { alg: self.integrity.clone(), source })
     }
 
     fn journal_mac(&self) -> Result<Option<TagHash>, IntegrityVolumeError> {
         match &self.journal_integrity {
             None => Ok(None),
-            Some(alg) => TagHash::new(alg, self.journal_integrity_key.as_deref().map(|k| k.as_slice()))
+            Some(alg) => TagHash::new(alg, self.journal_integrity_key.as_deref())
                 .map(Some)
                 .map_err(|source| IntegrityVolumeError::Hash { alg: alg.clone(), source }),
         }
@@ -185,7 +185,7 @@ impl IntegrityParams {
                 "journal encryption is not supported in bitmap mode".into(),
             ));
         }
-        Ok(Some(JournalCryptSpec { cipher, key: key.to_vec() }))
+        Ok(Some(JournalCryptSpec { cipher, key: key.clone() }))
     }
 
     /// The target configuration these options describe.

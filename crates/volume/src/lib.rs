@@ -113,7 +113,7 @@ pub fn crypt_over<D: BlockDevice>(
 ) -> Result<CryptTarget<D>, VolumeError> {
     let cipher_err = |source| VolumeError::Cipher { cipher: table.cipher.clone(), source };
     let spec: CipherSpec = table.cipher.parse().map_err(cipher_err)?;
-    let key = VolumeKey::new(table.key.to_vec());
+    let key = VolumeKey::from_slice(&table.key);
     let o = &table.options;
     let params = SectorParams {
         sector_size: o.sector_size(),

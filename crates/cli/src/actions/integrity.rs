@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use blockdev::BlockDevice;
 use clap::{Args, Subcommand};
+use sector_crypto::secure::SecretBuf;
 use volume::integrity::{HashMode, IntegrityParams, IntegrityStatus, Mode};
-use zeroize::Zeroizing;
 
 use super::UsageError;
 use crate::serve::{serve, ServeArgs};
@@ -143,18 +143,24 @@ enum HashModeArg {
 }
 
 /// A key read from a file, if any.
-type Key = Option<Zeroizing<Vec<u8>>>;
+type Key = Option<SecretBuf>;
 
-/// Reads a key file, cut to `size` bytes when given.
-fn read_key(file: &str, size: Option<usize>) -> Result<Zeroizing<Vec<u8>>> {
-    let mut k = Zeroizing::new(std::fs::read(file).with_context(|| format!("reading key file {file}"))?);
-    if let Some(n) = size {
-        if k.len() < n {
-            bail!(UsageError(format!("key file {file} holds {} bytes, need {n}", k.len())));
+/// The most key-file bytes read without `--*-key-size` (cryptsetup's key-file ceiling).
+const KEY_FILE_MAX: usize = 8 << 20;
+
+/// Reads a key file into secret memory, cut to `size` bytes when given.
+fn read_key(file: &str, size: Option<usize>) -> Result<SecretBuf> {
+    let limit = size.unwrap_or(KEY_FILE_MAX + 1);
+    let k = crate::keys::read_key_file(file, 0, limit)?;
+    match size {
+        Some(n) if k.len() < n => {
+            bail!(UsageError(format!("key file {file} holds {} bytes, need {n}", k.len())))
         }
-        k.truncate(n);
+        None if k.len() > KEY_FILE_MAX => {
+            bail!(UsageError(format!("key file {file} is larger than {KEY_FILE_MAX} bytes")))
+        }
+        _ => Ok(k),
     }
-    Ok(k)
 }
 
 impl IntegrityOpts {
@@ -191,17 +197,7 @@ impl IntegrityOpts {
     fn params(&self) -> Result<IntegrityParams> {
         let (journal_integrity_key, journal_crypt_key) = self.journal_keys()?;
         let key = match &self.integrity_key_file {
-            Some(f) => {
-                let mut k =
-                    Zeroizing::new(std::fs::read(f).with_context(|| format!("reading key file {f}"))?);
-                if let Some(n) = self.integrity_key_size {
-                    if k.len() < n {
-                        bail!(UsageError(format!("key file {f} holds {} bytes, need {n}", k.len())));
-                    }
-                    k.truncate(n);
-                }
-                Some(k)
-            }
+            Some(f) => Some(read_key(f, self.integrity_key_size)?),
             None if self.integrity.starts_with("hmac") => {
                 bail!(UsageError(format!("{} needs --integrity-key-file", self.integrity)))
             }

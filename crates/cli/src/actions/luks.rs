@@ -12,15 +12,13 @@
 //!
 //! Passphrases never come from argv.
 
-use std::fs::File;
-use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sector_crypto::kdf::{HashAlg, Passphrase};
 use volume::luks::{KdfLimits, LuksError, PbkdfParams, PbkdfType};
 use volume::VolumeError;
-use zeroize::Zeroizing;
 
 use super::UsageError;
 use crate::exit;
@@ -130,17 +128,7 @@ impl PbkdfArgs {
 /// Reads a passphrase from a key file (or stdin for `-`), cryptsetup style.
 pub fn read_keyfile(path: &str, offset: u64, size: Option<usize>) -> Result<Passphrase> {
     let limit = size.unwrap_or(KEYFILE_MAX);
-    let mut buf = Zeroizing::new(Vec::new());
-    if path == "-" {
-        let mut stdin = std::io::stdin().lock();
-        std::io::copy(&mut (&mut stdin).take(offset), &mut std::io::sink())
-            .context("skipping --keyfile-offset bytes of stdin")?;
-        stdin.take(limit as u64 + 1).read_to_end(&mut buf).context("reading the key file from stdin")?;
-    } else {
-        let mut f = File::open(path).with_context(|| format!("opening key file {path}"))?;
-        f.seek(SeekFrom::Start(offset)).with_context(|| format!("seeking in key file {path}"))?;
-        f.take(limit as u64 + 1).read_to_end(&mut buf).with_context(|| format!("reading key file {path}"))?;
-    }
+    let mut buf = crate::keys::read_key_file(path, offset, limit.saturating_add(1))?;
     if size.is_none() && buf.len() > KEYFILE_MAX {
         bail!(UsageError(format!("key file {path} is larger than {KEYFILE_MAX} bytes")));
     }
@@ -153,25 +141,25 @@ pub fn read_keyfile(path: &str, offset: u64, size: Option<usize>) -> Result<Pass
     if buf.is_empty() {
         bail!(UsageError(format!("key file {path} is empty")));
     }
-    Ok(Passphrase::new(buf.to_vec()))
+    Ok(Passphrase::from_secret(buf))
 }
 
-/// Prompts for a passphrase: on the terminal without echo, or one line of stdin.
+/// Prompts for a passphrase: on the terminal without echo, or one line of stdin (at most
+/// [`KEYFILE_MAX`] bytes either way), read straight into secret memory.
 pub fn prompt(text: &str) -> Result<Passphrase> {
-    let line = if std::io::stdin().is_terminal() {
-        Zeroizing::new(rpassword::prompt_password(text).context("reading the passphrase from the terminal")?)
+    let mut line = if std::io::stdin().is_terminal() {
+        crate::keys::prompt_tty(text, KEYFILE_MAX)?
     } else {
-        let mut line = Zeroizing::new(String::new());
-        std::io::stdin().read_line(&mut line).context("reading the passphrase from stdin")?;
-        while line.ends_with('\n') || line.ends_with('\r') {
-            line.pop();
-        }
-        line
+        crate::keys::read_secret(rustix::stdio::stdin(), KEYFILE_MAX, true)
+            .context("reading the passphrase from stdin")?
     };
+    while line.last() == Some(&b'\r') {
+        line.truncate(line.len() - 1);
+    }
     if line.is_empty() {
         bail!(UsageError("no passphrase given".into()));
     }
-    Ok(Passphrase::new(line.as_bytes().to_vec()))
+    Ok(Passphrase::from_secret(line))
 }
 
 /// The existing passphrase: `--key-file`, or a prompt.

@@ -55,9 +55,9 @@ pub fn dump(a: DumpArgs) -> Result<()> {
         if let Some(f) = &a.volume_key_file {
             write_private(f, vk.as_bytes()).with_context(|| format!("writing the volume key to {f}"))?;
         }
-        luks::dump_volume_key(&luks, &name, &vk, a.volume_key_file.as_deref())
+        zeroize::Zeroizing::new(luks::dump_volume_key(&luks, &name, &vk, a.volume_key_file.as_deref()))
     } else {
-        luks::dump(&luks, &name)
+        zeroize::Zeroizing::new(luks::dump(&luks, &name))
     };
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes()).context("writing the dump")?;

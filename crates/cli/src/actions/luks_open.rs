@@ -71,7 +71,12 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
     log::info!("Key slot {} unlocked.", opened.keyslot);
     if a.print_table {
         let t = &opened.volume.table;
-        println!("{}", if a.showkeys { t.to_string() } else { masked(t) });
+        // Straight to stdout: no String copy of the key.
+        if a.showkeys {
+            println!("{t}");
+        } else {
+            println!("{}", masked(t));
+        }
     }
     let name = name.unwrap_or_default();
     serve(&name, opened.volume.device, &a.serve, a.readonly)

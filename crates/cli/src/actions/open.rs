@@ -1,14 +1,11 @@
 //! `sealdisk open`: plain dm-crypt (cryptsetup options) or a dm table line, served over NBD.
 
-use std::io::Read;
-
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use formats::dm::{CryptOptions, CryptTable};
 use formats::limits::DM_MAX_TABLE_BYTES;
 use volume::plain::PlainParams;
 use volume::OpenOptions;
-use zeroize::Zeroizing;
 
 use super::UsageError;
 use crate::keys::{read_key, KeySource};
@@ -162,7 +159,12 @@ pub fn run(a: OpenArgs) -> Result<()> {
     let vol = volume::open_crypt_table(&table, &opts)
         .with_context(|| format!("opening {} as dm-crypt", table.device))?;
     if a.print_table {
-        println!("{}", if a.showkeys { table.to_string() } else { masked(&table) });
+        // Straight to stdout: no String copy of the key.
+        if a.showkeys {
+            println!("{table}");
+        } else {
+            println!("{}", masked(&table));
+        }
     }
     serve(&name, vol.device, &a.serve, a.readonly)
 }
@@ -199,24 +201,21 @@ fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTa
     Ok(volume::plain::table(device, &params, opts)?)
 }
 
-/// Reads a table line, at most [`DM_MAX_TABLE_BYTES`] of it (a longer input, such as
-/// `--table-file /dev/zero`, is refused instead of filling memory).
+/// The longest table file read (`formats::limits`): a crypt line is a few hundred bytes
+/// (a 512-bit key is 128 hex digits, a path at most 4096 bytes); `/dev/zero` is refused.
+const TABLE_MAX: usize = DM_MAX_TABLE_BYTES as usize;
+
+/// Reads a table line (it holds the key in hex) into secret memory and parses it in place:
+/// no copy of the line is left behind.
 pub(super) fn read_table(file: &str) -> Result<CryptTable> {
-    let mut text = Zeroizing::new(String::new());
-    let limit = DM_MAX_TABLE_BYTES + 1;
-    if file == "-" {
-        std::io::stdin()
-            .take(limit)
-            .read_to_string(&mut text)
-            .context("reading the table line from stdin")?;
-    } else {
-        let f = std::fs::File::open(file).with_context(|| format!("opening table file {file}"))?;
-        f.take(limit).read_to_string(&mut text).with_context(|| format!("reading table file {file}"))?;
+    let text = crate::keys::read_key_file(file, 0, TABLE_MAX + 1)
+        .with_context(|| format!("reading table file {file}"))?;
+    if text.len() > TABLE_MAX {
+        bail!(UsageError(format!("table file {file} is larger than {TABLE_MAX} bytes")));
     }
-    if text.len() as u64 > DM_MAX_TABLE_BYTES {
-        bail!(UsageError(format!("table file {file} is longer than {DM_MAX_TABLE_BYTES} bytes")));
-    }
-    CryptTable::parse(&text).map_err(volume::VolumeError::Table).context("parsing the table line")
+    let line =
+        std::str::from_utf8(&text).map_err(|_| UsageError(format!("table file {file} is not UTF-8 text")))?;
+    CryptTable::parse(line).map_err(volume::VolumeError::Table).context("parsing the table line")
 }
 
 /// The table line with the key replaced by zeroes, as `dmsetup table` without --showkeys.

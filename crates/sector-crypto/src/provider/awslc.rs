@@ -27,7 +27,9 @@ use std::ptr::{self, NonNull};
 
 use aws_lc_sys as ffi;
 use crossbeam_queue::ArrayQueue;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroize;
+
+use crate::secure::SecretBuf;
 
 use super::{Block, SectorMode};
 use crate::CryptoError;
@@ -42,14 +44,19 @@ struct CipherCtx(NonNull<ffi::EVP_CIPHER_CTX>);
 unsafe impl Send for CipherCtx {}
 
 impl CipherCtx {
-    /// A context keyed for AES-256-XTS in one direction; `None` if aws-lc refuses the key.
-    fn xts256(key: &[u8; 64], encrypt: bool) -> Option<Self> {
+    /// A context keyed for AES-256-XTS in one direction; `None` unless `key` is 64 bytes
+    /// that aws-lc accepts.
+    fn xts256(key: &[u8], encrypt: bool) -> Option<Self> {
+        if key.len() != 64 {
+            return None;
+        }
         // SAFETY: EVP_CIPHER_CTX_new has no preconditions; it returns null only on allocation
         // failure, which NonNull::new turns into None.
         let ctx = CipherCtx(NonNull::new(unsafe { ffi::EVP_CIPHER_CTX_new() })?);
         // SAFETY: `ctx` is a valid context owned by us; EVP_aes_256_xts returns a pointer to a
         // static cipher whose key length is 64, and `key` points to 64 readable bytes; a null
-        // engine and IV are allowed. On failure `ctx` is dropped (freed) below.
+        // engine and IV are allowed (length checked above). On failure `ctx` is dropped
+        // (freed) below.
         let ok = unsafe {
             ffi::EVP_CipherInit_ex(
                 ctx.0.as_ptr(),
@@ -168,9 +175,11 @@ fn current_cpu() -> usize {
     0
 }
 
-/// AES-256-XTS (64-byte key) over pooled `EVP_CIPHER_CTX`s.
+/// AES-256-XTS (64-byte key) over pooled `EVP_CIPHER_CTX`s. The key (kept to key more
+/// contexts on demand) is in secret memory; the contexts' key schedules are cleansed by
+/// aws-lc when freed.
 pub(crate) struct Xts256 {
-    key: Zeroizing<[u8; 64]>,
+    key: SecretBuf,
     enc: CtxPool,
     dec: CtxPool,
 }
@@ -178,8 +187,10 @@ pub(crate) struct Xts256 {
 impl Xts256 {
     /// `None` unless `key` is 64 bytes that aws-lc accepts (its halves differ).
     pub(crate) fn new(key: &[u8]) -> Option<Self> {
-        let key: [u8; 64] = key.try_into().ok()?;
-        let key = Zeroizing::new(key);
+        if key.len() != 64 {
+            return None;
+        }
+        let key = SecretBuf::from_slice(key);
         let (enc, dec) = (CtxPool::new(), CtxPool::new());
         // Key once now: validates the key and warms the pool.
         enc.put(CipherCtx::xts256(&key, true)?);

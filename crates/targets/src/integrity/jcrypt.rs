@@ -50,8 +50,8 @@ impl JournalCipher {
 pub struct JournalCryptSpec {
     /// The cipher.
     pub cipher: JournalCipher,
-    /// The key.
-    pub key: Vec<u8>,
+    /// The key (secret memory, wiped on drop).
+    pub key: sector_crypto::secure::SecretBuf,
 }
 
 impl std::fmt::Debug for JournalCryptSpec {
@@ -99,8 +99,8 @@ impl AnyAes {
 }
 
 enum Kind {
-    /// The keystream over the journal area (`ic->journal_xor`).
-    Stream(Vec<u8>),
+    /// The keystream over the journal area (`ic->journal_xor`): as secret as the key.
+    Stream(sector_crypto::secure::SecretBuf),
     /// The cipher and each section's IV (`sk_requests[s]->iv`).
     Cbc(AnyAes, Vec<[u8; 16]>),
 }
@@ -130,7 +130,7 @@ impl JournalCrypt {
                 let jbytes = sections * section_bytes;
                 let pages = jbytes.div_ceil(4096);
                 let n = pages * 4096 + 32;
-                let mut ks = vec![0u8; n];
+                let mut ks = sector_crypto::secure::SecretBuf::zeroed(n);
                 for (k, chunk) in ks.chunks_mut(16).enumerate() {
                     let mut b = (k as u128).to_be_bytes();
                     aes.enc(&mut b);

@@ -210,10 +210,15 @@ fn dump2(h: &Luks2Header) -> String {
 }
 
 /// `luksDump --dump-volume-key` (cryptsetup `luksDump_with_volume_key`). With
-/// `key_file`, the key went to that file and is not printed.
+/// `key_file`, the key went to that file and is not printed. The text is built in one
+/// allocation sized up front (never reallocated, so no stray copy of the key is freed
+/// unwiped); the caller should wipe it (`Zeroizing`) after printing.
 pub fn dump_volume_key(luks: &Luks, device: &str, vk: &VolumeKey, key_file: Option<&str>) -> String {
-    let mut o = String::new();
     let seg = luks.segment().ok();
+    let cipher_len = seg.as_ref().map_or(0, |s| s.cipher.len());
+    let mut o = String::with_capacity(
+        512 + device.len() + luks.uuid().len() + cipher_len + key_file.map_or(0, str::len) + vk.len() * 4,
+    );
     let (name, mode) = match seg.as_ref().map(|s| s.cipher.clone()) {
         Some(c) => match c.split_once('-') {
             Some((a, b)) => (a.to_owned(), b.to_owned()),

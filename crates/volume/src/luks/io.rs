@@ -4,6 +4,7 @@
 
 use blockdev::{BlockDevice, WriteFlags};
 use formats::luks2::{WritePlan, WriteStep};
+use sector_crypto::secure::SecretBuf;
 use zeroize::Zeroizing;
 
 use super::LuksError;
@@ -32,14 +33,15 @@ pub(crate) fn read_bytes(
     Ok(buf)
 }
 
-/// Like [`read_bytes`], for key material (wiped on drop).
+/// Like [`read_bytes`], into secret memory: for key material that is decrypted in place
+/// (the ciphertext read from disk is not secret; the plaintext it becomes is).
 pub(crate) fn read_secret(
     dev: &dyn BlockDevice,
     off: u64,
     len: usize,
     what: &'static str,
-) -> Result<Zeroizing<Vec<u8>>, LuksError> {
-    read_bytes(dev, off, len, what).map(Zeroizing::new)
+) -> Result<SecretBuf, LuksError> {
+    read_bytes(dev, off, len, what).map(SecretBuf::from_vec)
 }
 
 /// Writes `data` at byte `off`, read-modify-writing partial blocks at the edges.

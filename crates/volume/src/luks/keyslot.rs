@@ -13,8 +13,8 @@ use blockdev::BlockDevice;
 use formats::limits::{self, KdfLimits, LimitError};
 use sector_crypto::af;
 use sector_crypto::kdf::{HashAlg, Kdf};
+use sector_crypto::secure::SecretBuf;
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
-use zeroize::Zeroizing;
 
 use super::io;
 use super::LuksError;
@@ -59,7 +59,7 @@ impl Material<'_> {
         let err = |source| LuksError::Cipher { spec: self.cipher.to_owned(), source };
         let spec: CipherSpec = self.cipher.parse().map_err(err)?;
         let params = SectorParams { sector_size: 512, iv_offset: 0, iv_large_sectors: false };
-        SectorCipher::new(&spec, &VolumeKey::new(area_key.to_vec()), params).map_err(err)
+        SectorCipher::new(&spec, &VolumeKey::from_slice(area_key), params).map_err(err)
     }
 
     /// Reads, decrypts and merges the material with `area_key`: a candidate volume key.
@@ -71,14 +71,14 @@ impl Material<'_> {
             .decrypt(0, &mut buf)
             .map_err(|source| LuksError::Cipher { spec: self.cipher.to_owned(), source })?;
         let key = af::merge(&buf, self.key_len, self.stripes, self.af_hash).map_err(LuksError::Kdf)?;
-        Ok(VolumeKey::new(key.to_vec()))
+        Ok(VolumeKey::from_secret(key))
     }
 
     /// Splits `vk`, encrypts it with `area_key` and writes it (no flush).
     pub fn store(&self, meta: &dyn BlockDevice, area_key: &[u8], vk: &VolumeKey) -> Result<(), LuksError> {
         let cipher = self.cipher(area_key)?;
         let split = af::split(vk.as_bytes(), self.stripes, self.af_hash).map_err(LuksError::Kdf)?;
-        let mut buf = Zeroizing::new(vec![0u8; self.len()]);
+        let mut buf = SecretBuf::zeroed(self.len());
         buf[..split.len()].copy_from_slice(&split);
         cipher
             .encrypt(0, &mut buf)

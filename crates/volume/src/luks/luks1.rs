@@ -10,7 +10,9 @@ use zeroize::Zeroizing;
 
 use super::keyslot::{check_kdf, digest_eq, Material};
 use super::KdfLimits;
-use super::{io, parse_hash, FormatParams, Luks, LuksError, LuksHeader, PbkdfParams, LUKS1_KEYSLOTS};
+use super::{
+    io, parse_hash, FormatParams, Luks, LuksError, LuksHeader, PbkdfParams, SlotKey, LUKS1_KEYSLOTS,
+};
 
 /// Default data alignment: 1 MiB, in sectors (cryptsetup `DEFAULT_DISK_ALIGNMENT`).
 const ALIGN_SECTORS: u64 = 2048;
@@ -115,25 +117,30 @@ pub(super) fn write_header(h: &Luks1Header, meta: &dyn BlockDevice) -> Result<()
     io::flush(meta, "LUKS1 header")
 }
 
-pub(super) fn add_keyslot(
-    h: &mut Luks1Header,
-    meta: &dyn BlockDevice,
-    slot: u32,
-    vk: &VolumeKey,
-    pass: &[u8],
-    pbkdf: &PbkdfParams,
-) -> Result<(), LuksError> {
+/// Runs a new keyslot's KDF (before anything is written).
+pub(super) fn slot_key(h: &Luks1Header, pass: &[u8], pbkdf: &PbkdfParams) -> Result<SlotKey, LuksError> {
     let kdf = pbkdf.resolve(true, h.key_bytes as usize)?;
     let Kdf::Pbkdf2 { iterations, .. } = kdf else {
         return Err(LuksError::Params("LUKS1 keyslots use pbkdf2 only".into()));
     };
     // LUKS1 has one hash for the whole header: the keyslot KDF uses it, whatever --hash says.
     let kdf = Kdf::Pbkdf2 { hash: parse_hash(&h.hash_spec)?, iterations };
-    let mut salt = [0u8; 32];
-    kdf::random_bytes(&mut salt).map_err(LuksError::Kdf)?;
-    let area_key = kdf.derive(pass, &salt, h.key_bytes as usize).map_err(LuksError::Kdf)?;
+    SlotKey::derive(kdf, pass, h.key_bytes as usize)
+}
+
+pub(super) fn add_keyslot(
+    h: &mut Luks1Header,
+    meta: &dyn BlockDevice,
+    slot: u32,
+    vk: &VolumeKey,
+    key: &SlotKey,
+) -> Result<(), LuksError> {
+    let Kdf::Pbkdf2 { iterations, .. } = key.kdf else {
+        return Err(LuksError::Params("LUKS1 keyslots use pbkdf2 only".into()));
+    };
+    let salt = key.salt;
     let spec = h.cipher_spec();
-    material(h, slot, &spec)?.store(meta, &area_key, vk)?;
+    material(h, slot, &spec)?.store(meta, &key.area_key, vk)?;
     io::flush(meta, "keyslot area")?;
     // Change a copy; the caller's header changes only once the new one is on disk.
     let mut next = h.clone();
@@ -163,7 +170,7 @@ pub(super) fn kill_keyslot(h: &mut Luks1Header, meta: &dyn BlockDevice, slot: u3
 
 pub(super) fn backup(h: &Luks1Header, meta: &dyn BlockDevice) -> Result<Zeroizing<Vec<u8>>, LuksError> {
     let hdr = h.required_device_size() as usize;
-    let mut buf = io::read_secret(meta, 0, hdr, "LUKS1 header and keyslots")?;
+    let mut buf = Zeroizing::new(io::read_bytes(meta, 0, hdr, "LUKS1 header and keyslots")?);
     buf.resize(backup_size(h) as usize, 0);
     // cryptsetup clears the gap between the phdr and the first keyslot.
     if u64::from(h.keyslots[0].key_material_offset) * SECTOR_SIZE == luks1::ALIGN_KEYSLOTS {
@@ -178,7 +185,8 @@ pub(super) fn format(
     p: &FormatParams,
     vk: &VolumeKey,
     uuid: &str,
-) -> Result<Luks, LuksError> {
+    pass: &[u8],
+) -> Result<(Luks, SlotKey), LuksError> {
     if p.sector_size != 512 {
         return Err(LuksError::Params("LUKS1 supports only 512-byte sectors".into()));
     }
@@ -233,6 +241,9 @@ pub(super) fn format(
     h.mk_digest = *d;
     h.validate().map_err(LuksError::Luks1)?;
     h.check_device_size(meta.geometry().size).map_err(LuksError::Luks1)?;
+    // The first keyslot's KDF runs before anything is written: an interrupted (or failed)
+    // derivation leaves the device as it was.
+    let key = slot_key(&h, pass, &p.pbkdf)?;
     // Zero the header area, fill the keyslot areas with noise, then write the phdr.
     io::wipe(meta, 0, luks1::ALIGN_KEYSLOTS, false, "LUKS1 header")?;
     for slot in 0..LUKS1_KEYSLOTS as usize {
@@ -241,5 +252,5 @@ pub(super) fn format(
         }
     }
     write_header(&h, meta)?;
-    Ok(Luks { header: LuksHeader::V1(Box::new(h)), repaired: None, needs_repair: None })
+    Ok((Luks { header: LuksHeader::V1(Box::new(h)), repaired: None, needs_repair: None }, key))
 }

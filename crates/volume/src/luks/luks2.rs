@@ -10,14 +10,16 @@ use formats::luks2::{
     Luks2Metadata, Requirement, Segment as JsonSegment, SegmentIntegrity, SegmentSize, BINARY_HEADER_SIZE,
     MAX_KEYSLOTS_SIZE, METADATA_SIZES, SALT_LEN,
 };
-use sector_crypto::kdf::{self, Argon2Params, Argon2Variant, Kdf};
+use sector_crypto::kdf::{self, Argon2Params, Argon2Variant, HashAlg, Kdf};
 use sector_crypto::AeadSpec;
 use sector_crypto::{af, VolumeKey};
 use serde_json::Map;
 
 use super::keyslot::{check_kdf, digest_eq, Material};
 use super::KdfLimits;
-use super::{io, parse_hash, FormatParams, Luks, Luks2State, LuksError, LuksHeader, PbkdfParams, Segment};
+use super::{
+    io, parse_hash, FormatParams, Luks, Luks2State, LuksError, LuksHeader, PbkdfParams, Segment, SlotKey,
+};
 
 /// cryptsetup's default LUKS2 header + keyslots size, which is also the default data
 /// offset (`LUKS2_DEFAULT_HDR_SIZE`, 16 MiB).
@@ -417,25 +419,38 @@ fn keyslot_cipher(h: &Luks2Header, vk_len: usize) -> (String, usize) {
     ("aes-xts-plain64".into(), 64)
 }
 
-/// Builds a keyslot (KDF, area) for `vk` at `offset`, writes its material, flushes.
+/// Runs a new keyslot's KDF for a `vk_len`-byte volume key (before anything is written).
+pub(super) fn slot_key(
+    h: &Luks2Header,
+    vk_len: usize,
+    pass: &[u8],
+    pbkdf: &PbkdfParams,
+) -> Result<SlotKey, LuksError> {
+    let (_, area_key_len) = keyslot_cipher(h, vk_len);
+    let kdf = pbkdf.resolve(false, area_key_len)?;
+    SlotKey::derive(kdf, pass, area_key_len)
+}
+
+/// Builds a keyslot for `vk` at `offset` with an already derived `key`, writes its
+/// material, flushes.
 fn new_keyslot(
     h: &Luks2Header,
     meta: &dyn BlockDevice,
     offset: u64,
     area_size: u64,
     vk: &VolumeKey,
-    pass: &[u8],
-    pbkdf: &PbkdfParams,
+    key: &SlotKey,
+    af_hash: HashAlg,
 ) -> Result<Keyslot, LuksError> {
     let (cipher, area_key_len) = keyslot_cipher(h, vk.len());
-    let kdf = pbkdf.resolve(false, area_key_len)?;
-    let mut salt = vec![0u8; 32];
-    kdf::random_bytes(&mut salt).map_err(LuksError::Kdf)?;
-    let area_key = kdf.derive(pass, &salt, area_key_len).map_err(LuksError::Kdf)?;
-    let m = Material { offset, cipher: &cipher, af_hash: pbkdf.hash, stripes: STRIPES, key_len: vk.len() };
-    m.store(meta, &area_key, vk)?;
+    if key.area_key.len() != area_key_len {
+        return Err(LuksError::Params("keyslot key derived for another cipher".into()));
+    }
+    let m = Material { offset, cipher: &cipher, af_hash, stripes: STRIPES, key_len: vk.len() };
+    m.store(meta, &key.area_key, vk)?;
     io::flush(meta, "keyslot area")?;
-    let kdf_json = match kdf {
+    let salt = key.salt.to_vec();
+    let kdf_json = match key.kdf {
         Kdf::Pbkdf2 { hash, iterations } => luks2::Kdf::Pbkdf2 { hash: hash.name().into(), iterations, salt },
         Kdf::Argon2(p) => luks2::Kdf::Argon2 {
             id: p.variant == Argon2Variant::Id,
@@ -452,7 +467,7 @@ fn new_keyslot(
         af: Some(Af {
             type_name: "luks1".into(),
             stripes: STRIPES,
-            hash: pbkdf.hash.name().into(),
+            hash: af_hash.name().into(),
             extra: Map::new(),
         }),
         area: Area {
@@ -477,12 +492,12 @@ pub(super) fn add_keyslot(
     meta: &dyn BlockDevice,
     slot: u32,
     vk: &VolumeKey,
-    pass: &[u8],
-    pbkdf: &PbkdfParams,
+    key: &SlotKey,
+    af_hash: HashAlg,
 ) -> Result<(), LuksError> {
     let len = area_size(vk.len());
     let offset = find_area(&s.header.metadata, len, None).ok_or(LuksError::NoKeyslotSpace { need: len })?;
-    let ks = new_keyslot(&s.header, meta, offset, len, vk, pass, pbkdf)?;
+    let ks = new_keyslot(&s.header, meta, offset, len, vk, key, af_hash)?;
     let (seg, _) = default_segment(&s.header)?;
     let digest = s
         .header
@@ -531,8 +546,8 @@ pub(super) fn change_keyslot(
     meta: &dyn BlockDevice,
     slot: u32,
     vk: &VolumeKey,
-    pass: &[u8],
-    pbkdf: &PbkdfParams,
+    key: &SlotKey,
+    af_hash: HashAlg,
 ) -> Result<(), LuksError> {
     let old = s.header.metadata.keyslots.get(&slot).ok_or(LuksError::KeyslotInactive(slot))?.clone();
     let len = area_size(vk.len());
@@ -540,9 +555,9 @@ pub(super) fn change_keyslot(
         // No room for a second copy: replace in place (not crash-safe, as in cryptsetup).
         log::warn!("no free keyslot area: keyslot {slot} is rewritten in place");
         kill_keyslot(s, meta, slot)?;
-        return add_keyslot(s, meta, slot, vk, pass, pbkdf);
+        return add_keyslot(s, meta, slot, vk, key, af_hash);
     };
-    let mut ks = new_keyslot(&s.header, meta, offset, len, vk, pass, pbkdf)?;
+    let mut ks = new_keyslot(&s.header, meta, offset, len, vk, key, af_hash)?;
     ks.priority = old.priority;
     let mut next = s.clone();
     next.header.metadata.keyslots.insert(slot, ks);
@@ -596,7 +611,8 @@ pub(super) fn format(
     p: &FormatParams,
     vk: &VolumeKey,
     uuid: &str,
-) -> Result<Luks, LuksError> {
+    pass: &[u8],
+) -> Result<(Luks, SlotKey), LuksError> {
     if ![512, 1024, 2048, 4096].contains(&p.sector_size) {
         return Err(LuksError::Params(format!("unsupported encryption sector size {}", p.sector_size)));
     }
@@ -691,13 +707,16 @@ pub(super) fn format(
     if need > size {
         return Err(LuksError::DeviceTooSmall { need, have: size });
     }
+    // The first keyslot's KDF runs before anything is written: an interrupted (or failed)
+    // derivation leaves the device as it was.
+    let key = slot_key(&header, vk.len(), pass, &p.pbkdf)?;
     let mut zero = if data_offset == 0 { MAX_MDA_SIZE } else { data_offset.min(MAX_MDA_SIZE) };
     zero = zero.min(size);
     io::wipe(meta, 0, zero, false, "LUKS2 header area")?;
     io::wipe(meta, 2 * md, ks_size, true, "keyslots area")?;
     let mut state = Luks2State { header, salts };
     write_header(&mut state, meta)?;
-    Ok(Luks { header: LuksHeader::V2(Box::new(state)), repaired: None, needs_repair: None })
+    Ok((Luks { header: LuksHeader::V2(Box::new(state)), repaired: None, needs_repair: None }, key))
 }
 
 /// The `CopyKind` of a repaired header, for messages.

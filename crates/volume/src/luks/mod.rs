@@ -43,7 +43,9 @@ use blockdev::{BlockDevice, BlockError};
 use formats::dm::CryptTable;
 use formats::luks1::{Luks1Error, Luks1Header};
 use formats::luks2::{CopyKind, HeaderSalts, Luks2Error, Luks2Header};
+use sector_crypto::kdf::Kdf;
 use sector_crypto::kdf::{HashAlg, KdfError, Passphrase};
+use sector_crypto::secure::SecretBuf;
 use sector_crypto::{CryptoError, VolumeKey};
 use zeroize::Zeroizing;
 
@@ -501,11 +503,37 @@ impl Luks {
                 .find(|s| !self.active_keyslots().contains(s))
                 .ok_or(LuksError::NoFreeKeyslot)?,
         };
-        match &mut self.header {
-            LuksHeader::V1(h) => luks1::add_keyslot(h, meta, slot, vk, passphrase.as_bytes(), pbkdf)?,
-            LuksHeader::V2(s) => luks2::add_keyslot(s, meta, slot, vk, passphrase.as_bytes(), pbkdf)?,
-        }
+        let key = self.slot_key(vk, passphrase, pbkdf)?;
+        self.store_keyslot(meta, slot, vk, &key, pbkdf.hash)?;
         Ok(slot)
+    }
+
+    /// Runs a new keyslot's KDF for `passphrase`: the slow part, done before any write.
+    fn slot_key(
+        &self,
+        vk: &VolumeKey,
+        passphrase: &Passphrase,
+        pbkdf: &PbkdfParams,
+    ) -> Result<SlotKey, LuksError> {
+        match &self.header {
+            LuksHeader::V1(h) => luks1::slot_key(h, passphrase.as_bytes(), pbkdf),
+            LuksHeader::V2(s) => luks2::slot_key(&s.header, vk.len(), passphrase.as_bytes(), pbkdf),
+        }
+    }
+
+    /// Writes a keyslot for `vk` with an already derived key into free slot `slot`.
+    fn store_keyslot(
+        &mut self,
+        meta: &dyn BlockDevice,
+        slot: u32,
+        vk: &VolumeKey,
+        key: &SlotKey,
+        af_hash: HashAlg,
+    ) -> Result<(), LuksError> {
+        match &mut self.header {
+            LuksHeader::V1(h) => luks1::add_keyslot(h, meta, slot, vk, key),
+            LuksHeader::V2(s) => luks2::add_keyslot(s, meta, slot, vk, key, af_hash),
+        }
     }
 
     /// Destroys `slot`: wipes its key material, then drops it from the header.
@@ -533,24 +561,27 @@ impl Luks {
         pbkdf: &PbkdfParams,
     ) -> Result<u32, LuksError> {
         self.check_slot(slot)?;
+        // Derive first: nothing is written (or killed) until the new key exists.
+        let key = self.slot_key(vk, new_passphrase, pbkdf)?;
         match &mut self.header {
             LuksHeader::V1(_) => {
                 let free = (0..LUKS1_KEYSLOTS).find(|s| !self.active_keyslots().contains(s));
                 match free {
                     Some(new) => {
-                        self.add_keyslot(meta, vk, new_passphrase, Some(new), pbkdf)?;
+                        self.store_keyslot(meta, new, vk, &key, pbkdf.hash)?;
                         self.kill_keyslot(meta, slot)?;
                         Ok(new)
                     }
                     None => {
                         // No free slot: overwrite in place (cryptsetup does the same).
                         self.kill_keyslot(meta, slot)?;
-                        self.add_keyslot(meta, vk, new_passphrase, Some(slot), pbkdf)
+                        self.store_keyslot(meta, slot, vk, &key, pbkdf.hash)?;
+                        Ok(slot)
                     }
                 }
             }
             LuksHeader::V2(s) => {
-                luks2::change_keyslot(s, meta, slot, vk, new_passphrase.as_bytes(), pbkdf)?;
+                luks2::change_keyslot(s, meta, slot, vk, &key, pbkdf.hash)?;
                 Ok(slot)
             }
         }
@@ -598,7 +629,7 @@ impl Luks {
             LuksHeader::V2(s) => {
                 let len =
                     usize::try_from(s.header.metadata.metadata_and_keyslots_size()).unwrap_or(usize::MAX);
-                io::read_secret(meta, 0, len, "LUKS2 header and keyslots")
+                io::read_bytes(meta, 0, len, "LUKS2 header and keyslots").map(Zeroizing::new)
             }
         }
     }
@@ -742,11 +773,20 @@ pub fn format(
             k.clone()
         }
         None => {
-            let mut k = vec![0u8; params.key_bytes];
+            let mut k = SecretBuf::zeroed(params.key_bytes);
             sector_crypto::kdf::random_bytes(&mut k).map_err(LuksError::Kdf)?;
-            VolumeKey::new(k)
+            VolumeKey::from_secret(k)
         }
     };
+    let max_slots = if params.version == LuksVersion::V1 { LUKS1_KEYSLOTS } else { LUKS2_KEYSLOTS };
+    let first_slot = params.key_slot.unwrap_or(0);
+    if first_slot >= max_slots {
+        return Err(LuksError::BadKeyslot {
+            slot: first_slot,
+            version: params.version.number(),
+            max: max_slots - 1,
+        });
+    }
     // The data cipher must be usable with this key.
     let sp = sector_crypto::SectorParams {
         sector_size: if params.version == LuksVersion::V2 { params.sector_size } else { 512 },
@@ -770,11 +810,13 @@ pub fn format(
         Some(u) => u.to_ascii_lowercase(),
         None => random_uuid()?,
     };
-    let mut luks = match params.version {
-        LuksVersion::V1 => luks1::format(meta, params, &vk, &uuid)?,
-        LuksVersion::V2 => luks2::format(meta, params, &vk, &uuid)?,
+    // Each format derives keyslot 0's key before its first write.
+    let pass = passphrase.as_bytes();
+    let (mut luks, key) = match params.version {
+        LuksVersion::V1 => luks1::format(meta, params, &vk, &uuid, pass)?,
+        LuksVersion::V2 => luks2::format(meta, params, &vk, &uuid, pass)?,
     };
-    luks.add_keyslot(meta, &vk, passphrase, Some(params.key_slot.unwrap_or(0)), &params.pbkdf)?;
+    luks.store_keyslot(meta, first_slot, &vk, &key, params.pbkdf.hash)?;
     Ok((luks, vk))
 }
 
@@ -790,6 +832,28 @@ pub fn kdf_cost(luks: &Luks, slot: u32) -> Result<Duration, LuksError> {
     let start = std::time::Instant::now();
     kdf.derive(b"sealdisk-kdf-cost", &[0u8; 32], 32).map_err(LuksError::Kdf)?;
     Ok(start.elapsed())
+}
+
+/// A new keyslot's passphrase already through its KDF. Every operation that adds a keyslot
+/// derives this before its first write, so a derivation that is interrupted (a signal ends
+/// the process, see `sector_crypto::interrupt`) or fails leaves the device untouched.
+pub(super) struct SlotKey {
+    /// The KDF with its costs.
+    pub kdf: Kdf,
+    /// The keyslot's salt.
+    pub salt: [u8; 32],
+    /// KDF(passphrase, salt): the keyslot area's key.
+    pub area_key: SecretBuf,
+}
+
+impl SlotKey {
+    /// A fresh salt and the derivation of `key_len` bytes from `pass`.
+    pub(super) fn derive(kdf: Kdf, pass: &[u8], key_len: usize) -> Result<Self, LuksError> {
+        let mut salt = [0u8; 32];
+        sector_crypto::kdf::random_bytes(&mut salt).map_err(LuksError::Kdf)?;
+        let area_key = kdf.derive(pass, &salt, key_len).map_err(LuksError::Kdf)?;
+        Ok(SlotKey { kdf, salt, area_key })
+    }
 }
 
 pub(crate) fn parse_hash(name: &str) -> Result<HashAlg, LuksError> {

@@ -1,0 +1,66 @@
+//! Process hardening for the actions that handle keys, and signals during key derivation.
+//!
+//! ```text
+//!   main ── handles keys? ──► harden_process (non-dumpable, RLIMIT_CORE 0)
+//!                        └──► signal thread: SIGINT/SIGTERM ──┬─ a KDF is running ──► "Interrupted by
+//!                                                             │    signal, nothing was written.", exit 128+N
+//!                                                             ├─ serving (serve.rs) ──► ignored here: the
+//!                                                             │    server's own handler shuts down gracefully
+//!                                                             └─ otherwise ──► the signal's default action
+//! ```
+//!
+//! cryptsetup blocks or defers signals while it derives, so a header with a huge Argon2
+//! time cost keeps it busy for as long as the header says. Here the KDF runs on the action's
+//! thread and a separate thread waits for the signal; the KDF crates cannot be cancelled, so
+//! the process exits, holding `sector_crypto::interrupt`'s gate so that no derivation can
+//! complete and let a write begin. Every action derives all its keys before its first write
+//! (`volume::luks` is built that way), so nothing has been written when this happens. Exit
+//! status 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell's convention:
+//! cryptsetup has no status of its own for an interruption (it reports a generic failure).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// Set once the NBD server has its own SIGINT/SIGTERM handler.
+static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// The message printed when a signal ends a key derivation.
+pub const INTERRUPTED: &str = "Interrupted by signal, nothing was written.";
+
+/// Hardens the process (see `sector_crypto::secure::harden_process`) and starts the thread
+/// that ends a key derivation on SIGINT/SIGTERM. Call first thing in actions that handle keys.
+pub fn install() -> Result<()> {
+    sector_crypto::secure::harden_process().context("making the process non-dumpable")?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("kdf-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                sector_crypto::interrupt::abort_if_deriving(|| {
+                    eprintln!("sealdisk: {INTERRUPTED}");
+                    std::process::exit(128 + sig);
+                });
+                if SERVING.load(Ordering::SeqCst) {
+                    continue;
+                }
+                // Neither deriving nor serving: behave as if no handler were installed (after
+                // giving the terminal its echo back, should a passphrase prompt be open).
+                crate::keys::restore_terminal();
+                if let Err(e) = signal_hook::low_level::emulate_default_handler(sig) {
+                    eprintln!("sealdisk: signal {sig}: {e}");
+                    std::process::exit(128 + sig);
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+/// Hands SIGINT/SIGTERM to the server's graceful shutdown (called once its handler is
+/// registered; no key derivation happens after this point).
+pub fn serving() {
+    SERVING.store(true, Ordering::SeqCst);
+}
