@@ -56,7 +56,10 @@
 //!
 //! Options: `EXPORT_NAME`, `GO`, `INFO` (export, name, description, block sizes: minimum =
 //! logical block, preferred = max(physical block, 4096), maximum = `max_request`), `LIST`,
-//! `ABORT`, `STRUCTURED_REPLY`; anything else gets `NBD_REP_ERR_UNSUP`. Commands: `READ`,
+//! `ABORT`, `STRUCTURED_REPLY`, and `STARTTLS` when the server was built with a
+//! [`TlsConfig`] ([`Server::new_with_tls`]: x509 or PSK, TLS offered or required; see the
+//! [`tls`] module for the policy and the per-connection pump thread that carries a TLS
+//! session); anything else gets `NBD_REP_ERR_UNSUP`. Commands: `READ`,
 //! `WRITE` (FUA), `FLUSH`, `TRIM` (with `Caps::DISCARD`), `WRITE_ZEROES` (`NO_HOLE`, FUA),
 //! `DISC`. Invalid requests are answered with the error the spec names and the connection
 //! goes on; only a request that cannot be resynchronised (bad magic, a broken socket)
@@ -64,8 +67,7 @@
 //!
 //! # Known gaps
 //!
-//! * No TLS (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP`), no `NBD_CMD_BLOCK_STATUS` /
-//!   meta contexts, no extended headers, no `NBD_CMD_CACHE`, no fast zero.
+//! * No `NBD_CMD_BLOCK_STATUS` / meta contexts, no extended headers, no `NBD_CMD_CACHE`, no fast zero.
 //! * Memory is bounded per connection (`threads_per_connection × max_request`, 512 MiB with
 //!   the defaults, only when a client keeps that many maximum-size requests in flight) and
 //!   by `max_connections`, but there is no server-wide budget. nbdkit has the same exposure.
@@ -77,8 +79,10 @@ mod addr;
 mod handshake;
 mod server;
 mod stream;
+pub mod tls;
 mod transmission;
 pub mod wire;
 
 pub use addr::{AddrParseError, ListenAddr, DEFAULT_HOST};
 pub use server::{BoundServer, Export, Server, ServerConfig, ShutdownHandle};
+pub use tls::{TlsConfig, TlsError, CA_CERT, CA_CRL, SERVER_CERT, SERVER_KEY};

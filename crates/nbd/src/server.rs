@@ -16,6 +16,7 @@ use log::{debug, error, info, warn};
 
 use crate::addr::{connectable_tcp, ListenAddr};
 use crate::stream::Stream;
+use crate::tls::TlsConfig;
 use crate::wire::tflag;
 use crate::{handshake, transmission};
 
@@ -87,6 +88,8 @@ pub struct Server {
 pub(crate) struct Shared {
     pub(crate) exports: Vec<Export>,
     pub(crate) config: ServerConfig,
+    /// `NBD_OPT_STARTTLS` credentials and policy; `None`: TLS is off.
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl Shared {
@@ -165,8 +168,18 @@ impl ExportParams {
 }
 
 impl Server {
-    /// A server offering `exports` (the first is the default export).
+    /// A server offering `exports` (the first is the default export), without TLS.
     pub fn new(exports: Vec<Export>, config: ServerConfig) -> Self {
+        Self::build(exports, config, None)
+    }
+
+    /// A server offering `exports` that offers (or, with [`TlsConfig::required`], requires)
+    /// TLS through `NBD_OPT_STARTTLS`.
+    pub fn new_with_tls(exports: Vec<Export>, config: ServerConfig, tls: TlsConfig) -> Self {
+        Self::build(exports, config, Some(tls))
+    }
+
+    fn build(exports: Vec<Export>, config: ServerConfig, tls: Option<TlsConfig>) -> Self {
         for e in &exports {
             let g = e.device.geometry();
             if g.logical_block == 0
@@ -176,7 +189,7 @@ impl Server {
                 warn!("export {:?}: unusual geometry {g:?}; clients may be unable to reach its end", e.name);
             }
         }
-        Server { shared: Arc::new(Shared { exports, config }) }
+        Server { shared: Arc::new(Shared { exports, config, tls }) }
     }
 
     /// The exports, in the order given.
@@ -472,7 +485,7 @@ fn start_connection(
 
 /// Capacity of the per-connection read buffer: a 4 KiB request with its header, or many
 /// pipelined headers, arrive with one `read`.
-const READ_BUFFER: usize = 64 * 1024;
+pub(crate) const READ_BUFFER: usize = 64 * 1024;
 
 fn run_connection(stream: Stream, shared: &Shared, peer: &str) {
     debug!("{peer}: connected");
@@ -484,14 +497,23 @@ fn run_connection(stream: Stream, shared: &Shared, peer: &str) {
         }
     };
     let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
-    match handshake::negotiate(&mut reader, &mut writer, shared, peer) {
+    // After STARTTLS, `reader` and `writer` are the plain end of the TLS pump.
+    let mut tls = None;
+    match handshake::negotiate(&mut reader, &mut writer, shared, peer, &mut tls) {
         Ok(Some(session)) => {
             let export = &shared.exports[session.export];
             info!("{peer}: serving export {:?} (structured replies: {})", export.name, session.structured);
             transmission::serve(reader, writer, export, &shared.config, session, peer);
         }
-        Ok(None) => {}
-        Err(e) => debug!("{peer}: handshake ended: {e}"),
+        Ok(None) => drop((reader, writer)),
+        Err(e) => {
+            debug!("{peer}: handshake ended: {e}");
+            drop((reader, writer));
+        }
+    }
+    // The pump sends the last replies once the plain end is closed (above).
+    if let Some(pump) = tls {
+        pump.join(peer);
     }
     debug!("{peer}: disconnected");
 }
