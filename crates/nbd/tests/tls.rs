@@ -278,6 +278,51 @@ fn clients_abandoning_the_tls_handshake_do_not_hurt_the_server() {
 }
 
 #[test]
+fn a_client_certificate_revoked_by_ca_crl_pem_is_refused() {
+    let Some(certtool) = require("certtool", "a_client_certificate_revoked_by_ca_crl_pem_is_refused") else {
+        return;
+    };
+    let dir = temp_dir("crl");
+    let pki = make_pki(&dir);
+    let other_client = common::certs::issue("other client", common::certs::Role::Client, Some(&pki.ca));
+    // The CA revokes the good client's certificate (certtool from gnutls-bin writes the CRL).
+    let ca_dir = dir.join("ca");
+    std::fs::create_dir_all(&ca_dir).unwrap();
+    common::certs::write(&ca_dir, "ca", &pki.ca);
+    common::certs::write(&ca_dir, "revoked", &pki.good_client);
+    std::fs::write(ca_dir.join("crl.tmpl"), "crl_next_update = 7\ncrl_number = 1\n").unwrap();
+    check(
+        Command::new(&certtool)
+            .arg("--generate-crl")
+            .arg("--load-ca-privkey")
+            .arg(ca_dir.join("ca-key.pem"))
+            .arg("--load-ca-certificate")
+            .arg(ca_dir.join("ca-cert.pem"))
+            .arg("--load-certificate")
+            .arg(ca_dir.join("revoked-cert.pem"))
+            .arg("--template")
+            .arg(ca_dir.join("crl.tmpl"))
+            .arg("--outfile")
+            .arg(pki.server.join("ca-crl.pem")),
+    );
+    let (e, _) = export("disk");
+    let srv =
+        TestServer::start_tls(vec![e], TlsConfig::x509(&pki.server, true).unwrap().required(true), false);
+    let mut c = srv.connect();
+    c.greet(3);
+    let refused = match c.starttls(&x509_connector(&pki, Some(&pki.good_client))) {
+        Err(_) => true,
+        Ok(()) => go_fails(&mut c),
+    };
+    assert!(refused, "a revoked client certificate was accepted");
+    let mut c = srv.connect();
+    c.greet(3);
+    c.starttls(&x509_connector(&pki, Some(&other_client))).unwrap();
+    c.info_or_go(NBD_OPT_GO, "disk", &[]).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn credentials_that_do_not_load_are_clear_errors() {
     let dir = temp_dir("badpki");
     let err = TlsConfig::x509(&dir, false).unwrap_err().to_string();
