@@ -294,7 +294,9 @@ fn common_setup(b: &mut openssl::ssl::SslAcceptorBuilder) -> Result<(), TlsError
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
     let err = |source| TlsError::Read { path: path.to_path_buf(), source };
     let f = std::fs::File::open(path).map_err(err)?;
-    let mut v = Vec::new();
+    // Sized up front so that a key file's bytes are not left behind by a reallocation.
+    let len = f.metadata().map_err(err)?.len().min(MAX_PEM_FILE + 1);
+    let mut v = Vec::with_capacity(len as usize + 1);
     f.take(MAX_PEM_FILE + 1).read_to_end(&mut v).map_err(err)?;
     if v.len() as u64 > MAX_PEM_FILE {
         v.fill(0);
