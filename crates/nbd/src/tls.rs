@@ -415,8 +415,10 @@ pub(crate) fn start(
     Ok((Pump { thread }, inner))
 }
 
-/// Bytes buffered per direction in the pump.
-const PUMP_BUFFER: usize = 256 * 1024;
+/// Bytes buffered per direction in the pump: four full TLS records, so one socketpair read
+/// feeds several records to one `ssl_write`, while a TLS connection costs 128 KiB here
+/// (plus OpenSSL's record buffers and the socketpair's kernel buffers) however many exist.
+const PUMP_BUFFER: usize = 64 * 1024;
 
 /// A byte buffer filled at `end` and drained from `start`.
 struct Buf {
