@@ -13,6 +13,14 @@
 #   sealdisk-inline the same with --perf-no_read_workqueue --perf-no_write_workqueue
 #   sealdisk-nocrypt sealdisk with cipher_null-ecb: the same server and engine, no AES (not
 #                   in the default set); how much of a gap to nbdkit-file is the cipher's
+# TLS variants (not in the default set; VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"):
+# the same servers with --tls=require and one x509 server certificate (made with the openssl
+# CLI for the run), on TCP 127.0.0.1:$TLS_PORT, reached by fio as nbds://127.0.0.1:PORT/bench
+# (fio's engine may not name files in a URI, so libnbd finds the CA in $HOME/.pki/libnbd/,
+# with HOME set for the clients only)
+#   nbdkit-file-tls  nbdkit-file with --tls=require
+#   nbdkit-luks-tls  nbdkit-luks with --tls=require
+#   sealdisk-tls     sealdisk-auto with --tls=require --tls-certificates
 # Every variant runs the same fio jobs in the same run; repetitions are interleaved
 # (A B C A B C) and the report gives medians. Method and caveats: BENCHMARKING.md.
 #
@@ -21,6 +29,7 @@
 #   VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 #   JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 #   SEALDISK_BIN=path (skip the cargo build)  QEMU_AIO=threads|io_uring|native
+#   TLS_PORT=10899 (the TLS variants' TCP port on 127.0.0.1)
 #   BENCH_DIR=target/bench-tmp (backing files)  OUT_DIR=target/bench-results/<stamp>
 #   KEEP_TMP=1 (keep the backing files; reports, fio JSON and server logs always stay in OUT_DIR)
 # Before every job the backing file is written back and, with PAGECACHE=small (the default),
@@ -43,7 +52,8 @@ REPS="${REPS:-1}"
 CACHE="${CACHE:-buffered}"
 PAGECACHE="${PAGECACHE:-small}"
 DEFAULT_VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
-ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt"
+TLS_VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"
+ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt $TLS_VARIANTS"
 ALL_JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 VARIANTS="$(echo "${VARIANTS:-$DEFAULT_VARIANTS}" | tr ',' ' ')"
 JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
@@ -52,6 +62,7 @@ STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 OUT_DIR="${OUT_DIR:-$ROOT/target/bench-results/$STAMP}"
 EXPORT=bench
 PASSPHRASE=sealdisk-bench   # a benchmark secret; it only ever lives in a 0600 file
+TLS_PORT="${TLS_PORT:-10899}"
 
 
 # ---------------------------------------------------------------- arguments and knobs
@@ -73,6 +84,8 @@ SIZE_BYTES="$(size_bytes "$SIZE")" || exit 1
 if [[ "$CACHE" == direct ]]; then QEMU_AIO="${QEMU_AIO:-native}"; else QEMU_AIO="${QEMU_AIO:-threads}"; fi
 
 wants() { [[ " $VARIANTS " == *" $1"* ]]; }   # wants nbdkit / qemu / sealdisk (prefix match)
+wants_tls() { [[ " $VARIANTS " == *"-tls "* ]]; }
+is_tls() { [[ "$1" == *-tls ]]; }
 
 # ---------------------------------------------------------------- tools (installs nothing)
 missing=()
@@ -97,6 +110,9 @@ if wants nbdkit-luks || wants qemu; then
 fi
 if wants qemu; then
   need qemu-utils "qemu-nbd" command -v qemu-nbd
+fi
+if wants_tls; then
+  need openssl "openssl (makes the TLS variants' certificates)" command -v openssl
 fi
 if wants sealdisk && [[ -z "${SEALDISK_BIN:-}" ]]; then
   need "rustup/cargo (not a Debian package here)" "cargo, to build sealdisk (or set SEALDISK_BIN)" command -v cargo
@@ -166,6 +182,29 @@ preallocate() { # preallocate FILE BYTES: real blocks, no holes, nothing cached
   fi
 }
 
+if wants_tls; then
+  # A CA and a server certificate for 127.0.0.1/localhost in nbdkit's and sealdisk's layout;
+  # the client directory holds only the CA (no client authentication: this measures the
+  # encryption, not the handshake).
+  PKI="$WORK/pki"
+  mkdir -p "$PKI/server" "$PKI/home/.pki/libnbd"
+  (
+    cd "$PKI/server"
+    umask 077
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 7 \
+      -keyout ca-key.pem -out ca-cert.pem -subj /CN=bench-ca \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -keyout server-key.pem -out server.csr -subj /CN=localhost 2>/dev/null
+    printf '%s\n' 'subjectAltName=DNS:localhost,IP:127.0.0.1' 'extendedKeyUsage=serverAuth' \
+      'basicConstraints=critical,CA:FALSE' 'keyUsage=critical,digitalSignature,keyEncipherment' >server.ext
+    openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 7 \
+      -extfile server.ext -out server-cert.pem 2>/dev/null
+    rm -f ca-key.pem server.csr server.ext ca-cert.srl
+    cp ca-cert.pem ../home/.pki/libnbd/
+  ) || die "making the TLS certificates with openssl failed"
+fi
+
 log "creating backing files of $SIZE in $WORK"
 if wants nbdkit-file; then preallocate "$WORK/raw.img" "$SIZE_BYTES"; fi
 if wants sealdisk; then preallocate "$WORK/sealdisk.img" "$SIZE_BYTES"; fi
@@ -182,14 +221,19 @@ fi
 server_cmd() {
   local v="$1" sock="$2" nbdkit_cache=default qemu_cache=writeback sealdisk_direct=()
   if [[ "$CACHE" == direct ]]; then nbdkit_cache=none; qemu_cache=none; sealdisk_direct=(--direct); fi
+  local nbdkit_listen=(-U "$sock") sealdisk_listen=(--listen "unix:$sock")
+  if is_tls "$v"; then
+    nbdkit_listen=(-i 127.0.0.1 -p "$TLS_PORT" --tls=require "--tls-certificates=$PKI/server")
+    sealdisk_listen=(--listen "tcp:127.0.0.1:$TLS_PORT" --tls=require --tls-certificates "$PKI/server")
+  fi
   case "$v" in
     nbdkit-null)
       printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" null "size=$SIZE_BYTES" ;;
-    nbdkit-file)
-      printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" \
+    nbdkit-file|nbdkit-file-tls)
+      printf '%s\n' nbdkit --foreground --exit-with-parent "${nbdkit_listen[@]}" \
         file "file=$WORK/raw.img" "cache=$nbdkit_cache" ;;
-    nbdkit-luks)
-      printf '%s\n' nbdkit --foreground --exit-with-parent -U "$sock" --filter=luks \
+    nbdkit-luks|nbdkit-luks-tls)
+      printf '%s\n' nbdkit --foreground --exit-with-parent "${nbdkit_listen[@]}" --filter=luks \
         file "file=$WORK/luks1.img" "cache=$nbdkit_cache" "passphrase=+$PASSFILE" ;;
     qemu-nbd-luks)
       printf '%s\n' qemu-nbd "--socket=$sock" "--export-name=$EXPORT" --persistent --shared=4 \
@@ -200,20 +244,30 @@ server_cmd() {
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher cipher_null-ecb --key-size 0 \
         --key-file /dev/null --sector-size 4096 "${sealdisk_direct[@]}" \
         "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
-    sealdisk-auto|sealdisk-pool|sealdisk-inline)
+    sealdisk-auto|sealdisk-pool|sealdisk-inline|sealdisk-tls)
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
         --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
       [[ "$v" == sealdisk-pool ]] && printf '%s\n' --crypt-mode pool
       [[ "$v" == sealdisk-inline ]] && printf '%s\n' --perf-no_read_workqueue --perf-no_write_workqueue
-      printf '%s\n' "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
+      printf '%s\n' "$WORK/sealdisk.img" "$EXPORT" "${sealdisk_listen[@]}" ;;
   esac
+}
+
+# The clients' environment: the TLS variants' clients find the CA under this HOME.
+CLIENT_ENV=()
+uri_of() { # uri_of VARIANT SOCK: the URI fio and nbdinfo use
+  if is_tls "$1"; then
+    echo "nbds://127.0.0.1:$TLS_PORT/$EXPORT"
+  else
+    echo "nbd+unix:///$EXPORT?socket=$2"
+  fi
 }
 
 backing_of() { # the variant's backing file; nothing for nbdkit-null
   case "$1" in
     nbdkit-null) ;;
-    nbdkit-file) echo "$WORK/raw.img" ;;
-    nbdkit-luks|qemu-nbd-luks) echo "$WORK/luks1.img" ;;
+    nbdkit-file|nbdkit-file-tls) echo "$WORK/raw.img" ;;
+    nbdkit-luks|nbdkit-luks-tls|qemu-nbd-luks) echo "$WORK/luks1.img" ;;
     sealdisk-*) echo "$WORK/sealdisk.img" ;;
   esac
 }
@@ -224,10 +278,13 @@ start_server() { # start_server VARIANT SOCK LOG
   rm -f "$sock"
   "${cmd[@]}" >"$logf" 2>&1 &
   SERVER_PID=$!
-  local uri="nbd+unix:///$EXPORT?socket=$sock" size=""
+  local uri size=""
+  uri="$(uri_of "$v" "$sock")"
   for _ in $(seq 300); do
     kill -0 "$SERVER_PID" 2>/dev/null || { cat "$logf" >&2; die "$v: server exited during start-up"; }
-    if [[ -S "$sock" ]] && size="$(nbdinfo --size "$uri" 2>/dev/null)"; then break; fi
+    if { is_tls "$v" || [[ -S "$sock" ]]; } && size="$(env "${CLIENT_ENV[@]}" nbdinfo --size "$uri" 2>/dev/null)"; then
+      break
+    fi
     sleep 0.1
   done
   [[ -n "$size" ]] || { cat "$logf" >&2; die "$v: no NBD handshake on $sock after 30 s"; }
@@ -301,7 +358,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
   # --uri is an option of the nbd engine, so it must follow --ioengine. fio runs in the
   # background so that a SIGTERM to this script is handled at once, not after the job.
   local rc=0
-  fio --name="$name" --output="$json" "$@" --uri="$uri" >"$logf" 2>&1 &
+  env "${CLIENT_ENV[@]}" fio --name="$name" --output="$json" "$@" --uri="$uri" >"$logf" 2>&1 &
   FIO_PID=$!
   wait "$FIO_PID" || rc=$?
   FIO_PID=""
@@ -336,7 +393,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
     echo "server.$v=$(server_cmd "$v" "$SOCKDIR/$v.sock" | tr '\n' ' ' | sed 's/ $//')"
   done
   for j in $JOBS; do
-    echo "job.$j=fio ${FIO_COMMON[*]} $(job_args "$j") --uri=nbd+unix:///$EXPORT?socket=SOCK"
+    echo "job.$j=fio ${FIO_COMMON[*]} $(job_args "$j") --uri=nbd+unix:///$EXPORT?socket=SOCK (TLS variants: --uri=$(uri_of x-tls SOCK))"
   done
   echo "pagecache=before every job: $(pagecache_desc)"
   echo "precondition=fio --ioengine=nbd --rw=write --bs=1M --iodepth=8 --size=$SIZE_BYTES --end_fsync=1 (once per server start)"
@@ -350,7 +407,9 @@ for rep in $(seq "$REPS"); do
     dir="$OUT_DIR/raw/rep$rep/$v"
     mkdir -p "$dir"
     sock="$SOCKDIR/$v.sock"
-    uri="nbd+unix:///$EXPORT?socket=$sock"
+    uri="$(uri_of "$v" "$sock")"
+    CLIENT_ENV=()
+    if is_tls "$v"; then CLIENT_ENV=("HOME=$PKI/home"); fi
     img="$(backing_of "$v")"
     log "[$n/$total] rep $rep: $v"
     start_server "$v" "$sock" "$dir/server.log"

@@ -12,6 +12,8 @@ import sys
 SEALDISK = ["sealdisk-auto", "sealdisk-pool", "sealdisk-inline", "sealdisk-nocrypt"]
 # (peer, goal ratio or None): the acceptance goals of issue 2 for sealdisk's throughput.
 PEERS = [("nbdkit-null", None), ("nbdkit-file", 1.0), ("nbdkit-luks", 2.0), ("qemu-nbd-luks", None)]
+# The TLS variants (--tls=require, x509 over TCP) are compared only with each other.
+TLS_PAIRS = [("sealdisk-tls", "nbdkit-file-tls", 1.0), ("sealdisk-tls", "nbdkit-luks-tls", 2.0)]
 
 
 def load(path):
@@ -124,7 +126,7 @@ def main(out):
         if s in variants
         for p, g in PEERS
         if p in variants and (g is not None or s == "sealdisk-auto")
-    ]
+    ] + [(s, p, g) for s, p, g in TLS_PAIRS if s in variants and p in variants]
     if pairs:
         w()
         w("Throughput ratios (sealdisk ÷ peer, >1 means sealdisk is faster). Goals of issue 2: "

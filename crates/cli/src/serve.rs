@@ -1,12 +1,15 @@
 //! Serving one device over NBD in the foreground until SIGINT/SIGTERM, then flushing.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use blockdev::BlockDevice;
-use clap::Args;
-use nbd::{Export, ListenAddr, Server, ServerConfig};
+use clap::{Args, ValueEnum};
+use nbd::{Export, ListenAddr, Server, ServerConfig, TlsConfig};
+
+use crate::actions::UsageError;
 
 /// Where and how to serve.
 #[derive(Debug, Clone, Args)]
@@ -55,6 +58,26 @@ pub struct ServeArgs {
     /// 0660 lets the socket's group in). Must include 0600.
     #[arg(long, value_name = "MODE", value_parser = parse_socket_mode, default_value = "0600")]
     pub socket_mode: u32,
+
+    // TLS and who may connect (docs/security/tls.md).
+    /// NBD TLS (STARTTLS): off; on (clients choose); require (nothing but STARTTLS before
+    /// TLS, as nbdkit's --tls=require). Needs --tls-certificates or --tls-psk.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = TlsMode::Off)]
+    pub tls: TlsMode,
+    /// x509 credentials: DIR/server-cert.pem, DIR/server-key.pem, and DIR/ca-cert.pem (and
+    /// optionally DIR/ca-crl.pem) for --tls-verify-peer; nbdkit's and qemu-nbd's layout.
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    pub tls_certificates: Option<PathBuf>,
+    /// TLS-PSK keys: psktool's key file, one `identity:hexkey` line per client.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Only clients with a certificate signed by DIR/ca-cert.pem may connect.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Listen on a non-loopback TCP address without --tls=require. Anyone who reaches the
+    /// port can then read and write the plaintext volume.
+    #[arg(long)]
+    pub insecure_listen: bool,
 }
 
 /// A byte count with an optional k/m/g suffix.
@@ -100,17 +123,67 @@ impl ServeArgs {
     }
 }
 
+/// `--tls`: nbdkit's modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsMode {
+    /// `NBD_OPT_STARTTLS` is answered "unsupported".
+    Off,
+    /// TLS is offered; plaintext clients are served too.
+    On,
+    /// Every client must start TLS before anything else.
+    Require,
+}
+
+/// The TLS configuration `args` ask for, checked for consistency; `None` with `--tls=off`.
+fn tls_config(args: &ServeArgs) -> Result<Option<TlsConfig>> {
+    if args.tls_verify_peer && args.tls_certificates.is_none() {
+        anyhow::bail!(UsageError("--tls-verify-peer needs --tls-certificates DIR".into()));
+    }
+    let cfg = match (args.tls, &args.tls_certificates, &args.tls_psk) {
+        (TlsMode::Off, None, None) => return Ok(None),
+        (TlsMode::Off, _, _) => {
+            anyhow::bail!(UsageError(
+                "--tls-certificates and --tls-psk need --tls=on or --tls=require".into()
+            ))
+        }
+        (_, Some(dir), None) => TlsConfig::x509(dir, args.tls_verify_peer)
+            .with_context(|| format!("loading TLS certificates from {}", dir.display()))?,
+        (_, None, Some(file)) => {
+            TlsConfig::psk(file).with_context(|| format!("loading TLS-PSK keys from {}", file.display()))?
+        }
+        (_, _, _) => anyhow::bail!(UsageError(
+            "--tls=on/require needs --tls-certificates DIR or --tls-psk FILE".into()
+        )),
+    };
+    Ok(Some(cfg.required(args.tls == TlsMode::Require)))
+}
+
 /// Serves `device` as export `name` until SIGINT or SIGTERM, then flushes and returns.
 pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_only: bool) -> Result<()> {
     let Some(listen) = args.listen.as_deref() else {
-        anyhow::bail!(crate::actions::UsageError("--listen ADDR is required to serve a volume".into()));
+        anyhow::bail!(UsageError("--listen ADDR is required to serve a volume".into()));
     };
     let addr: ListenAddr = listen.parse().with_context(|| format!("invalid --listen {listen:?}"))?;
+    let tls = tls_config(args)?;
+    let local = addr.is_local().with_context(|| format!("resolving --listen {listen:?}"))?;
+    if !local && args.tls != TlsMode::Require {
+        if !args.insecure_listen {
+            anyhow::bail!(UsageError(format!(
+                "--listen {listen} is reachable from other machines: serve it with --tls=require \
+                 (and --tls-verify-peer or --tls-psk to authenticate clients), or pass \
+                 --insecure-listen to serve it without"
+            )));
+        }
+        log::warn!("--insecure-listen: {listen} serves without required TLS; anyone who reaches it can read and write");
+    }
     let g = device.geometry();
     let export =
         Export { name: name.to_string(), description: format!("sealdisk {name}"), device, read_only };
     let config = args.server_config();
-    let server = Server::new(vec![export], config);
+    let server = match tls {
+        Some(tls) => Server::new_with_tls(vec![export], config, tls),
+        None => Server::new(vec![export], config),
+    };
     let bound = server.bind(&addr).with_context(|| format!("listening on {listen}"))?;
     let handle = bound.shutdown_handle();
     let mut signals =
@@ -127,11 +200,16 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
         })
         .context("starting the signal thread")?;
     eprintln!(
-        "sealdisk: serving {name} ({} bytes, {}-byte blocks{}) on {}",
+        "sealdisk: serving {name} ({} bytes, {}-byte blocks{}) on {}{}",
         g.size,
         g.logical_block,
         if read_only { ", read-only" } else { "" },
-        listen
+        bound.local_addr(),
+        match args.tls {
+            TlsMode::Off => "",
+            TlsMode::On => " (TLS offered)",
+            TlsMode::Require => " (TLS required)",
+        }
     );
     bound.serve().context("NBD server failed")?;
     eprintln!("sealdisk: {name} flushed and closed");

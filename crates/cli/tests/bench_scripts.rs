@@ -72,6 +72,37 @@ fn bench_peers_compares_sealdisk_with_nbdkit_on_equal_page_cache() {
 }
 
 #[test]
+fn bench_peers_tls_variants_serve_fio_over_tls() {
+    // `openssl` has no --version flag.
+    let openssl = Command::new("openssl").arg("version").output().is_ok_and(|o| o.status.success());
+    if !openssl || !tools(&["fio", "nbdkit", "nbdinfo"]) {
+        eprintln!("SKIPPED bench_peers_tls_variants_serve_fio_over_tls: needs openssl, fio, nbdkit, nbdinfo");
+        return;
+    }
+    // A port of its own, so concurrent runs of this test do not collide.
+    let port = (20000 + std::process::id() % 20000).to_string();
+    let (ok, stderr, out) = run_script(
+        "bench-peers.sh",
+        &[
+            ("SIZE", "16M"),
+            ("RUNTIME", "1"),
+            ("RAMP", "0"),
+            ("VARIANTS", "nbdkit-file-tls sealdisk-tls"),
+            ("JOBS", "randread-4k-qd1"),
+            ("TLS_PORT", &port),
+        ],
+    );
+    assert!(ok, "bench-peers.sh failed:\n{stderr}");
+    let report = std::fs::read_to_string(out.path().join("out/report.md")).unwrap();
+    assert_eq!(row(&report, "randread-4k-qd1").len(), 3, "{report}");
+    assert!(report.contains("sealdisk-tls ÷ nbdkit-file-tls"), "{report}");
+    assert!(report.contains("--tls=require"), "{report}");
+    let log = std::fs::read_to_string(out.path().join("out/raw/rep1/sealdisk-tls/server.log")).unwrap();
+    assert!(log.contains("(TLS required)"), "{log}");
+    assert!(!out.path().join("out/problems.txt").exists(), "servers did not stop cleanly:\n{report}");
+}
+
+#[test]
 fn bench_vs_fio_reports_both_tools_on_the_same_job() {
     if !tools(&["fio", "nbdinfo"]) {
         return;

@@ -1,6 +1,8 @@
 //! Listening addresses: `unix:PATH` and `tcp:HOST:PORT`, and the NBD URIs that reach them.
 
 use std::fmt;
+use std::io;
+use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -72,6 +74,25 @@ impl fmt::Display for ListenAddr {
 }
 
 impl ListenAddr {
+    /// Whether only this machine can connect: a Unix socket, or a TCP host every address
+    /// of which is a loopback address (`127.0.0.0/8`, `::1`). A wildcard (`0.0.0.0`, `[::]`)
+    /// or any other address is not local. Host names are resolved.
+    pub fn is_local(&self) -> io::Result<bool> {
+        match self {
+            ListenAddr::Unix(_) => Ok(true),
+            ListenAddr::Tcp(a) => {
+                let mut any = false;
+                for sa in a.as_str().to_socket_addrs()? {
+                    if !sa.ip().is_loopback() {
+                        return Ok(false);
+                    }
+                    any = true;
+                }
+                Ok(any)
+            }
+        }
+    }
+
     /// The NBD URI (as understood by libnbd, qemu and fio) for `export` at this address:
     /// `nbd+unix:///EXPORT?socket=PATH` or `nbd://HOST:PORT/EXPORT`.
     ///
@@ -139,6 +160,22 @@ mod tests {
     fn display_round_trips() {
         for s in ["unix:/run/x.sock", "tcp:127.0.0.1:1", "tcp:[::1]:2"] {
             assert_eq!(s.parse::<ListenAddr>().unwrap().to_string(), s);
+        }
+    }
+
+    #[test]
+    fn only_unix_and_loopback_addresses_are_local() {
+        for (a, local) in [
+            ("unix:/tmp/s", true),
+            ("tcp:127.0.0.1:0", true),
+            ("tcp:127.1.2.3:0", true),
+            ("tcp:[::1]:0", true),
+            ("tcp:localhost:0", true),
+            ("tcp:0.0.0.0:0", false),
+            ("tcp:[::]:0", false),
+            ("tcp:192.0.2.1:0", false),
+        ] {
+            assert_eq!(a.parse::<ListenAddr>().unwrap().is_local().unwrap(), local, "{a}");
         }
     }
 

@@ -1,11 +1,13 @@
 //! Fixed-newstyle negotiation: greeting, client flags, then options until the client
 //! selects an export (`NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME`) or gives up.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 
 use log::{debug, warn};
 
-use crate::server::{ExportParams, Shared};
+use crate::server::{ExportParams, Shared, READ_BUFFER};
+use crate::stream::Stream;
+use crate::tls::{self, Pump};
 use crate::wire::{self, handshake_flag, info, opt, rep, InfoRequest, OptionHeader};
 
 /// The outcome of a successful negotiation.
@@ -25,12 +27,14 @@ const MAX_OPTION_DATA: u32 = 64 * 1024;
 const MAX_OPTION_SKIP: u32 = 16 << 20;
 
 /// Runs the negotiation. `Ok(None)`: the client aborted, or broke the protocol and was
-/// dropped (logged here); `Err`: the socket failed.
+/// dropped (logged here); `Err`: the socket failed. After `NBD_OPT_STARTTLS`, `r` and `w`
+/// are replaced by the plain end of the TLS pump, which is left in `tls`.
 pub(crate) fn negotiate(
-    r: &mut impl Read,
-    w: &mut impl Write,
+    r: &mut BufReader<Stream>,
+    w: &mut Stream,
     shared: &Shared,
     peer: &str,
+    tls: &mut Option<Pump>,
 ) -> io::Result<Option<Session>> {
     w.write_all(&wire::encode_greeting(handshake_flag::FIXED_NEWSTYLE | handshake_flag::NO_ZEROES))?;
     let mut b4 = [0u8; 4];
@@ -74,6 +78,21 @@ pub(crate) fn negotiate(
         data.resize(hdr.length as usize, 0);
         r.read_exact(&mut data)?;
         debug!("{peer}: option {} ({} bytes)", hdr.option, data.len());
+
+        // --tls=require: nothing but STARTTLS and ABORT before TLS.
+        if shared.tls.as_ref().is_some_and(|t| t.is_required())
+            && tls.is_none()
+            && hdr.option != opt::STARTTLS
+            && hdr.option != opt::ABORT
+        {
+            if hdr.option == opt::EXPORT_NAME {
+                warn!("{peer}: NBD_OPT_EXPORT_NAME without TLS, which is required; disconnecting");
+                return Ok(None);
+            }
+            error_reply(&mut out, hdr.option, rep::ERR_TLS_REQD, "TLS is required");
+            w.write_all(&out)?;
+            continue;
+        }
 
         match hdr.option {
             opt::EXPORT_NAME => {
@@ -132,7 +151,39 @@ pub(crate) fn negotiate(
                     }
                 },
             },
-            // STARTTLS, meta contexts, extended headers and anything newer.
+            opt::STARTTLS => match &shared.tls {
+                None => error_reply(&mut out, hdr.option, rep::ERR_UNSUP, "TLS is not enabled"),
+                Some(_) if tls.is_some() => {
+                    error_reply(&mut out, hdr.option, rep::ERR_INVALID, "TLS is already on")
+                }
+                Some(_) if !data.is_empty() => {
+                    error_reply(&mut out, hdr.option, rep::ERR_INVALID, "NBD_OPT_STARTTLS takes no data")
+                }
+                Some(cfg) => {
+                    if !r.buffer().is_empty() {
+                        // The client must wait for the ACK before its ClientHello.
+                        warn!("{peer}: data sent ahead of the STARTTLS reply, disconnecting");
+                        return Ok(None);
+                    }
+                    wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
+                    w.write_all(&out)?;
+                    let (pump, plain) =
+                        match tls::start(cfg, r.get_ref(), peer, shared.config.unix_send_buffer) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                warn!("{peer}: {e}, disconnecting");
+                                return Ok(None);
+                            }
+                        };
+                    *tls = Some(pump);
+                    *w = Stream::Unix(plain.try_clone()?);
+                    *r = BufReader::with_capacity(READ_BUFFER, Stream::Unix(plain));
+                    // The spec: options negotiated before TLS are forgotten.
+                    structured = false;
+                    continue;
+                }
+            },
+            // Meta contexts, extended headers and anything newer.
             _ => error_reply(&mut out, hdr.option, rep::ERR_UNSUP, "option not supported"),
         }
         w.write_all(&out)?;

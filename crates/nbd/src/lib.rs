@@ -81,7 +81,10 @@
 //!
 //! Options: `EXPORT_NAME`, `GO`, `INFO` (export, name, description, block sizes: minimum =
 //! logical block, preferred = max(physical block, 4096), maximum = `max_request`), `LIST`,
-//! `ABORT`, `STRUCTURED_REPLY`; anything else gets `NBD_REP_ERR_UNSUP`. Commands: `READ`,
+//! `ABORT`, `STRUCTURED_REPLY`, and `STARTTLS` when the server was built with a
+//! [`TlsConfig`] ([`Server::new_with_tls`]: x509 or PSK, TLS offered or required; see the
+//! [`tls`] module for the policy and the per-connection pump thread that carries a TLS
+//! session); anything else gets `NBD_REP_ERR_UNSUP`. Commands: `READ`,
 //! `WRITE` (FUA), `FLUSH`, `TRIM` (with `Caps::DISCARD`), `WRITE_ZEROES` (`NO_HOLE`, FUA),
 //! `DISC`. Invalid requests are answered with the error the spec names and the connection
 //! goes on; only a request that cannot be resynchronised (bad magic, a broken socket)
@@ -89,8 +92,8 @@
 //!
 //! # Known gaps
 //!
-//! * No TLS (`NBD_OPT_STARTTLS` gets `NBD_REP_ERR_UNSUP`), no `NBD_CMD_BLOCK_STATUS` /
-//!   meta contexts, no extended headers, no `NBD_CMD_CACHE`, no fast zero.
+//! * No `NBD_CMD_BLOCK_STATUS` / meta contexts, no extended headers, no `NBD_CMD_CACHE`, no
+//!   fast zero.
 //! * Not in the memory budget: per connection a 64 KiB read buffer, at most 64 KiB of
 //!   handshake option data, at most 256 KiB of queued small replies, and its threads'
 //!   stacks — bounded by `max_connections` and `threads_per_connection`, not by the budget.
@@ -103,6 +106,9 @@
 //!   memory and threads bounded while that happens.
 //! * The connection limit and the handshake watchdog are per listener (`BoundServer`); the
 //!   memory budget is per `Server`.
+//! * Replies a TLS client has not read yet sit in its pump and socket pair, where the
+//!   transmission code counts them as sent: the budget sees them only once those (bounded)
+//!   buffers are full.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -111,6 +117,7 @@ mod budget;
 mod handshake;
 mod server;
 mod stream;
+pub mod tls;
 mod transmission;
 pub mod wire;
 
@@ -118,3 +125,4 @@ pub use addr::{AddrParseError, ListenAddr, DEFAULT_HOST};
 pub use server::{
     default_memory_budget, BoundServer, Export, Server, ServerConfig, ServerStats, ShutdownHandle,
 };
+pub use tls::{TlsConfig, TlsError, CA_CERT, CA_CRL, SERVER_CERT, SERVER_KEY};

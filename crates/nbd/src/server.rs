@@ -19,6 +19,7 @@ use rustix::net::{bind, listen, socket_with, AddressFamily, SocketAddrUnix, Sock
 use crate::addr::{connectable_tcp, ListenAddr};
 use crate::budget::Budget;
 use crate::stream::Stream;
+use crate::tls::TlsConfig;
 use crate::wire::tflag;
 use crate::{handshake, transmission};
 
@@ -141,6 +142,8 @@ pub(crate) struct Shared {
     pub(crate) config: ServerConfig,
     /// Payload buffers of every connection of every listener.
     pub(crate) budget: Budget,
+    /// `NBD_OPT_STARTTLS` credentials and policy; `None`: TLS is off.
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl Shared {
@@ -221,8 +224,18 @@ impl ExportParams {
 }
 
 impl Server {
-    /// A server offering `exports` (the first is the default export).
+    /// A server offering `exports` (the first is the default export), without TLS.
     pub fn new(exports: Vec<Export>, config: ServerConfig) -> Self {
+        Self::build(exports, config, None)
+    }
+
+    /// A server offering `exports` that offers (or, with [`TlsConfig::required`], requires)
+    /// TLS through `NBD_OPT_STARTTLS`.
+    pub fn new_with_tls(exports: Vec<Export>, config: ServerConfig, tls: TlsConfig) -> Self {
+        Self::build(exports, config, Some(tls))
+    }
+
+    fn build(exports: Vec<Export>, config: ServerConfig, tls: Option<TlsConfig>) -> Self {
         for e in &exports {
             let g = e.device.geometry();
             if g.logical_block == 0
@@ -240,7 +253,7 @@ impl Server {
             );
         }
         let budget = Budget::new(config.effective_budget());
-        Server { shared: Arc::new(Shared { exports, config, budget }) }
+        Server { shared: Arc::new(Shared { exports, config, budget, tls }) }
     }
 
     /// The exports, in the order given.
@@ -735,7 +748,7 @@ fn start_connection(
 
 /// Capacity of the per-connection read buffer: a 4 KiB request with its header, or many
 /// pipelined headers, arrive with one `read`.
-const READ_BUFFER: usize = 64 * 1024;
+pub(crate) const READ_BUFFER: usize = 64 * 1024;
 
 fn run_connection(stream: Stream, shared: &Shared, state: &ShutdownState, id: u64, peer: &str) {
     debug!("{peer}: connected");
@@ -747,7 +760,9 @@ fn run_connection(stream: Stream, shared: &Shared, state: &ShutdownState, id: u6
         }
     };
     let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
-    match handshake::negotiate(&mut reader, &mut writer, shared, peer) {
+    // After STARTTLS, `reader` and `writer` are the plain end of the TLS pump.
+    let mut tls = None;
+    match handshake::negotiate(&mut reader, &mut writer, shared, peer, &mut tls) {
         Ok(Some(session)) => {
             // The handshake is over: the watchdog no longer times this connection out.
             let timed_out = match lock(&state.registry).conns.get_mut(&id) {
@@ -773,8 +788,15 @@ fn run_connection(stream: Stream, shared: &Shared, state: &ShutdownState, id: u6
             };
             transmission::serve(reader, writer, export, limits, session, peer);
         }
-        Ok(None) => {}
-        Err(e) => debug!("{peer}: handshake ended: {e}"),
+        Ok(None) => drop((reader, writer)),
+        Err(e) => {
+            debug!("{peer}: handshake ended: {e}");
+            drop((reader, writer));
+        }
+    }
+    // The pump sends the last replies once the plain end is closed (above).
+    if let Some(pump) = tls {
+        pump.join(peer);
     }
     debug!("{peer}: disconnected");
 }

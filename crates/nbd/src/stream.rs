@@ -2,6 +2,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -45,11 +46,28 @@ impl Stream {
         }
     }
 
+    /// Switches non-blocking mode (the TLS pump polls its socket).
+    pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
     /// A name for log messages.
     pub(crate) fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s.peer_addr().map_or_else(|_| "tcp:?".to_string(), |a| format!("tcp:{a}")),
             Stream::Unix(_) => "unix".to_string(),
+        }
+    }
+}
+
+impl AsFd for Stream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
         }
     }
 }
