@@ -5,6 +5,8 @@
 #![warn(missing_docs)]
 
 pub mod dm;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod integrity;
 pub mod luks1;
 pub mod luks2;

@@ -74,6 +74,8 @@
 #![warn(missing_docs)]
 
 mod addr;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod server;
 mod stream;

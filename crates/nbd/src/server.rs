@@ -213,6 +213,17 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Serves one already-connected Unix socket on the calling thread (handshake, then
+    /// transmission) until the client disconnects. A seam for the fuzz targets and tests
+    /// (see [`crate::fuzzing`]): no `BoundServer` knows of this connection, so neither its
+    /// shutdown nor its connection limit applies.
+    #[doc(hidden)]
+    pub fn serve_unix_stream(&self, stream: UnixStream) {
+        run_connection(Stream::Unix(stream), &self.shared, "unix");
+    }
+}
+
 fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     match UnixListener::bind(path) {
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
