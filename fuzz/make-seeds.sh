@@ -15,10 +15,11 @@ mkdir -p $S/luks1_header $S/luks2_header $S/dm_table $S/integrity_superblock \
 # LUKS1: the 1 KiB phdr files.
 for f in $T/luks/luks1-*.hdr; do cp "$f" "$S/luks1_header/$(basename "$f" .hdr).bin"; done
 
-# LUKS2: the JSON areas alone of the 16 KiB-metadata headers (the whole headers, and the
-# argon2id one as a JSON area, are in fuzz/corpus/luks2_header already),
-# up to the NUL that ends them.
+# LUKS2: the whole headers with 16 KiB metadata, and their JSON areas alone up to the NUL
+# that ends them. (json-area-argon2id-token.bin, a JSON area with an argon2id keyslot and a
+# token, is kept as committed.)
 for f in $T/luks/luks2-cbc-essiv.hdr $T/luks/luks2-pbkdf2-xts512.hdr; do
+    cp "$f" "$S/luks2_header/$(basename "$f" .hdr).bin"
     tail -c +4097 "$f" | head -c 12288 | tr -d '\000' > "$S/luks2_header/json-$(basename "$f" .hdr).bin"
 done
 

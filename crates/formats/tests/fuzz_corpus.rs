@@ -48,10 +48,14 @@ fn luks2_header_corpus_replays() {
     for (_, b) in inputs("luks2_header") {
         fuzzing::luks2_header(&b);
     }
-    for (p, b) in files("seeds", "luks2_header") {
-        let mut area = b.clone();
+    // The cryptsetup headers load whole, and their JSON areas alone.
+    for name in ["luks2-cbc-essiv", "luks2-pbkdf2-xts512"] {
+        let dir = fuzz_dir().join("seeds/luks2_header");
+        let whole = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
+        assert!(luks2::load(&whole).is_ok(), "{name} does not load");
+        let mut area = std::fs::read(dir.join(format!("json-{name}.bin"))).unwrap();
         area.resize(16384 - 4096, 0);
-        assert!(luks2::Luks2Metadata::decode_json_area(&area).is_ok(), "{} does not load", p.display());
+        assert!(luks2::Luks2Metadata::decode_json_area(&area).is_ok(), "json-{name} does not load");
     }
 }
 
