@@ -213,17 +213,6 @@ impl Server {
     }
 }
 
-impl Server {
-    /// Serves one already-connected Unix socket on the calling thread (handshake, then
-    /// transmission) until the client disconnects. A seam for the fuzz targets and tests
-    /// (see [`crate::fuzzing`]): no `BoundServer` knows of this connection, so neither its
-    /// shutdown nor its connection limit applies.
-    #[doc(hidden)]
-    pub fn serve_unix_stream(&self, stream: UnixStream) {
-        run_connection(Stream::Unix(stream), &self.shared, "unix");
-    }
-}
-
 fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     match UnixListener::bind(path) {
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
@@ -505,6 +494,17 @@ fn run_connection(stream: Stream, shared: &Shared, peer: &str) {
         Err(e) => debug!("{peer}: handshake ended: {e}"),
     }
     debug!("{peer}: disconnected");
+}
+
+impl Server {
+    /// Serves one already-connected Unix socket on the calling thread (handshake, then
+    /// transmission) until the client disconnects. A seam for the fuzz targets and tests
+    /// (see [`crate::fuzzing`]): no `BoundServer` knows of this connection, so neither its
+    /// shutdown nor its connection limit applies.
+    #[doc(hidden)]
+    pub fn serve_unix_stream(&self, stream: UnixStream) {
+        run_connection(Stream::Unix(stream), &self.shared, "unix");
+    }
 }
 
 #[cfg(test)]
