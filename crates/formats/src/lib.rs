@@ -6,6 +6,8 @@
 #![warn(missing_docs)]
 
 pub mod dm;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod integrity;
 pub mod limits;
 pub mod luks1;

@@ -114,6 +114,8 @@
 
 mod addr;
 mod budget;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 mod server;
 mod stream;

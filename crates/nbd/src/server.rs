@@ -801,6 +801,29 @@ fn run_connection(stream: Stream, shared: &Shared, state: &ShutdownState, id: u6
     debug!("{peer}: disconnected");
 }
 
+impl Server {
+    /// Serves one already-connected Unix socket on the calling thread (handshake, then
+    /// transmission) until the client disconnects. A seam for the fuzz targets and tests
+    /// (see [`crate::fuzzing`]): no `BoundServer` knows of this connection, so neither its
+    /// shutdown nor its connection limit applies.
+    #[doc(hidden)]
+    pub fn serve_unix_stream(&self, stream: UnixStream) {
+        let stream = Stream::Unix(stream);
+        let Ok(ctl) = stream.try_clone() else { return };
+        // A registry of its own with this one connection, so that the handshake's end is
+        // recorded as for an accepted connection (no watchdog runs: the deadline never fires).
+        let deadline = self.shared.config.handshake_timeout.map(|t| Instant::now() + t);
+        let state = ShutdownState {
+            stopping: AtomicBool::new(false),
+            registry: Mutex::new(Registry::default()),
+            tick: Condvar::new(),
+            wake: ListenAddr::Unix(PathBuf::new()),
+        };
+        lock(&state.registry).conns.insert(1, Entry { stream: ctl, handshake_deadline: deadline });
+        run_connection(stream, &self.shared, &state, 1, "unix");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@
 
 mod crypt;
 mod crypt_aead;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod integrity;
 
 pub use crypt::{CryptConfig, CryptError, CryptMode, CryptTarget};

@@ -69,6 +69,13 @@ pub enum LayoutError {
         /// Sectors of the device holding the metadata.
         device_sectors: u64,
     },
+    /// A device (data or meta) of more than 2^64 bytes: its byte addresses would not fit a
+    /// u64 (only a caller-made `DeviceParams` can say so; a real device cannot be that big).
+    #[error("device of {device_sectors} sectors is larger than 2^64 bytes")]
+    TooLarge {
+        /// The device's size in sectors.
+        device_sectors: u64,
+    },
     /// Tag size 0 or above 255.
     #[error("invalid tag size {0}")]
     BadTagSize(u32),
@@ -134,6 +141,17 @@ impl DeviceParams {
     }
     fn meta_sectors(&self) -> u64 {
         self.meta_device_sectors.unwrap_or(self.data_device_sectors)
+    }
+
+    /// Every sector of both devices has a byte address that fits a u64, so the layout's
+    /// `sector * 512` never overflows (everything it places lies inside a device).
+    fn check_addressable(&self) -> Result<(), LayoutError> {
+        for device_sectors in [self.data_device_sectors, self.meta_sectors()] {
+            if device_sectors > u64::MAX >> 9 {
+                return Err(LayoutError::TooLarge { device_sectors });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -380,6 +398,7 @@ impl Layout {
     /// The layout of an existing volume: `dm_integrity_ctr` from the superblock on.
     /// `sb` must have passed [`Superblock::check`].
     pub fn open(sb: &Superblock, dev: &DeviceParams) -> Result<Layout, LayoutError> {
+        dev.check_addressable()?;
         let tag_size = sb.integrity_tag_size as u32;
         if tag_size == 0 || tag_size > MAX_TAG_SIZE {
             return Err(LayoutError::BadTagSize(tag_size));
@@ -460,6 +479,7 @@ impl Layout {
     /// area (`init_journal` with commit seq 0, see [`super::journal::init_section`]) and writes
     /// the superblock.
     pub fn format(p: &FormatParams, dev: &DeviceParams) -> Result<(Superblock, Layout), LayoutError> {
+        dev.check_addressable()?;
         if p.tag_size == 0 || p.tag_size > MAX_TAG_SIZE {
             return Err(LayoutError::BadTagSize(p.tag_size));
         }
