@@ -29,7 +29,10 @@
 pub mod aligned;
 mod checked;
 mod error;
+#[cfg(feature = "test-utils")]
+pub mod fault_hook;
 mod file;
+mod latch;
 mod mem;
 mod range_lock;
 mod slice;
@@ -38,6 +41,7 @@ pub use aligned::AlignedBuf;
 pub use checked::{CheckMode, Checked};
 pub use error::{BlockError, BlockErrorKind, BlockResult};
 pub use file::{BackingKind, FileDevice, FileOptions};
+pub use latch::WritebackLatch;
 pub use mem::MemDevice;
 pub use range_lock::{RangeGuard, RangeLock, RangeLocked};
 pub use slice::Slice;

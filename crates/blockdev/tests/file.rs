@@ -226,3 +226,99 @@ fn block_device_geometry_comes_from_ioctls() {
     assert!(buf.iter().all(|&b| b == 0));
     d.flush().unwrap();
 }
+
+/// Makes the `fdatasync`s of `path` numbered in `failing` (1-based, counted from now) fail
+/// with EIO, as the kernel's write-back would; returns the count of syncs seen.
+fn fail_syncs(path: &Path, failing: &'static [u64]) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let seen = Arc::new(AtomicU64::new(0));
+    let (p, n) = (path.to_path_buf(), seen.clone());
+    blockdev::fault_hook::set(Some(Arc::new(move |at: &Path, op, _, _| {
+        if at != p || op != blockdev::fault_hook::FileOp::Sync {
+            return None;
+        }
+        let k = n.fetch_add(1, Ordering::SeqCst) + 1;
+        failing.contains(&k).then(|| std::io::Error::from_raw_os_error(libc_eio()))
+    })));
+    seen
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+/// The hook is process-wide: tests that install one take turns.
+static HOOK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The fsyncgate bug: Linux reports a failed write-back to one `fdatasync` and may drop the
+/// pages, and the next `fdatasync` on the same descriptor returns 0. Before the latch, the
+/// second flush here succeeded although the data of the first was never made durable.
+#[test]
+fn failed_fdatasync_is_latched_until_reopened() {
+    let _turn = HOOK_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let p = image(dir.path(), "latch.img", &vec![0u8; 64 * 1024]);
+    let seen = fail_syncs(&p, &[2]);
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    d.write_at(0, &pattern(4096, 1), WriteFlags::empty()).unwrap();
+    d.flush().unwrap();
+    d.write_at(4096, &pattern(4096, 2), WriteFlags::empty()).unwrap();
+    let e = d.flush().unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io, "{e}");
+    assert!(d.writeback_failed());
+    // The hook fails only the 2nd sync: without the latch the next one would succeed.
+    let e = d.flush().unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io);
+    assert!(e.to_string().contains("an earlier write-back failed"), "{e}");
+    let e = d.write_at(8192, &pattern(4096, 3), WriteFlags::FUA).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io);
+    let mut back = vec![0u8; 4096];
+    d.read_at(8192, &mut back).unwrap();
+    assert_eq!(back, vec![0u8; 4096], "a FUA write refused by the latch writes nothing");
+    assert!(d.write_zeroes(0, 4096, ZeroFlags::FUA).is_err());
+    // Plain writes and reads go on.
+    d.write_at(12288, &pattern(4096, 4), WriteFlags::empty()).unwrap();
+    d.read_at(12288, &mut back).unwrap();
+    assert_eq!(back, pattern(4096, 4));
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2, "latched flushes do not call fdatasync");
+    drop(d);
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    d.flush().unwrap();
+    d.write_at(8192, &pattern(4096, 3), WriteFlags::FUA).unwrap();
+    blockdev::fault_hook::set(None);
+}
+
+/// A FUA write whose fdatasync fails latches like a flush; a failed pwrite does not.
+#[test]
+fn failed_fua_sync_latches_and_failed_pwrite_does_not() {
+    let _turn = HOOK_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let p = image(dir.path(), "fua.img", &vec![0u8; 64 * 1024]);
+    let path = p.clone();
+    // Every pwrite at offset 4096 fails with ENOSPC; the first fdatasync fails with EIO.
+    let syncs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s2 = syncs.clone();
+    blockdev::fault_hook::set(Some(std::sync::Arc::new(move |at: &Path, op, off, _| {
+        use blockdev::fault_hook::FileOp;
+        if at != path {
+            return None;
+        }
+        match op {
+            FileOp::Write if off == 4096 => Some(std::io::Error::from_raw_os_error(28)),
+            FileOp::Sync if s2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 => {
+                Some(std::io::Error::from_raw_os_error(libc_eio()))
+            }
+            _ => None,
+        }
+    })));
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    let e = d.write_at(4096, &pattern(4096, 1), WriteFlags::empty()).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::NoSpace, "{e}");
+    assert!(!d.writeback_failed(), "a failed pwrite is reported to its request only");
+    d.flush().unwrap();
+    assert!(d.write_at(0, &pattern(4096, 2), WriteFlags::FUA).is_err());
+    assert!(d.writeback_failed());
+    assert!(d.flush().is_err());
+    blockdev::fault_hook::set(None);
+}
