@@ -23,7 +23,7 @@ const BS: usize = 4096;
 fn latched_in_process(stack: Stack) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let img = dir.path().join("vol.img");
-    durable::format(stack, &img);
+    durable::format(stack, &img, false);
     let dev = durable::open(stack, &img).unwrap();
     let name = stack.name();
     dev.write_at(0, &pattern(1, 0, BS), WriteFlags::empty()).unwrap();
@@ -82,7 +82,7 @@ fn failed_flush_latched_luks2_aead() {
 fn failed_fua_sync_latched_luks2() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let img = dir.path().join("vol.img");
-    durable::format(Stack::Luks2, &img);
+    durable::format(Stack::Luks2, &img, false);
     let dev = durable::open(Stack::Luks2, &img).unwrap();
     durable::with_plan(&img, |p| p.fail_syncs = 1);
     assert!(dev.write_at(0, &pattern(1, 0, BS), WriteFlags::FUA).is_err());
@@ -95,7 +95,7 @@ fn failed_fua_sync_latched_luks2() {
 fn latched_over_nbd(stack: Stack) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let img = dir.path().join("vol.img");
-    durable::format(stack, &img);
+    durable::format(stack, &img, false);
     let dev = durable::open(stack, &img).unwrap();
     let sock = dir.path().join("nbd.sock");
     let server = Server::new(vec![Export::new("vol", dev)], ServerConfig::default());

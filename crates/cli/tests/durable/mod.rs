@@ -75,8 +75,10 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sealdisk"))
 }
 
-/// Creates a sparse `img` and formats it as `stack` with the `sealdisk` binary.
-pub fn format(stack: Stack, img: &Path) {
+/// Creates a sparse `img` and formats it as `stack` with the `sealdisk` binary. With
+/// `no_wipe` the integrity stacks' data and tag areas stay holes (blocks never written fail
+/// their check, as in the kernel) so a small filesystem fills up as the volume is written.
+pub fn format(stack: Stack, img: &Path, no_wipe: bool) {
     let f = std::fs::File::create(img).unwrap();
     f.set_len(stack.image_size()).unwrap();
     drop(f);
@@ -94,6 +96,12 @@ pub fn format(stack: Stack, img: &Path) {
         }
     };
     args.extend(["--sector-size", "4096"]);
+    if no_wipe {
+        args.push(if stack == Stack::Luks2Aead { "--integrity-no-wipe" } else { "--no-wipe" });
+        if stack == Stack::Luks2 {
+            args.pop();
+        }
+    }
     if matches!(stack, Stack::Luks2 | Stack::Luks2Aead) {
         args.extend(["--key-file", pass_s]);
     }
