@@ -136,7 +136,7 @@ impl SmallFs {
     fn new() -> SmallFs {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=48m", "sealdisk-soak"])
+            .args(["-t", "tmpfs", "-o", "size=64m", "sealdisk-soak"])
             .arg(dir.path())
             .stderr(Stdio::null())
             .status()
@@ -564,6 +564,9 @@ fn soak_stack(stack: Stack, secs: u64, seed: u64, fs: &SmallFs) -> (Stats, Vec<S
             assert!(tries < 20, "{}: verification keeps failing", stack.name());
         }
     }
+    // Room for the next stack.
+    let _ = std::fs::remove_file(&img);
+    let _ = std::fs::remove_file(fs.filler());
     (st, log)
 }
 
@@ -586,7 +589,7 @@ fn fault_soak() {
     }
     eprintln!(
         "fault soak: seed {seed}, {per_stack} s per stack, ENOSPC from {}",
-        if fs.mounted { "a 48 MiB tmpfs kept nearly full" } else { "nowhere (no tmpfs)" }
+        if fs.mounted { "a 64 MiB tmpfs kept nearly full" } else { "nowhere (no tmpfs)" }
     );
     eprintln!(
         "| stack | epochs | ops | writes acked | flushes ok | EIO | ENOSPC | failed FLUSH (latched) | SIGKILLs | \
