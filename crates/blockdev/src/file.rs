@@ -6,6 +6,7 @@
 //!                             └─► copy through a per-thread AlignedBuf, 1 MiB at a time
 //!   write_at + FUA     ──► pwrite, then fdatasync         (Caps::FUA is not advertised)
 //!   flush              ──► fdatasync
+//!                             └─► failed once? every later flush / FUA fails (WritebackLatch)
 //!   discard            ──► fallocate(PUNCH_HOLE | KEEP_SIZE)      a no-op where unsupported
 //!   write_zeroes       ──► fallocate(ZERO_RANGE | KEEP_SIZE)      (PUNCH_HOLE with MAY_UNMAP)
 //!                             └─► EOPNOTSUPP: pwrite zero buffers
@@ -22,6 +23,21 @@
 //! "old or new per block" for such races. Wrap the device in [`crate::RangeLocked`] when the
 //! layer above needs it (a torn ciphertext block decrypts to garbage); O_DIRECT requests go to
 //! the disk whole and did not tear in the same test.
+//!
+//! # Failed write-back is latched
+//! The kernel reports a failed write-back to `fdatasync` once per open file and may drop the
+//! pages that failed, so a second `fdatasync` can return 0 after data was lost. The first
+//! failed `fdatasync` (of a flush, a FUA write or a FUA write-zeroes) therefore latches the
+//! device ([`crate::WritebackLatch`]): every later flush and FUA request fails with `Io`
+//! until the device is dropped and opened again. A FUA request refused by the latch writes
+//! nothing. A failed `pwrite` (EIO, ENOSPC) fails its own request only and does not latch:
+//! with buffered I/O the kernel reports it before anything was acknowledged, and nothing
+//! acknowledged was lost. Plain writes and reads go on after a latch.
+//!
+//! `fdatasync` calls are serialised with group commit: a flush that waited while another
+//! `fdatasync` started after its own request began is already covered and returns without a
+//! second call. Serialising is what makes the latch exact: concurrent `fdatasync`s on one
+//! descriptor would let one of them consume the kernel's error report and another return 0.
 //!
 //! # Geometry
 //! * A regular file's size is its length when opened, **rounded down to the block size**: a
@@ -46,11 +62,14 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use rustix::fs::{AtFlags, FallocateFlags, StatxFlags};
 use rustix::io::Errno;
 
 use crate::aligned::{is_aligned, AlignedBuf, DIRECT_IO_ALIGN};
+use crate::latch::WritebackLatch;
 use crate::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags, ZeroFlags};
 
 /// Largest piece copied through the bounce buffer (and written per zero-filling `pwrite`).
@@ -106,6 +125,12 @@ pub struct FileDevice {
     geometry: Geometry,
     backing: BackingKind,
     options: FileOptions,
+    /// Set by the first failed `fdatasync`; refuses later flushes and FUA requests.
+    latch: WritebackLatch,
+    /// Durability requests numbered as they begin (their writes already completed).
+    sync_requests: AtomicU64,
+    /// Held across each `fdatasync`; the highest request number a successful one covered.
+    synced_upto: Mutex<u64>,
 }
 
 impl FileDevice {
@@ -204,7 +229,16 @@ impl FileDevice {
         };
         let size = raw_size - raw_size % u64::from(block);
         let geometry = Geometry { size, logical_block: block, physical_block: physical };
-        Ok(FileDevice { file, path, geometry, backing, options })
+        Ok(FileDevice {
+            file,
+            path,
+            geometry,
+            backing,
+            options,
+            latch: WritebackLatch::new(),
+            sync_requests: AtomicU64::new(0),
+            synced_upto: Mutex::new(0),
+        })
     }
 
     /// The path this device was opened from.
@@ -220,6 +254,12 @@ impl FileDevice {
     /// The options it was opened with (`block_size` as given, not as chosen; see `geometry`).
     pub fn options(&self) -> FileOptions {
         self.options
+    }
+
+    /// Whether an `fdatasync` has failed since the device was opened (every later flush and
+    /// FUA request then fails; see the module docs).
+    pub fn writeback_failed(&self) -> bool {
+        self.latch.is_latched()
     }
 
     fn op_error(&self, op: &str, off: u64, len: u64, err: io::Error) -> BlockError {
@@ -249,15 +289,37 @@ impl FileDevice {
     }
 
     fn pread(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
-        self.file.read_exact_at(buf, off).map_err(|e| self.op_error("pread", off, buf.len() as u64, e))
+        injected(&self.path, FileOp::Read, off, buf.len() as u64)
+            .and_then(|()| self.file.read_exact_at(buf, off))
+            .map_err(|e| self.op_error("pread", off, buf.len() as u64, e))
     }
 
     fn pwrite(&self, off: u64, buf: &[u8]) -> BlockResult<()> {
-        self.file.write_all_at(buf, off).map_err(|e| self.op_error("pwrite", off, buf.len() as u64, e))
+        injected(&self.path, FileOp::Write, off, buf.len() as u64)
+            .and_then(|()| self.file.write_all_at(buf, off))
+            .map_err(|e| self.op_error("pwrite", off, buf.len() as u64, e))
     }
 
+    /// `fdatasync` for a flush or a FUA request whose writes have completed, through the
+    /// latch and with group commit (see the module docs).
     fn sync(&self, op: &str, off: u64, len: u64) -> BlockResult<()> {
-        self.file.sync_data().map_err(|e| self.op_error(&format!("fdatasync after {op}"), off, len, e))
+        let mine = self.sync_requests.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut synced = self.synced_upto.lock().unwrap_or_else(|e| e.into_inner());
+        self.latch.check(op)?;
+        if *synced >= mine {
+            return Ok(());
+        }
+        // Every request numbered up to `cover` had completed its writes before it was
+        // numbered, so the fdatasync below covers them all.
+        let cover = self.sync_requests.load(Ordering::SeqCst);
+        let r = self
+            .file
+            .sync_data()
+            .and_then(|()| injected(&self.path, FileOp::Sync, 0, 0))
+            .map_err(|e| self.op_error(&format!("fdatasync after {op}"), off, len, e));
+        self.latch.guard(r)?;
+        *synced = cover;
+        Ok(())
     }
 
     /// `fallocate`, with `Ok(false)` when the filesystem or device does not support `mode`.
@@ -285,6 +347,25 @@ impl FileDevice {
     fn needs_bounce(&self, buf: &[u8]) -> bool {
         self.options.direct && !is_aligned(buf, DIRECT_IO_ALIGN)
     }
+}
+
+/// The error a test hook injects for this system call (feature `test-utils`).
+#[cfg(feature = "test-utils")]
+use crate::fault_hook::{injected, FileOp};
+
+#[cfg(not(feature = "test-utils"))]
+#[derive(Clone, Copy)]
+enum FileOp {
+    Read,
+    Write,
+    Sync,
+}
+
+/// Without `test-utils` nothing is injected (and this compiles to nothing).
+#[cfg(not(feature = "test-utils"))]
+#[inline(always)]
+fn injected(_: &Path, _: FileOp, _: u64, _: u64) -> io::Result<()> {
+    Ok(())
 }
 
 /// The filesystem's O_DIRECT offset alignment, where the kernel reports it (Linux 6.1+).
@@ -344,6 +425,9 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         self.refuse_if_read_only("writing")?;
+        if flags.contains(WriteFlags::FUA) {
+            self.latch.check("FUA write")?;
+        }
         if self.needs_bounce(buf) {
             with_bounce(|bounce| {
                 let mut pos = off;
@@ -388,6 +472,9 @@ impl BlockDevice for FileDevice {
             return Ok(());
         }
         self.refuse_if_read_only("writing zeroes to")?;
+        if flags.contains(ZeroFlags::FUA) {
+            self.latch.check("FUA write-zeroes")?;
+        }
         let keep = FallocateFlags::KEEP_SIZE;
         let mut done = false;
         if flags.contains(ZeroFlags::MAY_UNMAP) {

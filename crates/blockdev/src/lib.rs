@@ -18,6 +18,7 @@
 //!   (through [`AlignedBuf`] bounce buffers when the caller's buffer is not aligned).
 //! * [`Slice`]: an offset/length window of another device.
 //! * [`Checked`]: asserts the contract on both sides of a boundary, for tests.
+//! * [`WritebackLatch`]: remembers a failed write-back so no later flush claims success.
 //! * [`RangeLocked`]: orders overlapping requests with a [`RangeLock`] (disjoint ones never
 //!   wait), for devices that do not keep blocks whole under concurrency by themselves.
 //!
@@ -29,7 +30,10 @@
 pub mod aligned;
 mod checked;
 mod error;
+#[cfg(feature = "test-utils")]
+pub mod fault_hook;
 mod file;
+mod latch;
 mod mem;
 mod range_lock;
 mod slice;
@@ -38,6 +42,7 @@ pub use aligned::AlignedBuf;
 pub use checked::{CheckMode, Checked};
 pub use error::{BlockError, BlockErrorKind, BlockResult};
 pub use file::{BackingKind, FileDevice, FileOptions};
+pub use latch::WritebackLatch;
 pub use mem::MemDevice;
 pub use range_lock::{RangeGuard, RangeLock, RangeLocked};
 pub use slice::Slice;
@@ -132,6 +137,15 @@ impl Geometry {
 ///   e.g. with `RangeLocked`.
 /// * A write is visible to reads once it returns. It is durable after a later `flush`
 ///   returns, or on return when it carried `WriteFlags::FUA`.
+/// * **A failed write-back is latched.** Once a `flush`, or the durability step of a FUA
+///   write or write-zeroes, has failed, every later `flush` and FUA request of the device
+///   fails (`Io`, or `Poisoned` from a layer that refuses writes too) until the device is
+///   dropped and opened again: data acknowledged before the failure may be lost, and a later
+///   success would claim otherwise (Linux reports a failed write-back to one `fsync` only;
+///   see [`WritebackLatch`]). A layer that passes flushes down inherits the latch of the
+///   device below; a layer that buffers (dm-integrity's journal and tag buffers) latches
+///   its own write-back failures. A failed plain write fails its own request and does not
+///   latch (nothing acknowledged was lost); reads are never refused by the latch.
 /// * On error the call's range is in an unspecified state (old, new, or a mix per block),
 ///   never garbage produced by this layer; every error carries a kind.
 /// * Integrity and authentication failures are `BlockErrorKind::IntegrityMismatch` and fail
@@ -159,7 +173,8 @@ pub trait BlockDevice: Send + Sync + Debug {
         self.write_at(off, buf, flags)
     }
 
-    /// Makes every write that completed before this call durable.
+    /// Makes every write that completed before this call durable. After it has failed once,
+    /// it fails on every later call until the device is reopened (see the contract above).
     fn flush(&self) -> BlockResult<()>;
 
     /// Releases `[off, off+len)`. Afterwards the range's content is unspecified until

@@ -226,3 +226,181 @@ fn block_device_geometry_comes_from_ioctls() {
     assert!(buf.iter().all(|&b| b == 0));
     d.flush().unwrap();
 }
+
+/// Makes the `fdatasync`s of `path` numbered in `failing` (1-based, counted from now) fail
+/// with EIO, as the kernel's write-back would; returns the count of syncs seen.
+fn fail_syncs(path: &Path, failing: &'static [u64]) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let seen = Arc::new(AtomicU64::new(0));
+    let (p, n) = (path.to_path_buf(), seen.clone());
+    blockdev::fault_hook::set(Some(Arc::new(move |at: &Path, op, _, _| {
+        if at != p || op != blockdev::fault_hook::FileOp::Sync {
+            return None;
+        }
+        let k = n.fetch_add(1, Ordering::SeqCst) + 1;
+        failing.contains(&k).then(|| std::io::Error::from_raw_os_error(libc_eio()))
+    })));
+    seen
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+/// The hook is process-wide: tests that install one take turns.
+static HOOK_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The fsyncgate bug: Linux reports a failed write-back to one `fdatasync` and may drop the
+/// pages, and the next `fdatasync` on the same descriptor returns 0. Before the latch, the
+/// second flush here succeeded although the data of the first was never made durable.
+#[test]
+fn failed_fdatasync_is_latched_until_reopened() {
+    let _turn = HOOK_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let p = image(dir.path(), "latch.img", &vec![0u8; 64 * 1024]);
+    let seen = fail_syncs(&p, &[2]);
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    d.write_at(0, &pattern(4096, 1), WriteFlags::empty()).unwrap();
+    d.flush().unwrap();
+    d.write_at(4096, &pattern(4096, 2), WriteFlags::empty()).unwrap();
+    let e = d.flush().unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io, "{e}");
+    assert!(d.writeback_failed());
+    // The hook fails only the 2nd sync: without the latch the next one would succeed.
+    let e = d.flush().unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io);
+    assert!(e.to_string().contains("an earlier write-back failed"), "{e}");
+    let e = d.write_at(8192, &pattern(4096, 3), WriteFlags::FUA).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::Io);
+    let mut back = vec![0u8; 4096];
+    d.read_at(8192, &mut back).unwrap();
+    assert_eq!(back, vec![0u8; 4096], "a FUA write refused by the latch writes nothing");
+    assert!(d.write_zeroes(0, 4096, ZeroFlags::FUA).is_err());
+    // Plain writes and reads go on.
+    d.write_at(12288, &pattern(4096, 4), WriteFlags::empty()).unwrap();
+    d.read_at(12288, &mut back).unwrap();
+    assert_eq!(back, pattern(4096, 4));
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2, "latched flushes do not call fdatasync");
+    drop(d);
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    d.flush().unwrap();
+    d.write_at(8192, &pattern(4096, 3), WriteFlags::FUA).unwrap();
+    blockdev::fault_hook::set(None);
+}
+
+/// A FUA write whose fdatasync fails latches like a flush; a failed pwrite does not.
+#[test]
+fn failed_fua_sync_latches_and_failed_pwrite_does_not() {
+    let _turn = HOOK_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let p = image(dir.path(), "fua.img", &vec![0u8; 64 * 1024]);
+    let path = p.clone();
+    // Every pwrite at offset 4096 fails with ENOSPC; the first fdatasync fails with EIO.
+    let syncs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let s2 = syncs.clone();
+    blockdev::fault_hook::set(Some(std::sync::Arc::new(move |at: &Path, op, off, _| {
+        use blockdev::fault_hook::FileOp;
+        if at != path {
+            return None;
+        }
+        match op {
+            FileOp::Write if off == 4096 => Some(std::io::Error::from_raw_os_error(28)),
+            FileOp::Sync if s2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 => {
+                Some(std::io::Error::from_raw_os_error(libc_eio()))
+            }
+            _ => None,
+        }
+    })));
+    let d = FileDevice::open(&p, FileOptions::default()).unwrap();
+    let e = d.write_at(4096, &pattern(4096, 1), WriteFlags::empty()).unwrap_err();
+    assert_eq!(e.kind(), BlockErrorKind::NoSpace, "{e}");
+    assert!(!d.writeback_failed(), "a failed pwrite is reported to its request only");
+    d.flush().unwrap();
+    assert!(d.write_at(0, &pattern(4096, 2), WriteFlags::FUA).is_err());
+    assert!(d.writeback_failed());
+    assert!(d.flush().is_err());
+    blockdev::fault_hook::set(None);
+}
+
+/// A loop-mounted ext4 whose image is a sparse file on a 12 MiB tmpfs, unmounted on drop.
+/// Writes beyond the tmpfs's room are accepted by ext4 (delayed allocation, 64 MiB free as
+/// far as it knows) and fail at write-back, in the loop driver: `fdatasync` returns ENOSPC
+/// once, and 0 afterwards, although the data never reached the image.
+struct ThinExt4 {
+    dir: tempfile::TempDir,
+    loopdev: Option<String>,
+    mounted: [bool; 2],
+}
+
+impl ThinExt4 {
+    fn new() -> Result<ThinExt4, String> {
+        let dir = scratch();
+        let mut t = ThinExt4 { dir, loopdev: None, mounted: [false; 2] };
+        let (small, mnt) = (t.dir.path().join("small"), t.dir.path().join("mnt"));
+        fs::create_dir_all(&small).unwrap();
+        fs::create_dir_all(&mnt).unwrap();
+        let run = |cmd: &mut Command| -> Result<String, String> {
+            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=12m", "tmpfs"]).arg(&small))?;
+        t.mounted[0] = true;
+        let img = small.join("disk.img");
+        File::create(&img).unwrap().set_len(64 << 20).unwrap();
+        t.loopdev = Some(run(Command::new("losetup").args(["-f", "--show"]).arg(&img))?);
+        let dev = t.loopdev.clone().unwrap_or_default();
+        run(Command::new("mkfs.ext4").args(["-q", &dev]))?;
+        run(Command::new("mount").args(["-o", "errors=continue", &dev]).arg(&mnt))?;
+        t.mounted[1] = true;
+        Ok(t)
+    }
+}
+
+impl Drop for ThinExt4 {
+    fn drop(&mut self) {
+        if self.mounted[1] {
+            let _ = Command::new("umount").arg(self.dir.path().join("mnt")).status();
+        }
+        if let Some(d) = &self.loopdev {
+            let _ = Command::new("losetup").args(["-d", d]).status();
+        }
+        if self.mounted[0] {
+            let _ = Command::new("umount").arg(self.dir.path().join("small")).status();
+        }
+    }
+}
+
+/// The latch against the real kernel, no hook: a failed write-back on thin storage. Before
+/// the latch, the second flush here returned Ok after 16 MiB of acknowledged writes were lost.
+#[test]
+fn real_writeback_failure_is_latched() {
+    let t = match ThinExt4::new() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("SKIPPED: needs root, tmpfs, losetup and mkfs.ext4 for a thin ext4: {e}");
+            return;
+        }
+    };
+    let p = t.dir.path().join("mnt").join("vol.img");
+    let d = FileDevice::create(&p, 32 << 20, FileOptions { block_size: Some(4096), ..Default::default() })
+        .unwrap();
+    let chunk = pattern(1 << 20, 9);
+    for i in 0..24u64 {
+        d.write_at(i << 20, &chunk, WriteFlags::empty())
+            .expect("ext4 accepts the writes (delayed allocation)");
+    }
+    let first = d.flush();
+    let Err(e) = first else {
+        eprintln!("SKIPPED: this kernel's write-back did not fail (the loop image did not fill up)");
+        return;
+    };
+    eprintln!("first flush: {e}");
+    let e = d.flush().expect_err("the kernel's second fdatasync returns 0; the latch must not");
+    assert!(e.to_string().contains("an earlier write-back failed"), "{e}");
+    assert!(d.write_at(0, &chunk[..4096], WriteFlags::FUA).is_err());
+    drop(d);
+}

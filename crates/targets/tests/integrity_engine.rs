@@ -251,6 +251,28 @@ fn a_failed_metadata_write_poisons_the_volume_until_reopened() {
     }
 }
 
+/// A flush that fails *below* the tag buffers (the device's own flush, e.g. a failed
+/// fdatasync) must latch too: the tag buffers written back just before it may be lost. Before
+/// the fix, modes B and D returned the error once and the retried flush succeeded over a
+/// device that does not latch by itself (here a FaultDevice failing one flush).
+#[test]
+fn a_failed_flush_below_poisons_the_volume_in_every_mode() {
+    use testkit::{Fault, FaultDevice, OpKinds};
+    let shape = Shape::new("crc32c", 512);
+    for mode in MODES {
+        let fd = Arc::new(FaultDevice::new(shape.mem(2 << 20)));
+        let t = shape.open(fd.clone(), mode);
+        t.write_at(0, &[1; 4096], WriteFlags::empty()).unwrap();
+        fd.inject(Fault::nth(1).only(OpKinds::FLUSH));
+        assert!(t.flush().is_err(), "{mode:?}");
+        assert_eq!(fd.injected(), 1, "{mode:?}");
+        let e = t.flush().unwrap_err();
+        assert_eq!(e.kind(), BlockErrorKind::Poisoned, "{mode:?}: the retried flush");
+        assert!(t.write_at(0, &[2; 4096], WriteFlags::FUA).is_err(), "{mode:?}");
+        t.abandon();
+    }
+}
+
 #[test]
 fn no_wipe_leaves_tags_invalid_and_recalculate_fixes_them() {
     let shape = Shape::new("crc32c", 512);

@@ -31,6 +31,7 @@
 //! | dm-bufio metadata buffers                            | `MetaCache`, per-buffer locks, no RMW knob  |
 //! | `crypto_shash` per block                             | inline or on the rayon pool ([`HashMode`])  |
 //! | a failed metadata/journal write fails the device    | poisoned: writes refused until reopened     |
+//! | a failed flush below (`ic->failed` via bufio)       | poisoned too: later flushes/FUA fail         |
 //!
 //! `journal_crypt`: ctr(aes) and cbc(aes) (`jcrypt`); not chacha20.
 //! Not implemented: `meta_device`, inline mode (`I`), resize.
@@ -1034,7 +1035,10 @@ impl<D: BlockDevice> Inner<D> {
             return j.commit(self).inspect_err(|e| self.poison("committing the journal", e));
         }
         self.meta_io("writing tags", || self.meta.flush_dirty(&self.next))?;
-        self.next.flush()
+        // A failed flush below may have lost tag buffers written back just before it (and
+        // data the client was told is written): latch it like any metadata failure, so no
+        // later flush reports success (the kernel's dm-integrity sets `ic->failed`).
+        self.meta_io("flushing the device", || self.next.flush())
     }
 
     fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
