@@ -60,9 +60,41 @@ pub enum IntegrityVolumeError {
         #[source]
         source: BlockError,
     },
+    /// A committed journal entry fails its tag check when the journal is replayed at open.
+    /// The internal hash is not stored in the superblock, so this is almost always `-I` or
+    /// its key not being the ones the volume was formatted with.
+    #[error(
+        "{path}: the journal's tags do not match {alg}: the integrity algorithm (-I) or its key \
+         (--integrity-key-file) is probably not the one {path} was formatted with{size_note}"
+    )]
+    WrongHash {
+        /// Path.
+        path: String,
+        /// `-I` as given, with `" with this key"` for a keyed hash.
+        alg: String,
+        /// What the superblock's tag size says about the algorithm, if anything.
+        size_note: String,
+        /// Cause.
+        #[source]
+        source: Box<IntegrityError>,
+    },
     /// Inconsistent parameters.
     #[error("{0}")]
     Params(String),
+}
+
+/// A note when `alg`'s digest size differs from the superblock's tag size (integritysetup
+/// formats with tag size = digest size unless `-t` is given), else empty.
+fn tag_size_note(sb_tag: u32, h: &TagHash, explicit_tag: bool) -> String {
+    let digest = h.digest_size() as u32;
+    if explicit_tag || digest == sb_tag {
+        return String::new();
+    }
+    format!(
+        " (the superblock's tag size is {sb_tag} bytes, {} makes {digest}-byte digests: formatted with another -I, \
+         or with -t {sb_tag})",
+        h.algorithm().kernel_name()
+    )
 }
 
 /// integritysetup's options (format and open).
@@ -306,8 +338,20 @@ pub fn open(
     let mut cfg = p.config()?;
     cfg.block_size = sb.block_size();
     cfg.tag_size = Some(p.tag_size.unwrap_or(sb.integrity_tag_size as u32));
-    let t = IntegrityTarget::open(dev, cfg)
-        .map_err(|source| IntegrityVolumeError::Target { path: path.into(), source })?;
+    let h = p.hash()?;
+    let note = tag_size_note(sb.integrity_tag_size as u32, &h, p.tag_size.is_some());
+    if !note.is_empty() {
+        log::warn!("{path}: if reads fail their tag checks, -I {} may be wrong{note}", p.integrity);
+    }
+    let t = IntegrityTarget::open(dev, cfg).map_err(|source| match source {
+        IntegrityError::ReplayTagMismatch { .. } => IntegrityVolumeError::WrongHash {
+            path: path.into(),
+            alg: format!("{}{}", p.integrity, if h.algorithm().is_keyed() { " with this key" } else { "" }),
+            size_note: note.clone(),
+            source: Box::new(source),
+        },
+        source => IntegrityVolumeError::Target { path: path.into(), source },
+    })?;
     Ok(Arc::new(t))
 }
 
