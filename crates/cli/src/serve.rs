@@ -59,7 +59,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODE", value_parser = parse_socket_mode, default_value = "0600")]
     pub socket_mode: u32,
 
-    // TLS and who may connect (docs/security/tls.md).
+    // TLS and who may connect (SECURITY.md, "Who may connect: TLS").
     /// NBD TLS (STARTTLS): off; on (clients choose); require (nothing but STARTTLS before
     /// TLS, as nbdkit's --tls=require). Needs --tls-certificates or --tls-psk.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = TlsMode::Off)]

@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use blockdev::{BlockDevice, MemDevice};
 use common::certs::{make_pki, Pki};
@@ -344,53 +344,6 @@ fn credentials_that_do_not_load_are_clear_errors() {
 }
 
 // ---- Real clients: libnbd (GnuTLS) and qemu (GnuTLS). ----
-
-fn require(tool: &str, test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        eprintln!("SKIPPED {test}: `{tool}` is not installed");
-        println!("SKIPPED {test}: `{tool}` is not installed");
-    }
-    found
-}
-
-fn run(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stdout.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stderr.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
-}
 
 fn check(cmd: &mut Command) -> String {
     let out = run(cmd, Duration::from_secs(60));

@@ -211,7 +211,7 @@ pub(super) fn read_table(file: &str) -> Result<CryptTable> {
     let text = crate::keys::read_key_file(file, 0, TABLE_MAX + 1)
         .with_context(|| format!("reading table file {file}"))?;
     if text.len() > TABLE_MAX {
-        bail!(UsageError(format!("table file {file} is larger than {TABLE_MAX} bytes")));
+        bail!(UsageError(format!("table file {file} is longer than {TABLE_MAX} bytes")));
     }
     let line =
         std::str::from_utf8(&text).map_err(|_| UsageError(format!("table file {file} is not UTF-8 text")))?;
