@@ -298,3 +298,48 @@ fn resume_wipe_refuses_a_volume_without_integrity() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no integrity segment"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn an_interrupted_integrity_format_wipe_says_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = sparse(dir.path(), "i.img", 1 << 30);
+    let mut child = Command::new(bin())
+        .args(["integrity", "format", "-q", "--progress-frequency", "0", &img])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen += &line;
+        seen.push('\n');
+        if line.starts_with("Progress:") {
+            break;
+        }
+    }
+    assert!(seen.contains("Progress:"), "{seen}");
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    for line in lines {
+        seen += &line.unwrap();
+        seen.push('\n');
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(6), "{seen}");
+    assert!(seen.contains("Wipe interrupted by signal 15"), "{seen}");
+    let wiped: u64 = seen
+        .split("wiped (bytes 0..")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no wiped range: {seen}"));
+    assert!(seen.contains("run `sealdisk integrity format` again"), "{seen}");
+    // The volume opens; the wiped prefix reads, the first sector past it does not.
+    let t = volume::integrity::open(&img, &volume::integrity::IntegrityParams::default()).unwrap();
+    let total = t.geometry().size;
+    assert!(wiped > 0 && wiped < total, "wiped {wiped} of {total}");
+    let mut buf = vec![0u8; 4096];
+    t.read_at(wiped - 4096, &mut buf).unwrap();
+    assert!(t.read_at(wiped, &mut buf).is_err(), "past the wipe reads");
+}

@@ -272,8 +272,12 @@ pub struct FormatReport {
     pub superblock: Superblock,
     /// Its layout.
     pub layout: Layout,
-    /// Bytes wiped (0 with `no_wipe`).
+    /// Bytes wiped (0 with `no_wipe`): the whole device, or the prefix wiped before
+    /// `progress` asked [`format_until`] to stop.
     pub wiped_bytes: u64,
+    /// Whether the wipe stopped before the end (bytes past `wiped_bytes` then read as
+    /// integrity errors until written).
+    pub wipe_stopped: bool,
 }
 
 /// Formats `path` (superblock + journal exactly as the kernel would), then, unless
@@ -284,7 +288,22 @@ pub fn format(
     p: &IntegrityParams,
     salt: [u8; 16],
     no_wipe: bool,
-    progress: impl FnMut(u64, u64),
+    mut progress: impl FnMut(u64, u64),
+) -> Result<FormatReport, IntegrityVolumeError> {
+    format_until(path, p, salt, no_wipe, |done, total| {
+        progress(done, total);
+        std::ops::ControlFlow::Continue(())
+    })
+}
+
+/// [`format`] whose wipe stops (flushed, the superblock and journal already written) when
+/// `progress` returns `Break`; see [`FormatReport::wipe_stopped`].
+pub fn format_until(
+    path: &str,
+    p: &IntegrityParams,
+    salt: [u8; 16],
+    no_wipe: bool,
+    progress: impl FnMut(u64, u64) -> std::ops::ControlFlow<()>,
 ) -> Result<FormatReport, IntegrityVolumeError> {
     let dev = Arc::new(open_file(path, false, p.direct)?);
     // Like integritysetup: wipe old signatures in the superblock area first.
@@ -301,6 +320,7 @@ pub fn format(
     let target_err = |source| IntegrityVolumeError::Target { path: path.into(), source };
     let (superblock, layout) = targets::integrity::format(&*dev, &opts).map_err(target_err)?;
     let mut wiped = 0;
+    let mut wipe_stopped = false;
     if !no_wipe {
         let mut cfg = p.config()?;
         cfg.mode = Mode::Direct;
@@ -309,11 +329,14 @@ pub fn format(
         cfg.bitmap_flush_interval_ms = 0;
         cfg.recalculate = false;
         let t = IntegrityTarget::open(dev, cfg).map_err(target_err)?;
-        wiped = t.geometry().size;
-        t.wipe(progress).map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
+        let stopped = t
+            .wipe_until(progress)
+            .map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
+        wiped = stopped.unwrap_or(t.geometry().size);
+        wipe_stopped = stopped.is_some();
         t.close().map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
     }
-    Ok(FormatReport { superblock, layout, wiped_bytes: wiped })
+    Ok(FormatReport { superblock, layout, wiped_bytes: wiped, wipe_stopped })
 }
 
 /// Reads and decodes the superblock at the start of `dev` (the file `path`).

@@ -352,13 +352,28 @@ fn format(a: FormatArgs) -> Result<()> {
     rand::fill(&mut salt);
     let mut progress = Progress::new(a.progress.progress_frequency, a.no_progress || a.no_wipe);
     let start = Instant::now();
-    let report = volume::integrity::format(&a.device, &p, salt, a.no_wipe, |done, total| {
-        let _ = progress.step(done, total);
+    // SIGINT/SIGTERM during the wipe stop it after the chunks in flight (hardening.rs).
+    let report = super::wipe::stoppable(|| {
+        volume::integrity::format_until(&a.device, &p, salt, a.no_wipe, |done, total| {
+            progress.step(done, total)
+        })
     })
     .with_context(|| format!("formatting {}", a.device))?;
     progress.finish();
     let sb = &report.superblock;
     println!("Formatted with tag size {}, internal integrity {}.", sb.integrity_tag_size, p.integrity);
+    if report.wipe_stopped {
+        let sig = crate::hardening::stop_requested().unwrap_or(0);
+        let total = report.layout.provided_data_sectors * 512;
+        let pct = if total == 0 { 100.0 } else { report.wiped_bytes as f64 * 100.0 / total as f64 };
+        bail!(super::wipe::WipeInterrupted(format!(
+            "Wipe interrupted by signal {sig}: {pct:.1}% of {} wiped (bytes 0..{} of {total}, flushed).\nThe \
+             superblock and journal are written and the volume opens; sectors from byte {} on read as integrity \
+             errors (EIO) until written.\nTo finish: run `sealdisk integrity format` again with the same options \
+             (it formats anew and wipes the whole device), or write every sector before reading it.",
+            a.device, report.wiped_bytes, report.wiped_bytes
+        )));
+    }
     if !a.no_wipe {
         let secs = start.elapsed().as_secs_f64();
         let t = start.elapsed().as_secs();
