@@ -375,16 +375,19 @@ pub fn run_comparison(
                         built[vi].reopen()?;
                     }
                     let mut run = env.run.clone();
-                    run.label = format!("[{}/{}] {} {}", rep + 1, c.repetitions, v.name, p.label);
+                    // The progress line adds the job's name after this label.
+                    run.label = format!("[{}/{}] {}", rep + 1, c.repetitions, v.name);
+                    if p.label != job.name {
+                        run.label = format!("{} {}", run.label, p.label);
+                    }
                     let r = run_job(built[vi].target(), &job, &run)?;
                     if env.chatty {
                         eprintln!(
-                            "bench: rep {}/{} {:<10} {:<8} {:<28} {}",
+                            "bench: rep {}/{} {:<10} {:<28} {}",
                             rep + 1,
                             c.repetitions,
                             v.name,
-                            p.label,
-                            job.name,
+                            job_title(&p.label, &job.name),
                             one_line(&r)
                         );
                     }
@@ -401,6 +404,16 @@ pub fn run_comparison(
     }
     drop(built);
     Ok(summarize(c, &samples))
+}
+
+/// A job's name within its point: the name alone when the point is named after its only
+/// job (the quick suite's), else `point job`.
+fn job_title(point: &str, job: &str) -> String {
+    if point == job {
+        job.to_owned()
+    } else {
+        format!("{point} {job}")
+    }
 }
 
 /// A short summary of one job: the figures that matter for its shape.
@@ -573,6 +586,12 @@ pub fn table(r: &ComparisonResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_named_like_its_point_is_named_once() {
+        assert_eq!(job_title("randread-4k-qd1", "randread-4k-qd1"), "randread-4k-qd1");
+        assert_eq!(job_title("dd-seq-4k", "dd-write-4k"), "dd-seq-4k dd-write-4k");
+    }
 
     #[test]
     fn spread_has_median_quartiles_and_range() {

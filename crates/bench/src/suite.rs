@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use targets::CryptMode;
 
-use crate::compare::{CellDir, Comparison, ComparisonResult, Point, Variant};
+use crate::compare::{CellDir, Comparison, ComparisonResult, Point, Spread, Variant};
 use crate::report::{fmt_bw, fmt_count};
 use crate::spec::{JobSpec, RwMode};
 use crate::stack::StackSpec;
@@ -107,16 +107,26 @@ pub fn comparison(o: &SuiteOptions) -> Comparison {
     }
 }
 
-/// The headline figure of a cell: IOPS below 128 KiB requests, bandwidth above.
-fn headline(d: &CellDir, big: bool) -> (f64, String) {
+/// The headline metric of a cell: IOPS below 128 KiB requests, bandwidth above.
+fn headline(d: &CellDir, big: bool) -> (&Spread, String) {
     if big {
-        (d.bw_bytes.median, fmt_bw(d.bw_bytes.median))
+        (&d.bw_bytes, fmt_bw(d.bw_bytes.median))
     } else {
-        (d.iops.median, format!("{} IOPS", fmt_count(d.iops.median)))
+        (&d.iops, format!("{} IOPS", fmt_count(d.iops.median)))
     }
 }
 
-/// One table: workload × stack → headline figure and ratio to the first stack (raw).
+/// Whether a stack's figure against raw's is noise rather than a difference: above raw
+/// (every stack does raw's I/O and more, so it cannot be faster; a ratio above 1 is the
+/// machine's jitter), or within the repetitions' spread (the two min..max ranges overlap).
+fn within_noise(cell: &Spread, base: &Spread) -> bool {
+    let overlap =
+        cell.samples.len() > 1 && base.samples.len() > 1 && cell.min <= base.max && base.min <= cell.max;
+    cell.median > base.median || overlap
+}
+
+/// One table: workload × stack → headline figure and ratio to the first stack (raw); a
+/// ratio that is noise (see [`within_noise`]) is marked `~` and explained below the table.
 pub fn summary(r: &ComparisonResult) -> String {
     let mut out = String::new();
     let base = r.variants.first().map(|v| v.name.clone()).unwrap_or_default();
@@ -128,10 +138,11 @@ pub fn summary(r: &ComparisonResult) -> String {
     }
     let _ = writeln!(out, "{hdr}");
     let _ = writeln!(out, "{}", "-".repeat(hdr.len()));
+    let mut noisy = false;
     for p in &r.points {
         let big = p.label.contains("1m");
         let mut line = format!("{:<w$}", p.label);
-        let mut base_v = None;
+        let mut base_v: Option<&Spread> = None;
         for (i, c) in p.cells.iter().enumerate() {
             let d = c.read.as_ref().or(c.write.as_ref());
             let cell = match d {
@@ -141,8 +152,12 @@ pub fn summary(r: &ComparisonResult) -> String {
                         base_v = Some(v);
                         s
                     } else {
-                        match base_v.filter(|b| *b > 0.0) {
-                            Some(b) => format!("{s} ({:.2}x)", v / b),
+                        match base_v.filter(|b| b.median > 0.0) {
+                            Some(b) if within_noise(v, b) => {
+                                noisy = true;
+                                format!("{s} ({:.2}x~)", v.median / b.median)
+                            }
+                            Some(b) => format!("{s} ({:.2}x)", v.median / b.median),
                             None => s,
                         }
                     }
@@ -153,5 +168,60 @@ pub fn summary(r: &ComparisonResult) -> String {
         }
         let _ = writeln!(out, "{line}");
     }
+    if noisy {
+        let _ = writeln!(
+            out,
+            "~ within noise, not a difference: above {base} (a stack does {base}'s I/O and more, so it cannot be \
+             faster) or within the spread of the repetitions; more repetitions (--repeat N) narrow it"
+        );
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::{Cell, PointResult, VariantInfo};
+
+    fn dir(iops: &[f64]) -> CellDir {
+        CellDir {
+            bw_bytes: Spread::of(&iops.iter().map(|v| v * 4096.0).collect::<Vec<_>>()),
+            iops: Spread::of(iops),
+            lat_mean_ns: Spread::of(&[1.0]),
+            change_pct: None,
+        }
+    }
+
+    #[test]
+    fn a_stack_faster_than_raw_or_within_the_spread_is_marked_as_noise() {
+        assert!(within_noise(&Spread::of(&[105.0]), &Spread::of(&[100.0])));
+        assert!(!within_noise(&Spread::of(&[80.0]), &Spread::of(&[100.0])));
+        assert!(within_noise(&Spread::of(&[90.0, 95.0, 101.0]), &Spread::of(&[99.0, 100.0, 104.0])));
+        assert!(!within_noise(&Spread::of(&[60.0, 62.0, 64.0]), &Spread::of(&[99.0, 100.0, 104.0])));
+
+        let cell = |variant: &str, iops: f64| Cell {
+            variant: variant.into(),
+            read: None,
+            write: Some(dir(&[iops])),
+        };
+        let info =
+            |name: &str| VariantInfo { name: name.into(), stack: String::new(), job_overrides: Vec::new() };
+        let r = ComparisonResult {
+            title: "t".into(),
+            knob: "k".into(),
+            seed: None,
+            note: None,
+            repetitions: 1,
+            variants: vec![info("raw"), info("crypt"), info("luks2")],
+            points: vec![PointResult {
+                label: "randwrite-4k-qd1".into(),
+                jobs: vec!["randwrite-4k-qd1".into()],
+                cells: vec![cell("raw", 1000.0), cell("crypt", 1040.0), cell("luks2", 800.0)],
+            }],
+        };
+        let text = summary(&r);
+        assert!(text.contains("(1.04x~)"), "{text}");
+        assert!(text.contains("(0.80x)") && !text.contains("(0.80x~)"), "{text}");
+        assert!(text.contains("~ within noise"), "{text}");
+    }
 }

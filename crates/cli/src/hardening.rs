@@ -6,6 +6,9 @@
 //!                                                             │    signal, nothing was written.", exit 128+N
 //!                                                             ├─ serving (serve.rs) ──► ignored here: the
 //!                                                             │    server's own handler shuts down gracefully
+//!                                                             ├─ wiping (first signal) ──► stop requested: the
+//!                                                             │    wipe stops at its next chunk, flushes, and
+//!                                                             │    the action says how far it got (wipe.rs)
 //!                                                             └─ otherwise ──► the signal's default action
 //! ```
 //!
@@ -18,13 +21,19 @@
 //! status 128 + the signal number (130 for SIGINT, 143 for SIGTERM), the shell's convention:
 //! cryptsetup has no status of its own for an interruption (it reports a generic failure).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// Set once the NBD server has its own SIGINT/SIGTERM handler.
 static SERVING: AtomicBool = AtomicBool::new(false);
+
+/// Set while a long wipe runs that can stop cleanly (see [`wiping`]).
+static WIPING: AtomicBool = AtomicBool::new(false);
+
+/// The signal that asked a wipe to stop (0: none).
+static STOP: AtomicI32 = AtomicI32::new(0);
 
 /// The message printed when a signal ends a key derivation.
 pub const INTERRUPTED: &str = "Interrupted by signal, nothing was written.";
@@ -46,6 +55,12 @@ pub fn install() -> Result<()> {
                 if SERVING.load(Ordering::SeqCst) {
                     continue;
                 }
+                // The first signal during a wipe asks it to stop; a second one is not held up.
+                if WIPING.load(Ordering::SeqCst)
+                    && STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                {
+                    continue;
+                }
                 // Neither deriving nor serving: behave as if no handler were installed (after
                 // giving the terminal its echo back, should a passphrase prompt be open).
                 crate::keys::restore_terminal();
@@ -63,4 +78,19 @@ pub fn install() -> Result<()> {
 /// registered; no key derivation happens after this point).
 pub fn serving() {
     SERVING.store(true, Ordering::SeqCst);
+}
+
+/// Marks a wipe that can stop cleanly as running (`true`) or over (`false`): while it runs,
+/// the first SIGINT/SIGTERM only sets [`stop_requested`], which the wipe polls between
+/// chunks; a second signal has its default action.
+pub fn wiping(on: bool) {
+    WIPING.store(on, Ordering::SeqCst);
+}
+
+/// The signal that asked the running wipe to stop, if one did.
+pub fn stop_requested() -> Option<i32> {
+    match STOP.load(Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
 }

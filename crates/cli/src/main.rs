@@ -11,7 +11,7 @@ mod serve;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Userspace dm-crypt / dm-integrity / LUKS, served over NBD.
 #[derive(Debug, Parser)]
@@ -58,6 +58,13 @@ enum Action {
     /// Restore a saved LUKS header (validated first).
     #[command(name = "luksHeaderRestore")]
     LuksHeaderRestore(actions::luks_header::BackupArgs),
+    /// Finish the data-area wipe of an interrupted `luksFormat --integrity` (from --from).
+    #[command(name = "luksResumeWipe")]
+    LuksResumeWipe(Box<actions::wipe::ResumeWipeArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(actions::docs::CompletionsArgs),
+    /// Print the man page (roff) to stdout, or write one page per command to --out-dir.
+    Man(actions::docs::ManArgs),
     /// Wipe every LUKS keyslot.
     Erase(actions::luks_keyslot::EraseArgs),
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
@@ -120,6 +127,9 @@ fn main() -> ExitCode {
         Action::LuksHeaderBackup(a) => actions::luks_header::backup(a),
         Action::LuksHeaderRestore(a) => actions::luks_header::restore(a),
         Action::Erase(a) => actions::luks_keyslot::erase(a),
+        Action::LuksResumeWipe(a) => actions::wipe::resume(*a),
+        Action::Completions(a) => actions::docs::completions(a, Cli::command()),
+        Action::Man(a) => actions::docs::man(a, Cli::command()),
         Action::Bench(a) => actions::bench::run(*a),
         Action::Benchmark(a) => actions::benchmark::run(a),
     };

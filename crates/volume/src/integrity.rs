@@ -60,9 +60,41 @@ pub enum IntegrityVolumeError {
         #[source]
         source: BlockError,
     },
+    /// A committed journal entry fails its tag check when the journal is replayed at open.
+    /// The internal hash is not stored in the superblock, so this is almost always `-I` or
+    /// its key not being the ones the volume was formatted with.
+    #[error(
+        "{path}: the journal's tags do not match {alg}: the integrity algorithm (-I) or its key \
+         (--integrity-key-file) is probably not the one {path} was formatted with{size_note}"
+    )]
+    WrongHash {
+        /// Path.
+        path: String,
+        /// `-I` as given, with `" with this key"` for a keyed hash.
+        alg: String,
+        /// What the superblock's tag size says about the algorithm, if anything.
+        size_note: String,
+        /// Cause.
+        #[source]
+        source: Box<IntegrityError>,
+    },
     /// Inconsistent parameters.
     #[error("{0}")]
     Params(String),
+}
+
+/// A note when `alg`'s digest size differs from the superblock's tag size (integritysetup
+/// formats with tag size = digest size unless `-t` is given), else empty.
+fn tag_size_note(sb_tag: u32, h: &TagHash, explicit_tag: bool) -> String {
+    let digest = h.digest_size() as u32;
+    if explicit_tag || digest == sb_tag {
+        return String::new();
+    }
+    format!(
+        " (the superblock's tag size is {sb_tag} bytes, {} makes {digest}-byte digests: formatted with another -I, \
+         or with -t {sb_tag})",
+        h.algorithm().kernel_name()
+    )
 }
 
 /// integritysetup's options (format and open).
@@ -240,8 +272,12 @@ pub struct FormatReport {
     pub superblock: Superblock,
     /// Its layout.
     pub layout: Layout,
-    /// Bytes wiped (0 with `no_wipe`).
+    /// Bytes wiped (0 with `no_wipe`): the whole device, or the prefix wiped before
+    /// `progress` asked [`format_until`] to stop.
     pub wiped_bytes: u64,
+    /// Whether the wipe stopped before the end (bytes past `wiped_bytes` then read as
+    /// integrity errors until written).
+    pub wipe_stopped: bool,
 }
 
 /// Formats `path` (superblock + journal exactly as the kernel would), then, unless
@@ -252,7 +288,22 @@ pub fn format(
     p: &IntegrityParams,
     salt: [u8; 16],
     no_wipe: bool,
-    progress: impl FnMut(u64, u64),
+    mut progress: impl FnMut(u64, u64),
+) -> Result<FormatReport, IntegrityVolumeError> {
+    format_until(path, p, salt, no_wipe, |done, total| {
+        progress(done, total);
+        std::ops::ControlFlow::Continue(())
+    })
+}
+
+/// [`format`] whose wipe stops (flushed, the superblock and journal already written) when
+/// `progress` returns `Break`; see [`FormatReport::wipe_stopped`].
+pub fn format_until(
+    path: &str,
+    p: &IntegrityParams,
+    salt: [u8; 16],
+    no_wipe: bool,
+    progress: impl FnMut(u64, u64) -> std::ops::ControlFlow<()>,
 ) -> Result<FormatReport, IntegrityVolumeError> {
     let dev = Arc::new(open_file(path, false, p.direct)?);
     // Like integritysetup: wipe old signatures in the superblock area first.
@@ -269,6 +320,7 @@ pub fn format(
     let target_err = |source| IntegrityVolumeError::Target { path: path.into(), source };
     let (superblock, layout) = targets::integrity::format(&*dev, &opts).map_err(target_err)?;
     let mut wiped = 0;
+    let mut wipe_stopped = false;
     if !no_wipe {
         let mut cfg = p.config()?;
         cfg.mode = Mode::Direct;
@@ -277,11 +329,14 @@ pub fn format(
         cfg.bitmap_flush_interval_ms = 0;
         cfg.recalculate = false;
         let t = IntegrityTarget::open(dev, cfg).map_err(target_err)?;
-        wiped = t.geometry().size;
-        t.wipe(progress).map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
+        let stopped = t
+            .wipe_until(progress)
+            .map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
+        wiped = stopped.unwrap_or(t.geometry().size);
+        wipe_stopped = stopped.is_some();
         t.close().map_err(|source| IntegrityVolumeError::Wipe { path: path.into(), source })?;
     }
-    Ok(FormatReport { superblock, layout, wiped_bytes: wiped })
+    Ok(FormatReport { superblock, layout, wiped_bytes: wiped, wipe_stopped })
 }
 
 /// Reads and decodes the superblock at the start of `dev` (the file `path`).
@@ -306,8 +361,20 @@ pub fn open(
     let mut cfg = p.config()?;
     cfg.block_size = sb.block_size();
     cfg.tag_size = Some(p.tag_size.unwrap_or(sb.integrity_tag_size as u32));
-    let t = IntegrityTarget::open(dev, cfg)
-        .map_err(|source| IntegrityVolumeError::Target { path: path.into(), source })?;
+    let h = p.hash()?;
+    let note = tag_size_note(sb.integrity_tag_size as u32, &h, p.tag_size.is_some());
+    if !note.is_empty() {
+        log::warn!("{path}: if reads fail their tag checks, -I {} may be wrong{note}", p.integrity);
+    }
+    let t = IntegrityTarget::open(dev, cfg).map_err(|source| match source {
+        IntegrityError::ReplayTagMismatch { .. } => IntegrityVolumeError::WrongHash {
+            path: path.into(),
+            alg: format!("{}{}", p.integrity, if h.algorithm().is_keyed() { " with this key" } else { "" }),
+            size_note: note.clone(),
+            source: Box::new(source),
+        },
+        source => IntegrityVolumeError::Target { path: path.into(), source },
+    })?;
     Ok(Arc::new(t))
 }
 

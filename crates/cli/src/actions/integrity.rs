@@ -7,7 +7,6 @@
 //! exit) with `key: value` lines (mode, mismatches, provided_data_sectors, recalc_sector,
 //! poisoned, engine counters); `sealdisk integrity status PATH` prints it; SIGUSR1 logs the
 //! dmsetup-style status line (`<mismatches> <provided_data_sectors> <recalc_sector|->`).
-use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +17,7 @@ use clap::{Args, Subcommand};
 use sector_crypto::secure::SecretBuf;
 use volume::integrity::{HashMode, IntegrityParams, IntegrityStatus, Mode};
 
+use super::wipe::Progress;
 use super::UsageError;
 use crate::serve::{serve, ServeArgs};
 
@@ -40,11 +40,11 @@ enum IntegrityAction {
     Status(StatusArgs),
 }
 
-/// integritysetup's options shared by format and open.
+/// integritysetup's options that format and open both use.
 #[derive(Debug, Clone, Args)]
 struct IntegrityOpts {
     /// Data integrity algorithm (crc32c, crc32, xxhash64, sha1, sha256, sha512, blake2b-256,
-    /// hmac-sha1, hmac-sha256, hmac-sha512).
+    /// hmac-sha1, hmac-sha256, hmac-sha512). Not stored on disk: open needs the same one.
     #[arg(short = 'I', long, default_value = "crc32c")]
     integrity: String,
     /// Read the integrity key from a file.
@@ -54,54 +54,15 @@ struct IntegrityOpts {
     /// reads bytes). Default: the whole key file.
     #[arg(long, value_name = "BYTES")]
     integrity_key_size: Option<usize>,
-    /// Tag size (per-sector), default the digest size.
+    /// Tag size (per-sector), default the digest size (open: the superblock's).
     #[arg(short = 't', long)]
     tag_size: Option<u32>,
-    /// Sector size (integrity block size).
-    #[arg(short = 's', long, default_value_t = 512)]
-    sector_size: u32,
-    /// Interleave sectors.
-    #[arg(long, default_value_t = 32768)]
-    interleave_sectors: u32,
-    /// Journal size in bytes.
-    #[arg(short = 'j', long)]
-    journal_size: Option<u64>,
-    /// Use a bitmap to track changes and disable the journal.
-    #[arg(short = 'B', long = "integrity-bitmap-mode")]
-    bitmap: bool,
-    /// Disable the journal (direct writes).
-    #[arg(short = 'D', long = "integrity-no-journal")]
-    no_journal: bool,
-    /// Recovery mode (no journal, no tag checking, read-only).
-    #[arg(short = 'R', long = "integrity-recovery-mode")]
-    recovery: bool,
-    /// Use inefficient legacy padding (old kernels).
-    #[arg(long)]
-    integrity_legacy_padding: bool,
-    /// Do not protect the superblock with HMAC (old kernels).
-    #[arg(long)]
-    integrity_legacy_hmac: bool,
     /// Metadata buffer size in sectors.
     #[arg(long, default_value_t = 128)]
     buffer_sectors: u32,
-    /// Journal watermark (percent).
-    #[arg(long, default_value_t = 50)]
-    journal_watermark: u32,
-    /// Journal commit time in ms.
-    #[arg(long, default_value_t = 10000)]
-    journal_commit_time: u64,
-    /// Allow discards (TRIM).
-    #[arg(long)]
-    allow_discards: bool,
     /// Number of 512-byte sectors per bit (bitmap mode).
     #[arg(long)]
     bitmap_sectors_per_bit: Option<u64>,
-    /// Bitmap mode flush time in ms.
-    #[arg(long, default_value_t = 10000)]
-    bitmap_flush_time: u64,
-    /// Recalculate tags automatically (in the background, from recalc_sector).
-    #[arg(long)]
-    integrity_recalculate: bool,
     /// Journal integrity algorithm (`journal_mac`): hmac-sha1, hmac-sha256, hmac-sha512, or an
     /// unkeyed hash (crc32c, sha256, ...).
     #[arg(long, value_name = "ALG")]
@@ -123,9 +84,6 @@ struct IntegrityOpts {
     /// key file.
     #[arg(long, value_name = "BYTES")]
     journal_crypt_key_size: Option<usize>,
-    /// Do not ask for confirmation.
-    #[arg(short = 'q', long)]
-    batch_mode: bool,
     /// sealdisk knob: always read a metadata buffer before modifying it, even when a write
     /// covers it whole (to measure the read-modify-write cost).
     #[arg(long)]
@@ -133,6 +91,70 @@ struct IntegrityOpts {
     /// sealdisk knob: where tags are computed: auto (inline up to 64 KiB), inline, pool.
     #[arg(long, value_enum, default_value = "auto")]
     perf_hash_mode: HashModeArg,
+}
+
+/// integritysetup's options that only format uses (they are written to the superblock).
+#[derive(Debug, Clone, Args)]
+struct FormatOpts {
+    /// Sector size (integrity block size).
+    #[arg(short = 's', long, default_value_t = 512)]
+    sector_size: u32,
+    /// Interleave sectors.
+    #[arg(long, default_value_t = 32768)]
+    interleave_sectors: u32,
+    /// Journal size in bytes.
+    #[arg(short = 'j', long)]
+    journal_size: Option<u64>,
+    /// Use inefficient legacy padding (old kernels).
+    #[arg(long)]
+    integrity_legacy_padding: bool,
+    /// Do not protect the superblock with HMAC (old kernels).
+    #[arg(long)]
+    integrity_legacy_hmac: bool,
+    /// Do not ask for confirmation (it is asked only when stdin is a terminal).
+    #[arg(short = 'q', long)]
+    batch_mode: bool,
+}
+
+/// integritysetup's options that only open uses (the activation's mode and tunables).
+#[derive(Debug, Clone, Args)]
+struct OpenOpts {
+    /// Use a bitmap to track changes and disable the journal.
+    #[arg(short = 'B', long = "integrity-bitmap-mode")]
+    bitmap: bool,
+    /// Disable the journal (direct writes).
+    #[arg(short = 'D', long = "integrity-no-journal")]
+    no_journal: bool,
+    /// Recovery mode (no journal, no tag checking, read-only).
+    #[arg(short = 'R', long = "integrity-recovery-mode")]
+    recovery: bool,
+    /// Journal watermark (percent).
+    #[arg(long, default_value_t = 50)]
+    journal_watermark: u32,
+    /// Journal commit time in ms.
+    #[arg(long, default_value_t = 10000)]
+    journal_commit_time: u64,
+    /// Allow discards (TRIM).
+    #[arg(long)]
+    allow_discards: bool,
+    /// Bitmap mode flush time in ms.
+    #[arg(long, default_value_t = 10000)]
+    bitmap_flush_time: u64,
+    /// Recalculate tags automatically (in the background, from recalc_sector).
+    #[arg(long)]
+    integrity_recalculate: bool,
+}
+
+impl OpenOpts {
+    fn mode(&self) -> Result<Mode> {
+        Ok(match (self.bitmap, self.no_journal, self.recovery) {
+            (false, false, false) => Mode::Journal,
+            (true, false, false) => Mode::Bitmap,
+            (false, true, false) => Mode::Direct,
+            (false, false, true) => Mode::Recovery,
+            _ => bail!(UsageError("-B, -D and -R are mutually exclusive".into())),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -184,17 +206,9 @@ impl IntegrityOpts {
         Ok((mac_key, crypt_key))
     }
 
-    fn mode(&self) -> Result<Mode> {
-        Ok(match (self.bitmap, self.no_journal, self.recovery) {
-            (false, false, false) => Mode::Journal,
-            (true, false, false) => Mode::Bitmap,
-            (false, true, false) => Mode::Direct,
-            (false, false, true) => Mode::Recovery,
-            _ => bail!(UsageError("-B, -D and -R are mutually exclusive".into())),
-        })
-    }
-
-    fn params(&self) -> Result<IntegrityParams> {
+    /// The volume parameters: these options, plus format's or open's own (integritysetup's
+    /// defaults for the other side's).
+    fn params(&self, f: Option<&FormatOpts>, o: Option<&OpenOpts>) -> Result<IntegrityParams> {
         let (journal_integrity_key, journal_crypt_key) = self.journal_keys()?;
         let key = match &self.integrity_key_file {
             Some(f) => Some(read_key(f, self.integrity_key_size)?),
@@ -203,25 +217,12 @@ impl IntegrityOpts {
             }
             None => None,
         };
-        Ok(IntegrityParams {
+        let mut p = IntegrityParams {
             integrity: self.integrity.clone(),
             key,
             tag_size: self.tag_size,
-            sector_size: self.sector_size,
-            interleave_sectors: self.interleave_sectors,
-            journal_size: self.journal_size,
-            mode: self.mode()?,
-            legacy_padding: self.integrity_legacy_padding,
-            legacy_hmac: self.integrity_legacy_hmac,
             buffer_sectors: self.buffer_sectors,
-            journal_watermark: self.journal_watermark,
-            journal_commit_time: self.journal_commit_time,
-            allow_discards: self.allow_discards,
             bitmap_sectors_per_bit: self.bitmap_sectors_per_bit,
-            bitmap_flush_time: self.bitmap_flush_time,
-            recalculate: self.integrity_recalculate,
-            read_only: false,
-            direct: false,
             skip_rmw: !self.perf_always_rmw,
             hash_mode: match self.perf_hash_mode {
                 HashModeArg::Auto => HashMode::Auto,
@@ -232,7 +233,24 @@ impl IntegrityOpts {
             journal_integrity_key,
             journal_crypt: self.journal_crypt.clone(),
             journal_crypt_key,
-        })
+            ..IntegrityParams::default()
+        };
+        if let Some(f) = f {
+            p.sector_size = f.sector_size;
+            p.interleave_sectors = f.interleave_sectors;
+            p.journal_size = f.journal_size;
+            p.legacy_padding = f.integrity_legacy_padding;
+            p.legacy_hmac = f.integrity_legacy_hmac;
+        }
+        if let Some(o) = o {
+            p.mode = o.mode()?;
+            p.journal_watermark = o.journal_watermark;
+            p.journal_commit_time = o.journal_commit_time;
+            p.allow_discards = o.allow_discards;
+            p.bitmap_flush_time = o.bitmap_flush_time;
+            p.recalculate = o.integrity_recalculate;
+        }
+        Ok(p)
     }
 }
 
@@ -240,12 +258,16 @@ impl IntegrityOpts {
 struct FormatArgs {
     #[command(flatten)]
     opts: IntegrityOpts,
+    #[command(flatten)]
+    format: FormatOpts,
     /// Do not wipe the device after format (tags stay invalid until written).
     #[arg(long)]
     no_wipe: bool,
     /// Hide the progress bar.
     #[arg(long)]
     no_progress: bool,
+    #[command(flatten)]
+    progress: super::wipe::ProgressArgs,
     /// The device (file or block device) to format.
     device: String,
 }
@@ -254,6 +276,8 @@ struct FormatArgs {
 struct OpenArgs {
     #[command(flatten)]
     opts: IntegrityOpts,
+    #[command(flatten)]
+    open: OpenOpts,
     /// Serve read-only.
     #[arg(long, short = 'r')]
     readonly: bool,
@@ -298,19 +322,6 @@ pub fn run(a: IntegrityArgs) -> Result<()> {
     }
 }
 
-fn confirm(device: &str) -> Result<()> {
-    eprint!(
-        "\nWARNING!\n========\nThis will overwrite data on {device} irrevocably.\n\nAre you sure? (Type 'yes' in capital letters): "
-    );
-    std::io::stderr().flush().ok();
-    let mut line = String::new();
-    std::io::stdin().lock().read_line(&mut line).context("reading the confirmation")?;
-    if line.trim_end() != "YES" {
-        bail!(UsageError("Operation aborted.".into()));
-    }
-    Ok(())
-}
-
 /// `1.8 GiB` / `512 MiB` as cryptsetup's progress lines print sizes.
 fn size_str(bytes: u64) -> String {
     const GIB: u64 = 1 << 30;
@@ -331,38 +342,38 @@ fn speed_str(bytes_per_s: f64) -> String {
 }
 
 fn format(a: FormatArgs) -> Result<()> {
-    let p = a.opts.params()?;
-    if p.mode == Mode::Recovery {
-        bail!(UsageError("-R is an open-time mode".into()));
-    }
-    if !a.opts.batch_mode {
-        confirm(&a.device)?;
-    }
+    let p = a.opts.params(Some(&a.format), None)?;
+    // integritysetup's yesDialog: asked only on a terminal, never with -q.
+    super::luks::confirm(
+        &format!("This will overwrite data on {} irrevocably.", a.device),
+        a.format.batch_mode,
+    )?;
     let mut salt = [0u8; 16];
     rand::fill(&mut salt);
-    let bar = (!a.no_progress && !a.no_wipe).then(|| {
-        let b = indicatif::ProgressBar::new(0);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "Wiping {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
+    let mut progress = Progress::new(a.progress.progress_frequency, a.no_progress || a.no_wipe);
     let start = Instant::now();
-    let report = volume::integrity::format(&a.device, &p, salt, a.no_wipe, |done, total| {
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
-        }
+    // SIGINT/SIGTERM during the wipe stop it after the chunks in flight (hardening.rs).
+    let report = super::wipe::stoppable(|| {
+        volume::integrity::format_until(&a.device, &p, salt, a.no_wipe, |done, total| {
+            progress.step(done, total)
+        })
     })
     .with_context(|| format!("formatting {}", a.device))?;
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
+    progress.finish();
     let sb = &report.superblock;
     println!("Formatted with tag size {}, internal integrity {}.", sb.integrity_tag_size, p.integrity);
+    if report.wipe_stopped {
+        let sig = crate::hardening::stop_requested().unwrap_or(0);
+        let total = report.layout.provided_data_sectors * 512;
+        let pct = if total == 0 { 100.0 } else { report.wiped_bytes as f64 * 100.0 / total as f64 };
+        bail!(super::wipe::WipeInterrupted(format!(
+            "Wipe interrupted by signal {sig}: {pct:.1}% of {} wiped (bytes 0..{} of {total}, flushed).\nThe \
+             superblock and journal are written and the volume opens; sectors from byte {} on read as integrity \
+             errors (EIO) until written.\nTo finish: run `sealdisk integrity format` again with the same options \
+             (it formats anew and wipes the whole device), or write every sector before reading it.",
+            a.device, report.wiped_bytes, report.wiped_bytes
+        )));
+    }
     if !a.no_wipe {
         let secs = start.elapsed().as_secs_f64();
         let t = start.elapsed().as_secs();
@@ -405,7 +416,7 @@ fn write_status(path: &str, s: &IntegrityStatus) {
 }
 
 fn open(a: OpenArgs) -> Result<()> {
-    let mut p = a.opts.params()?;
+    let mut p = a.opts.params(None, Some(&a.open))?;
     p.read_only = a.readonly || p.mode == Mode::Recovery;
     p.direct = a.serve.direct;
     let target = volume::integrity::open(&a.device, &p).with_context(|| format!("opening {}", a.device))?;

@@ -2,9 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use volume::luks::{self, FormatParams, LuksIntegrity, LuksVersion};
+use volume::luks::{self, FormatParams, LuksIntegrity, LuksVersion, WipeEnd};
 
 use super::luks::{confirm, luks_err, new_passphrase, open_meta, parse_size, KeyArgs, PbkdfArgs};
+use super::wipe::{self, Progress, ProgressArgs};
 use super::UsageError;
 
 /// Arguments of `luksFormat`.
@@ -68,6 +69,8 @@ pub struct LuksFormatArgs {
     /// With --integrity: wipe without the dm-integrity journal (faster).
     #[arg(long)]
     pub integrity_no_journal: bool,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
     /// Do not ask for confirmation.
     #[arg(long = "batch-mode", short = 'q')]
     pub batch_mode: bool,
@@ -152,16 +155,24 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
     log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
     if let Some(i) = &integrity {
         let data = volume::open_backing(&device, &volume::OpenOptions::default())?;
-        let mut last = 0;
-        luks::format_integrity(data, &l, &vk, i, |done, total| {
-            let pct = done * 100 / total.max(1);
-            if pct >= last + 10 || done == total {
-                last = pct;
-                log::info!("Wiping device to initialize integrity checksum: {pct}%");
+        let mut progress = Progress::new(a.progress.progress_frequency, false);
+        let end = wipe::stoppable(|| {
+            if !i.no_wipe {
+                eprintln!(
+                    "Wiping device to initialize integrity checksum.\nYou can interrupt this by pressing \
+                     CTRL+c (the rest of the device then reads as integrity errors until \
+                     `sealdisk luksResumeWipe` finishes it)."
+                );
             }
-        })
-        .map_err(luks_err(&device))
-        .with_context(|| format!("formatting the integrity area of {device}"))?;
+            luks::format_integrity_until(data, &l, &vk, i, |d, t| progress.step(d, t))
+        });
+        progress.finish();
+        let end = end
+            .map_err(luks_err(&device))
+            .with_context(|| format!("formatting the integrity area of {device}"))?;
+        if let WipeEnd::Stopped { wiped, total } = end {
+            return Err(wipe::interrupted(&device, a.header.as_deref(), i.no_journal, wiped, total));
+        }
         if i.no_wipe {
             log::warn!("{device}: data area not wiped (--integrity-no-wipe): unwritten sectors fail to read");
         }

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod benchmark;
 pub mod demo;
+pub mod docs;
 pub mod integrity;
 pub mod luks;
 pub mod luks_format;
@@ -10,6 +11,7 @@ pub mod luks_header;
 pub mod luks_keyslot;
 pub mod luks_open;
 pub mod open;
+pub mod wipe;
 
 use blockdev::BlockErrorKind;
 use volume::VolumeError;
@@ -24,6 +26,9 @@ pub struct UsageError(pub String);
 /// Maps an error chain to cryptsetup's exit codes.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
+        if cause.downcast_ref::<wipe::WipeInterrupted>().is_some() {
+            return wipe::WIPE_INTERRUPTED;
+        }
         if let Some(code) = luks::exit_code(cause) {
             return code;
         }

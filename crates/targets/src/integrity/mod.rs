@@ -540,19 +540,35 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
     /// while the other waits on I/O. Chunks never share a tag buffer of another chunk's areas
     /// and each takes its range lock, as concurrent `write_zeroes` requests would.
     pub fn wipe(&self, mut progress: impl FnMut(u64, u64)) -> BlockResult<()> {
+        self.wipe_until(|done, total| {
+            progress(done, total);
+            std::ops::ControlFlow::Continue(())
+        })
+        .map(|_| ())
+    }
+
+    /// [`wipe`](Self::wipe) that stops when `progress` returns `Break`: no new chunk starts,
+    /// the chunks in flight finish, and the device is flushed. Chunks are handed out in
+    /// order, so what was wiped is a prefix: returns `Some(bytes)` of it when stopped before
+    /// the end, `None` when the whole device was wiped.
+    pub fn wipe_until(
+        &self,
+        mut progress: impl FnMut(u64, u64) -> std::ops::ControlFlow<()>,
+    ) -> BlockResult<Option<u64>> {
         let total = self.inner.geometry.size;
         let chunk = 64u64 << 20;
         let chunks = total.div_ceil(chunk);
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(chunks as usize).max(1);
         let next = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
+        let stop = AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::channel::<BlockResult<u64>>();
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 let tx = tx.clone();
-                let (next, failed) = (&next, &failed);
+                let (next, failed, stop) = (&next, &failed, &stop);
                 scope.spawn(move || {
-                    while !failed.load(Ordering::Relaxed) {
+                    while !failed.load(Ordering::Relaxed) && !stop.load(Ordering::SeqCst) {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= chunks {
                             break;
@@ -576,7 +592,9 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
                 match r {
                     Ok(n) => {
                         done += n;
-                        progress(done, total);
+                        if progress(done, total).is_break() {
+                            stop.store(true, Ordering::SeqCst);
+                        }
                     }
                     Err(e) => {
                         first_err.get_or_insert(e);
@@ -588,7 +606,10 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
                 None => Ok(()),
             }
         })?;
-        self.inner.flush()
+        self.inner.flush()?;
+        // Every chunk below `next` was handed out and written before its worker looked again.
+        let wiped = (next.load(Ordering::SeqCst).min(chunks) * chunk).min(total);
+        Ok((wiped < total).then_some(wiped))
     }
 }
 

@@ -20,6 +20,8 @@
 //! tag and reads as an I/O error; `--integrity-no-wipe` skips that,
 //! `--integrity-no-journal` runs the wipe in direct mode.
 
+use std::ops::ControlFlow;
+
 use blockdev::{BlockDevice, FileDevice, WriteFlags};
 use formats::dm::{CryptOptions, CryptTable};
 use formats::integrity::FormatParams as IntegrityFormatParams;
@@ -161,6 +163,22 @@ pub(super) fn open(
     Ok(crate::Volume { device: std::sync::Arc::new(target), table })
 }
 
+/// How a data-area wipe ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WipeEnd {
+    /// The whole volume holds zeroes with valid tags (or `no_wipe` asked for no wipe).
+    Done,
+    /// The progress callback asked to stop. Bytes `0..wiped` of the volume hold zeroes with
+    /// valid tags and are flushed; bytes `wiped..total` read as integrity errors until
+    /// written. [`wipe_integrity`] from `wiped` finishes the wipe.
+    Stopped {
+        /// Bytes of the volume wiped (and flushed), from its start.
+        wiped: u64,
+        /// The volume's size in bytes.
+        total: u64,
+    },
+}
+
 /// Formats the dm-integrity area of a freshly formatted authenticated LUKS2 volume on
 /// `data` (the data device, even with a detached header) and, unless `i.no_wipe`, writes
 /// zeroes with valid tags over the whole volume through the AEAD layer. `progress(done,
@@ -172,6 +190,24 @@ pub fn format_integrity(
     i: &LuksIntegrity,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), LuksError> {
+    format_integrity_until(data, luks, vk, i, |done, total| {
+        progress(done, total);
+        ControlFlow::Continue(())
+    })
+    .map(|_| ())
+}
+
+/// [`format_integrity`] whose wipe stops, flushed, when `progress(done, total)` returns
+/// `Break` (it is asked before each 1 MiB chunk and once at the end). The dm-integrity
+/// area is formatted whole before the wipe starts, so a stopped volume opens; see
+/// [`WipeEnd::Stopped`].
+pub fn format_integrity_until(
+    data: FileDevice,
+    luks: &Luks,
+    vk: &VolumeKey,
+    i: &LuksIntegrity,
+    progress: impl FnMut(u64, u64) -> ControlFlow<()>,
+) -> Result<WipeEnd, LuksError> {
     let spec =
         luks.aead()?.ok_or_else(|| LuksError::Params("the LUKS2 header has no integrity segment".into()))?;
     let seg = luks.segment()?;
@@ -189,26 +225,58 @@ pub fn format_integrity(
     };
     integrity::format(&data, &opts).map_err(integrity_err)?;
     if i.no_wipe {
-        return data.flush().map_err(|source| LuksError::Io { what: "data device", source });
+        data.flush().map_err(|source| LuksError::Io { what: "data device", source })?;
+        return Ok(WipeEnd::Done);
     }
-    let mode = if i.no_journal { Mode::Direct } else { Mode::Journal };
+    wipe_integrity(data, luks, vk, i.no_journal, 0, progress)
+}
+
+/// Writes zeroes with valid tags over bytes `from..` of the unlocked authenticated volume
+/// on `data` (whose dm-integrity area is already formatted): the wipe of `luksFormat
+/// --integrity`, or the rest of one that was stopped (`from` = [`WipeEnd::Stopped`]'s
+/// `wiped`). `no_journal` (or the segment's `no-journal` flag) wipes in direct mode.
+/// `progress(done, total)` is asked before each 1 MiB chunk and once at the end; `Break`
+/// stops the wipe, flushed. `from` must be a multiple of the segment's sector size and at
+/// most the volume's size.
+pub fn wipe_integrity(
+    data: FileDevice,
+    luks: &Luks,
+    vk: &VolumeKey,
+    no_journal: bool,
+    from: u64,
+    mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
+) -> Result<WipeEnd, LuksError> {
+    let spec =
+        luks.aead()?.ok_or_else(|| LuksError::Params("the LUKS2 header has no integrity segment".into()))?;
+    let seg = luks.segment()?;
+    let no_journal = no_journal || seg.flags.iter().any(|f| f == "no-journal");
+    let mode = if no_journal { Mode::Direct } else { Mode::Journal };
     let cfg = integrity_config(&spec, seg.sector_size, seg.offset / 512, mode, false);
     let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
     let target =
         aead_over(below, &spec, vk, seg.sector_size, seg.iv_offset, seg.size, CryptConfig::default())?;
     let total = target.geometry().size;
+    if from > total || !from.is_multiple_of(u64::from(seg.sector_size)) {
+        return Err(LuksError::Params(format!(
+            "wipe offset {from} is not a multiple of the sector size {} within the volume's {total} bytes",
+            seg.sector_size
+        )));
+    }
+    let io_err = |source| LuksError::Io { what: "authenticated volume (format wipe)", source };
     let chunk = 1u64 << 20;
     let mut buf = vec![0u8; chunk as usize];
-    let mut off = 0;
+    let mut off = from;
     while off < total {
+        if progress(off, total).is_break() {
+            target.flush().map_err(io_err)?;
+            return Ok(WipeEnd::Stopped { wiped: off, total });
+        }
         let n = chunk.min(total - off) as usize;
         buf[..n].fill(0);
-        target
-            .write_at_scratch(off, &mut buf[..n], WriteFlags::empty())
-            .map_err(|source| LuksError::Io { what: "authenticated volume (format wipe)", source })?;
+        target.write_at_scratch(off, &mut buf[..n], WriteFlags::empty()).map_err(io_err)?;
         off += n as u64;
-        progress(off, total);
     }
-    target.flush().map_err(|source| LuksError::Io { what: "authenticated volume (format wipe)", source })?;
-    Ok(())
+    target.flush().map_err(io_err)?;
+    let _ = progress(total, total);
+    Ok(WipeEnd::Done)
 }

@@ -49,7 +49,7 @@ use sector_crypto::secure::SecretBuf;
 use sector_crypto::{CryptoError, VolumeKey};
 use zeroize::Zeroizing;
 
-pub use aead::{format_integrity, LuksIntegrity};
+pub use aead::{format_integrity, format_integrity_until, wipe_integrity, LuksIntegrity, WipeEnd};
 pub use dump::{dump, dump_volume_key};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).
 pub use formats::dm::CryptOptions;
