@@ -222,6 +222,8 @@ impl IntegrityOpts {
             recalculate: self.integrity_recalculate,
             read_only: false,
             direct: false,
+            // One writer at a time, as for every volume the CLI opens (`volume::OpenOptions::lock`).
+            lock: true,
             skip_rmw: !self.perf_always_rmw,
             hash_mode: match self.perf_hash_mode {
                 HashModeArg::Auto => HashMode::Auto,
@@ -408,6 +410,8 @@ fn open(a: OpenArgs) -> Result<()> {
     let mut p = a.opts.params()?;
     p.read_only = a.readonly || p.mode == Mode::Recovery;
     p.direct = a.serve.direct;
+    let listener = crate::serve::listen(&a.serve)?;
+    super::ensure_device(&a.device)?;
     let target = volume::integrity::open(&a.device, &p).with_context(|| format!("opening {}", a.device))?;
     let done = Arc::new(AtomicBool::new(false));
     let reporter = {
@@ -434,7 +438,7 @@ fn open(a: OpenArgs) -> Result<()> {
             .context("starting the status thread")?
     };
     let dev: Arc<dyn BlockDevice> = target.clone();
-    let r = serve(&a.name, dev, &a.serve, p.read_only);
+    let r = serve(&a.name, dev, listener, &a.serve, p.read_only);
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
     if let Some(path) = &a.status_file {
