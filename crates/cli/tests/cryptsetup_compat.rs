@@ -47,6 +47,14 @@ fn luks_format(img: &str, pass: &str, extra: &[&str]) {
     assert!(o.status.success(), "luksFormat: {}", stderr(&o));
 }
 
+/// Runs a command that must be refused: bounded, so that one that serves instead (the bug)
+/// fails the test rather than hanging it.
+fn refused(args: &[&str]) -> Output {
+    let (o, in_time) = run_within(args, Duration::from_secs(30));
+    assert!(in_time, "{args:?} was not refused (still running after 30 s)");
+    o
+}
+
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -96,7 +104,7 @@ fn open_defaults_to_luks_and_names_what_it_finds() {
     let listen = format!("unix:{}/v.sock", dir.path().display());
     let before = file_sha(&img);
 
-    let o = run(&["open", "--key-file", &pass, "/nonexistent/disk", "v", "--listen", &listen]);
+    let o = refused(&["open", "--key-file", &pass, "/nonexistent/disk", "v", "--listen", &listen]);
     assert_eq!(code(&o), Some(4), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("Device /nonexistent/disk does not exist or access denied."),
@@ -104,11 +112,11 @@ fn open_defaults_to_luks_and_names_what_it_finds() {
         stderr(&o)
     );
 
-    let o = run(&["open", "--key-file", &pass, &img, "v", "--listen", &listen]);
+    let o = refused(&["open", "--key-file", &pass, &img, "v", "--listen", &listen]);
     assert_eq!(code(&o), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains(&format!("Device {img} is not a valid LUKS device.")), "{}", stderr(&o));
     assert!(stderr(&o).contains("--type plain"), "no hint for plain mode: {}", stderr(&o));
-    let o = run(&["open", "--test-passphrase", "--key-file", &pass, &img]);
+    let o = refused(&["open", "--test-passphrase", "--key-file", &pass, &img]);
     assert_eq!(code(&o), Some(1), "{}", stderr(&o));
     assert_eq!(file_sha(&img), before, "a refused open changed the image");
     assert!(!dir.path().join("v.sock").exists());
@@ -127,7 +135,7 @@ fn open_defaults_to_luks_and_names_what_it_finds() {
     let o = run(&["integrity", "format", "-q", "--no-wipe", "--no-progress", &integ]);
     assert!(o.status.success(), "integrity format: {}", stderr(&o));
     let before = file_sha(&integ);
-    let o = run(&["open", "--key-file", &pass, &integ, "v", "--listen", &listen]);
+    let o = refused(&["open", "--key-file", &pass, &integ, "v", "--listen", &listen]);
     assert_eq!(code(&o), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("dm-integrity"), "{}", stderr(&o));
     assert!(stderr(&o).contains("sealdisk integrity open"), "{}", stderr(&o));
@@ -144,7 +152,7 @@ fn a_second_writer_of_one_image_is_refused() {
     let first = serve(dir.path(), "a", &["--key-file", &pass, &img, "a"], None);
     let before = file_sha(&img);
     let listen_b = format!("unix:{}/b.sock", dir.path().display());
-    let refused: &[&[&str]] = &[
+    let must_refuse: &[&[&str]] = &[
         &["open", "--key-file", &pass, &img, "b", "--listen", &listen_b],
         &["open", "--readonly", "--key-file", &pass, &img, "b", "--listen", &listen_b],
         &["open", "--test-passphrase", "--key-file", &pass, &img],
@@ -153,8 +161,8 @@ fn a_second_writer_of_one_image_is_refused() {
         &["erase", "-q", &img],
         &["luksFormat", "-q", "--key-file", &pass, &img],
     ];
-    for args in refused {
-        let o = run(args);
+    for args in must_refuse {
+        let o = refused(args);
         assert_eq!(code(&o), Some(5), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("in use"), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(&img), "{args:?} does not name the device: {}", stderr(&o));
@@ -168,12 +176,12 @@ fn a_second_writer_of_one_image_is_refused() {
 
     let ro1 = serve(dir.path(), "r1", &["--readonly", "--key-file", &pass, &img, "r1"], None);
     let ro2 = serve(dir.path(), "r2", &["--readonly", "--key-file", &pass, &img, "r2"], None);
-    let o = run(&["open", "--key-file", &pass, &img, "b", "--listen", &listen_b]);
+    let o = refused(&["open", "--key-file", &pass, &img, "b", "--listen", &listen_b]);
     assert_eq!(code(&o), Some(5), "a writer next to readers: {}", stderr(&o));
     ro1.stop_ok();
     ro2.stop_ok();
 
-    let o = run(&["open", "--shared", "--key-file", &pass, &img, "b", "--listen", &listen_b]);
+    let o = refused(&["open", "--shared", "--key-file", &pass, &img, "b", "--listen", &listen_b]);
     assert_eq!(code(&o), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("Option --shared is allowed only for open of plain device."),
@@ -200,7 +208,7 @@ fn a_second_writer_of_one_image_is_refused() {
     let mut excl = vec!["open".to_string()];
     excl.extend(plain("8192", "x", false));
     excl.extend(["--listen".to_string(), listen_b.clone()]);
-    let o = run(&strs(&excl));
+    let o = refused(&strs(&excl));
     assert_eq!(code(&o), Some(5), "an exclusive plain open next to shared ones: {}", stderr(&o));
     s1.stop_ok();
     s2.stop_ok();
@@ -223,7 +231,7 @@ fn integrity_volumes_are_locked_too() {
     let child = common::wait_for_socket(child, &sock);
     let served = common::Served { child: Some(child), sock, name: "i".into() };
     let before = file_sha(&img);
-    let o = run(&["integrity", "format", "-q", "--no-wipe", "--no-progress", &img]);
+    let o = refused(&["integrity", "format", "-q", "--no-wipe", "--no-progress", &img]);
     assert_eq!(code(&o), Some(5), "format while served: {}", stderr(&o));
     let o =
         run(&["integrity", "open", &img, "j", "--listen", &format!("unix:{}/j.sock", dir.path().display())]);
