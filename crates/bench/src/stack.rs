@@ -679,6 +679,7 @@ impl StackSpec {
                         read_only: false,
                         direct: self.direct,
                         crypt_mode: self.crypt_mode,
+                        ..volume::OpenOptions::default()
                     },
                     integrity_no_journal: self.kind == StackKind::Luks2Integrity
                         && self.integrity.mode == Mode::Direct,

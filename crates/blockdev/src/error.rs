@@ -28,6 +28,9 @@ pub enum BlockErrorKind {
     NoSpace,
     /// An invalid argument that is not an alignment or range problem.
     InvalidArgument,
+    /// The storage is in use: another opener holds a conflicting lock on it
+    /// (`FileOptions::lock`).
+    Busy,
 }
 
 impl BlockErrorKind {
@@ -41,6 +44,7 @@ impl BlockErrorKind {
             BlockErrorKind::Io | BlockErrorKind::Poisoned => libc::EIO,
             BlockErrorKind::IntegrityMismatch { .. } => libc::EILSEQ,
             BlockErrorKind::NoSpace => libc::ENOSPC,
+            BlockErrorKind::Busy => libc::EBUSY,
         }
     }
 }

@@ -12,8 +12,19 @@
 //!                             └─► EOPNOTSUPP: pwrite zero buffers
 //! ```
 //!
-//! No lock is taken: `pread`/`pwrite` carry their own offset, so requests from many threads
-//! proceed in parallel and the kernel orders overlapping writes.
+//! No lock is taken per request: `pread`/`pwrite` carry their own offset, so requests from
+//! many threads proceed in parallel and the kernel orders overlapping writes.
+//!
+//! # The storage lock
+//! With [`FileOptions::lock`] the device takes a BSD `flock` on its descriptor at open and
+//! holds it until it is dropped: shared (`LOCK_SH`) or exclusive (`LOCK_EX`), never waiting
+//! (`LOCK_NB`). A conflicting holder makes the open fail with [`BlockErrorKind::Busy`]
+//! before anything is read or written. This is the convention systemd documents for block
+//! devices ("Locking Block Device Access": a tool that writes takes `LOCK_EX`, udev then
+//! leaves the device alone), applied to image files as well. The lock is advisory (a
+//! process that does not ask is not stopped) and belongs to the open file description: two
+//! `FileDevice`s opened separately on one file conflict even within one process, so a
+//! caller that needs the same storage twice opens it once.
 //!
 //! # Concurrent overlapping reads and writes
 //! With buffered I/O (no `direct`), Linux copies data into and out of the page cache without
@@ -106,6 +117,20 @@ pub struct FileOptions {
     /// logical block size (and, with `direct`, its direct-I/O alignment). `None` picks the
     /// smallest that works (see the module docs).
     pub block_size: Option<u32>,
+    /// The storage lock taken at open and held while the device lives (module docs).
+    pub lock: FileLock,
+}
+
+/// Which [`FileOptions::lock`] to take on the opened file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FileLock {
+    /// No lock (the default for a library user that coordinates itself).
+    #[default]
+    None,
+    /// `flock(LOCK_SH)`: other shared holders may open too; an exclusive holder may not.
+    Shared,
+    /// `flock(LOCK_EX)`: nobody else may hold a lock on the file.
+    Exclusive,
 }
 
 /// What backs a [`FileDevice`].
@@ -137,8 +162,9 @@ impl FileDevice {
     /// Opens `path` (a regular file or a block device) as a device.
     ///
     /// Errors: `InvalidArgument` for other file types or a bad `block_size`; `Unsupported` when
-    /// `direct` is asked on a filesystem without direct I/O; otherwise the OS error's kind
-    /// (`Io`, or `ReadOnly` for `EROFS`/`EACCES`/`EPERM`). Messages name the path.
+    /// `direct` is asked on a filesystem without direct I/O; `Busy` when `lock` conflicts with
+    /// another holder's; otherwise the OS error's kind (`Io`, or `ReadOnly` for
+    /// `EROFS`/`EACCES`/`EPERM`). Messages name the path.
     pub fn open(path: impl AsRef<Path>, options: FileOptions) -> BlockResult<Self> {
         let path = path.as_ref();
         let mut oo = OpenOptions::new();
@@ -160,6 +186,7 @@ impl FileDevice {
                 BlockError::io(format!("opening {}", path.display()), e)
             }
         })?;
+        take_lock(&file, path, options.lock)?;
         Self::from_open_file(file, path.to_path_buf(), options)
     }
 
@@ -366,6 +393,33 @@ enum FileOp {
 #[inline(always)]
 fn injected(_: &Path, _: FileOp, _: u64, _: u64) -> io::Result<()> {
     Ok(())
+}
+
+/// Takes `lock` on `file` (the file `path`) without waiting.
+fn take_lock(file: &File, path: &Path, lock: FileLock) -> BlockResult<()> {
+    use rustix::fs::FlockOperation;
+    let op = match lock {
+        FileLock::None => return Ok(()),
+        FileLock::Shared => FlockOperation::NonBlockingLockShared,
+        FileLock::Exclusive => FlockOperation::NonBlockingLockExclusive,
+    };
+    loop {
+        match rustix::fs::flock(file, op) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(Errno::WOULDBLOCK) => {
+                return Err(BlockError::new(
+                    BlockErrorKind::Busy,
+                    format!(
+                        "device {} is in use: another process holds {} lock on it",
+                        path.display(),
+                        if lock == FileLock::Shared { "an exclusive" } else { "a" }
+                    ),
+                ))
+            }
+            Err(e) => return Err(BlockError::io(format!("locking {}", path.display()), e.into())),
+        }
+    }
 }
 
 /// The filesystem's O_DIRECT offset alignment, where the kernel reports it (Linux 6.1+).

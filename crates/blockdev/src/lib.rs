@@ -41,7 +41,7 @@ mod slice;
 pub use aligned::AlignedBuf;
 pub use checked::{CheckMode, Checked};
 pub use error::{BlockError, BlockErrorKind, BlockResult};
-pub use file::{BackingKind, FileDevice, FileOptions};
+pub use file::{BackingKind, FileDevice, FileLock, FileOptions};
 pub use latch::WritebackLatch;
 pub use mem::MemDevice;
 pub use range_lock::{RangeGuard, RangeLock, RangeLocked};

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use blockdev::{
-    BackingKind, BlockDevice, BlockErrorKind, Caps, FileDevice, FileOptions, WriteFlags, ZeroFlags,
+    BackingKind, BlockDevice, BlockErrorKind, Caps, FileDevice, FileLock, FileOptions, WriteFlags, ZeroFlags,
 };
 
 /// A scratch directory on the target directory's filesystem (a real disk filesystem, where
@@ -105,6 +105,31 @@ fn writes_fail_with_read_only_when_opened_read_only() {
     d.read_at(0, &mut buf).unwrap();
     assert_eq!(buf, pattern(8192, 2));
     assert_eq!(fs::read(&p).unwrap(), pattern(8192, 2));
+}
+
+/// The storage lock: exclusive excludes every other holder, shared ones coexist, no lock
+/// is never refused, and dropping the device releases it.
+#[test]
+fn storage_lock_is_exclusive_or_shared_and_released_on_drop() {
+    let dir = scratch();
+    let p = image(dir.path(), "locked.img", &pattern(8192, 3));
+    let with = |lock, read_only| FileDevice::open(&p, FileOptions { lock, read_only, ..Default::default() });
+    let writer = with(FileLock::Exclusive, false).unwrap();
+    for (lock, ro) in [(FileLock::Exclusive, false), (FileLock::Shared, true), (FileLock::Shared, false)] {
+        let e = with(lock, ro).unwrap_err();
+        assert_eq!(e.kind(), BlockErrorKind::Busy, "{lock:?}");
+        assert!(e.to_string().contains("locked.img") && e.to_string().contains("in use"), "{e}");
+        assert_eq!(e.kind().errno(), libc::EBUSY);
+    }
+    // Without a lock nothing is checked (the caller coordinates).
+    drop(with(FileLock::None, true).unwrap());
+    drop(writer);
+    let r1 = with(FileLock::Shared, true).unwrap();
+    let r2 = with(FileLock::Shared, false).unwrap();
+    assert_eq!(with(FileLock::Exclusive, false).unwrap_err().kind(), BlockErrorKind::Busy);
+    drop((r1, r2));
+    drop(with(FileLock::Exclusive, false).unwrap());
+    assert_eq!(fs::read(&p).unwrap(), pattern(8192, 3), "a refused open wrote");
 }
 
 #[test]

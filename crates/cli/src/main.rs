@@ -87,12 +87,22 @@ pub mod exit {
     pub const PERMISSION: u8 = 2;
     /// Device does not exist or access denied.
     pub const DEVICE: u8 = 4;
+    /// Device (or listening socket) in use.
+    pub const BUSY: u8 = 5;
     /// Unexpected failure.
     pub const FAILURE: u8 = 1;
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // cryptsetup exits 1 for every command-line error (clap's own default is 2, which here
+    // means a wrong passphrase); help and version are not errors.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::BAD_ARGS } else { 0 });
+        }
+    };
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -135,6 +145,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<actions::Quiet>().is_some() => ExitCode::from(actions::exit_code(&e)),
         Err(e) => {
             eprintln!("sealdisk: {e}");
             for cause in e.chain().skip(1) {

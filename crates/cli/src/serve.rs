@@ -158,12 +158,25 @@ fn tls_config(args: &ServeArgs) -> Result<Option<TlsConfig>> {
     Ok(Some(cfg.required(args.tls == TlsMode::Require)))
 }
 
-/// Serves `device` as export `name` until SIGINT or SIGTERM, then flushes and returns.
-pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_only: bool) -> Result<()> {
+/// A listening socket and the TLS configuration to serve it with: everything about serving
+/// that can fail cheaply, done before a volume is unlocked ([`listen`]).
+#[derive(Debug)]
+pub struct Listener {
+    socket: nbd::Listening,
+    tls: Option<TlsConfig>,
+    listen: String,
+}
+
+/// Checks the serving options and binds the socket: a missing `--listen`, an unparsable or
+/// non-loopback address without TLS, unreadable TLS credentials, or an address in use fail
+/// here, before any key derivation. A client connecting before [`serve`] starts waits in
+/// the socket's backlog.
+pub fn listen(args: &ServeArgs) -> Result<Listener> {
     let Some(listen) = args.listen.as_deref() else {
         anyhow::bail!(UsageError("--listen ADDR is required to serve a volume".into()));
     };
-    let addr: ListenAddr = listen.parse().with_context(|| format!("invalid --listen {listen:?}"))?;
+    let addr: ListenAddr =
+        listen.parse().map_err(|e| UsageError(format!("invalid --listen {listen:?}: {e}")))?;
     let tls = tls_config(args)?;
     let local = addr.is_local().with_context(|| format!("resolving --listen {listen:?}"))?;
     if !local && args.tls != TlsMode::Require {
@@ -176,6 +189,22 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
         }
         log::warn!("--insecure-listen: {listen} serves without required TLS; anyone who reaches it can read and write");
     }
+    let socket =
+        nbd::Listening::bind(&addr, args.socket_mode).with_context(|| format!("listening on {listen}"))?;
+    Ok(Listener { socket, tls, listen: listen.to_owned() })
+}
+
+/// Serves `device` as export `name` on `listener` until SIGINT or SIGTERM, then flushes and
+/// returns.
+pub fn serve(
+    name: &str,
+    device: Arc<dyn BlockDevice>,
+    listener: Listener,
+    args: &ServeArgs,
+    read_only: bool,
+) -> Result<()> {
+    let Listener { socket, tls, listen } = listener;
+    log::debug!("serving on {listen}");
     let g = device.geometry();
     let export =
         Export { name: name.to_string(), description: format!("sealdisk {name}"), device, read_only };
@@ -184,7 +213,7 @@ pub fn serve(name: &str, device: Arc<dyn BlockDevice>, args: &ServeArgs, read_on
         Some(tls) => Server::new_with_tls(vec![export], config, tls),
         None => Server::new(vec![export], config),
     };
-    let bound = server.bind(&addr).with_context(|| format!("listening on {listen}"))?;
+    let bound = server.attach(socket);
     let handle = bound.shutdown_handle();
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])

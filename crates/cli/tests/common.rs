@@ -81,19 +81,30 @@ pub fn serve(dir: &Path, name: &str, args: &[&str], stdin: Option<&[u8]>) -> Ser
     Served { child: Some(child), sock, name: name.to_string() }
 }
 
-/// Waits (up to 20 s) until a server `child` has created its socket `sock`; panics with its
-/// stderr if it exits first.
+/// Waits (up to 20 s) until a server `child` serves on its socket `sock`; panics with its
+/// stderr if it exits first. The socket exists before the volume is unlocked (it is bound
+/// first, so that an address in use is reported before the key derivation), so readiness
+/// is the NBD greeting: a probe connection reads it and hangs up (the server logs that at
+/// debug level only).
 pub fn wait_for_socket(mut child: Child, sock: &Path) -> Child {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
     let t0 = Instant::now();
-    while !sock.exists() {
+    loop {
         if let Ok(Some(status)) = child.try_wait() {
             let out = child.wait_with_output().unwrap();
             panic!("sealdisk exited early ({status}): {}", String::from_utf8_lossy(&out.stderr));
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "socket never appeared");
+        assert!(t0.elapsed() < Duration::from_secs(20), "the server never greeted on {}", sock.display());
+        if let Ok(mut probe) = UnixStream::connect(sock) {
+            probe.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            let mut magic = [0u8; 8];
+            if probe.read_exact(&mut magic).is_ok() && &magic == b"NBDMAGIC" {
+                return child;
+            }
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
 }
 
 /// Runs `sealdisk ARGS` to completion.

@@ -236,10 +236,11 @@ fn integrity_huge_journal_and_fields_are_refused() {
             std::fs::File::open(&img).unwrap().read_exact(&mut b).unwrap();
         }
         patch(&img, off, &bytes);
-        for args in [
-            vec!["integrity", "dump", &img],
-            vec!["integrity", "open", &img, "vol", "--listen", "unix:/nonexistent/s"],
-        ] {
+        // The socket is bound before the volume is opened: a usable path.
+        let listen = format!("unix:{}/s", dir.path().display());
+        for args in
+            [vec!["integrity", "dump", &img], vec!["integrity", "open", &img, "vol", "--listen", &listen]]
+        {
             let o = run(&args);
             assert_refused(&o, &[]);
             assert!(stderr(&o).to_lowercase().contains(want), "{want}: {}", stderr(&o));
@@ -262,13 +263,15 @@ fn dm_table_lines_with_huge_values_are_refused() {
         (format!("0 {} crypt aes-xts-plain64 {key} 0 {img} 0", max + 1), "length"),
         (format!("0 8 crypt aes-xts-plain64 {} 0 {img} 0", "00".repeat(4096)), "hex digits"),
     ];
+    // The socket is bound before the device is opened: a usable path.
+    let listen = format!("unix:{}/s", dir.path().display());
     for (line, want) in lines {
         let t = dir.path().join("table");
         std::fs::write(&t, &line).unwrap();
-        let o = run(&["open", "--table-file", t.to_str().unwrap(), "vol", "--listen", "unix:/nonexistent/s"]);
+        let o = run(&["open", "--table-file", t.to_str().unwrap(), "vol", "--listen", &listen]);
         assert_refused(&o, &[want]);
     }
     // An endless table file is cut off, not read into memory.
-    let o = run(&["open", "--table-file", "/dev/zero", "vol", "--listen", "unix:/nonexistent/s"]);
-    assert_refused(&o, &["longer than 65536 bytes"]);
+    let o = run(&["open", "--table-file", "/dev/zero", "vol", "--listen", &listen]);
+    assert_refused(&o, &["larger than 65536 bytes"]);
 }

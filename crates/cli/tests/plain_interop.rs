@@ -22,7 +22,8 @@ fn setup(size: u64) -> (tempfile::TempDir, String, String, Vec<u8>) {
     (dir, img.to_str().unwrap().into(), keyf.to_str().unwrap().into(), key)
 }
 
-/// `--cipher CIPHER --key-size BITS --key-file KEYF EXTRA... IMG NAME`: arguments of a plain open.
+/// `--type plain --cipher CIPHER --key-size BITS --key-file KEYF EXTRA... IMG NAME`: arguments
+/// of a plain open.
 fn plain_args<'a>(
     cipher: &'a str,
     bits: &'a str,
@@ -31,7 +32,7 @@ fn plain_args<'a>(
     img: &'a str,
     name: &'a str,
 ) -> Vec<&'a str> {
-    let mut v = vec!["--cipher", cipher, "--key-size", bits, "--key-file", keyf];
+    let mut v = vec!["--type", "plain", "--cipher", cipher, "--key-size", bits, "--key-file", keyf];
     v.extend_from_slice(extra);
     v.extend([img, name]);
     v
@@ -55,7 +56,7 @@ fn xts_decrypt(key: &[u8], sector_size: usize, first_iv: u64, iv_step: u64, data
 #[test]
 fn plain_xts_4k_over_nbd_matches_independent_decryption() {
     let (dir, img, keyf, key) = setup(8 << 20);
-    let extra = ["--type", "plain", "--sector-size", "4096", "--offset", "2048", "--skip", "8"];
+    let extra = ["--sector-size", "4096", "--offset", "2048", "--skip", "8"];
     let srv = serve(dir.path(), "vol", &plain_args(XTS, "512", &keyf, &extra, &img, "vol"), None);
     let data = pattern(1 << 20, 1);
     let src = dir.path().join("src.bin");
@@ -172,7 +173,7 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
         ),
         (base(&plain_args(XTS, "512", &keyf, &["--sector-size", "3000"], &img, "v")), 1, "sector_size"),
         (base(&plain_args(XTS, "512", &keyf, &[], "/nonexistent/disk", "v")), 4, "/nonexistent/disk"),
-        (base(&["--cipher", XTS, "--key-size", "512", &img, "v"]), 1, "--key-file"),
+        (base(&["--type", "plain", "--cipher", XTS, "--key-size", "512", &img, "v"]), 1, "--key-file"),
     ];
     for (args, code, needle) in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

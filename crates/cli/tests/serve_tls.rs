@@ -33,7 +33,17 @@ fn setup() -> Setup {
 }
 
 fn open_args<'a>(s: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec!["open", "--cipher", "aes-xts-plain64", "--key-size", "512", "--key-file", &s.keyf];
+    let mut v = vec![
+        "open",
+        "--type",
+        "plain",
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "512",
+        "--key-file",
+        &s.keyf,
+    ];
     v.extend_from_slice(extra);
     v.extend([s.img.as_str(), "v"]);
     v

@@ -125,6 +125,6 @@ pub mod wire;
 
 pub use addr::{AddrParseError, ListenAddr, DEFAULT_HOST};
 pub use server::{
-    default_memory_budget, BoundServer, Export, Server, ServerConfig, ServerStats, ShutdownHandle,
+    default_memory_budget, BoundServer, Export, Listening, Server, ServerConfig, ServerStats, ShutdownHandle,
 };
 pub use tls::{TlsConfig, TlsError, CA_CERT, CA_CRL, SERVER_CERT, SERVER_KEY};

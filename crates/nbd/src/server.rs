@@ -261,28 +261,19 @@ impl Server {
         &self.shared.exports
     }
 
-    /// Starts listening on `addr`.
-    ///
-    /// A Unix socket is created with `ServerConfig::socket_mode` (0600 by default) from the
-    /// start, and `PATH.lock` is created beside it and locked (`flock`) while the server runs:
-    /// a second server for the same path fails with `AddrInUse` instead of racing this one.
-    /// Under that lock a stale socket file (nobody accepting) is replaced; a live one (a
-    /// server that does not use the lock) is an `AddrInUse` error, and anything that is not a
-    /// socket is left alone (`AlreadyExists`).
+    /// Starts listening on `addr`: [`Listening::bind`] with this server's socket mode, then
+    /// [`Server::attach`].
     pub fn bind(&self, addr: &ListenAddr) -> io::Result<BoundServer> {
-        let (listener, local, guard) = match addr {
-            ListenAddr::Unix(path) => {
-                let (l, guard) = bind_unix(path, self.shared.config.socket_mode)?;
-                (Listener::Unix(l), ListenAddr::Unix(path.clone()), Some(guard))
-            }
-            ListenAddr::Tcp(a) => {
-                let l = TcpListener::bind(a.as_str())?;
-                let local = ListenAddr::Tcp(l.local_addr()?.to_string());
-                (Listener::Tcp(l), local, None)
-            }
-        };
+        Ok(self.attach(Listening::bind(addr, self.shared.config.socket_mode)?))
+    }
+
+    /// Serves on a socket bound earlier, e.g. before a slow step (a key derivation) that
+    /// produces the exports, so that an address in use is reported first. Connections that
+    /// arrive in between wait in the kernel's backlog until `serve` accepts them.
+    pub fn attach(&self, socket: Listening) -> BoundServer {
+        let Listening { listener, local, guard } = socket;
         info!("NBD server listening on {local}");
-        Ok(BoundServer {
+        BoundServer {
             shared: self.shared.clone(),
             listener,
             state: Arc::new(ShutdownState {
@@ -293,7 +284,46 @@ impl Server {
             }),
             local,
             guard,
-        })
+        }
+    }
+}
+
+/// A listening socket that no server serves yet ([`Server::attach`]). Dropping it closes the
+/// socket and, for a Unix socket, removes its file and lock.
+#[derive(Debug)]
+pub struct Listening {
+    listener: Listener,
+    local: ListenAddr,
+    guard: Option<UnixGuard>,
+}
+
+impl Listening {
+    /// Binds and listens on `addr`.
+    ///
+    /// A Unix socket is created with permission bits `socket_mode` (as
+    /// `ServerConfig::socket_mode`) from the start, and `PATH.lock` is created beside it and
+    /// locked (`flock`) while the socket lives: a second server for the same path fails with
+    /// `AddrInUse` instead of racing this one. Under that lock a stale socket file (nobody
+    /// accepting) is replaced; a live one (a server that does not use the lock) is an
+    /// `AddrInUse` error, and anything that is not a socket is left alone (`AlreadyExists`).
+    pub fn bind(addr: &ListenAddr, socket_mode: u32) -> io::Result<Listening> {
+        let (listener, local, guard) = match addr {
+            ListenAddr::Unix(path) => {
+                let (l, guard) = bind_unix(path, socket_mode)?;
+                (Listener::Unix(l), ListenAddr::Unix(path.clone()), Some(guard))
+            }
+            ListenAddr::Tcp(a) => {
+                let l = TcpListener::bind(a.as_str())?;
+                let local = ListenAddr::Tcp(l.local_addr()?.to_string());
+                (Listener::Tcp(l), local, None)
+            }
+        };
+        Ok(Listening { listener, local, guard })
+    }
+
+    /// The address bound (a TCP port 0 resolved to the port chosen).
+    pub fn local_addr(&self) -> &ListenAddr {
+        &self.local
     }
 }
 

@@ -677,6 +677,39 @@ fn shutdown_before_serve_returns_at_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A socket bound before the exports exist (the CLI binds before it unlocks a volume):
+/// the address is taken at once, a client that connects early waits in the backlog and is
+/// greeted once the server is attached and serving, and dropping an unattached socket
+/// removes its file.
+#[test]
+fn a_socket_bound_early_is_served_after_attach() {
+    use std::io::Read;
+    let dir = temp_dir("early-bind");
+    let path = dir.join("s");
+    let early = nbd::Listening::bind(&ListenAddr::Unix(path.clone()), 0o600).unwrap();
+    assert_eq!(early.local_addr(), &ListenAddr::Unix(path.clone()));
+    let again = nbd::Listening::bind(&ListenAddr::Unix(path.clone()), 0o600).unwrap_err();
+    assert_eq!(again.kind(), std::io::ErrorKind::AddrInUse);
+    drop(early);
+    assert!(!path.exists(), "an unattached socket left its file behind");
+
+    let early = nbd::Listening::bind(&ListenAddr::Unix(path.clone()), 0o600).unwrap();
+    let mut client = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    let (e, _) = mem_export("d", MIB, 512);
+    let bound = Server::new(vec![e], ServerConfig::default()).attach(early);
+    let handle = bound.shutdown_handle();
+    let t = std::thread::spawn(move || bound.serve());
+    let mut magic = [0u8; 8];
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    client.read_exact(&mut magic).unwrap();
+    assert_eq!(&magic, b"NBDMAGIC");
+    drop(client);
+    handle.shutdown();
+    t.join().unwrap().unwrap();
+    assert!(!path.exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn stale_socket_files_are_replaced_and_live_ones_refused() {
     let dir = temp_dir("stale");

@@ -10,7 +10,7 @@
 //! The internal hash is not stored in the superblock: open needs `-I` and the key again.
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockError, FileDevice, FileOptions, WriteFlags};
+use blockdev::{BlockDevice, BlockError, FileDevice, FileLock, FileOptions, WriteFlags};
 use formats::integrity::layout::DEFAULT_INTERLEAVE_SECTORS;
 use formats::integrity::superblock::{dump_text, SB_AREA_BYTES};
 use formats::integrity::{FormatParams, Layout, Superblock};
@@ -136,6 +136,10 @@ pub struct IntegrityParams {
     pub read_only: bool,
     /// Use O_DIRECT on the backing file.
     pub direct: bool,
+    /// Take the storage lock on the device (`crate::OpenOptions::lock`): exclusive for
+    /// format and a writable open, shared for a read-only one. Off by default; the CLI
+    /// sets it.
+    pub lock: bool,
     /// Engine knob: whole-buffer tag writes skip the metadata read.
     pub skip_rmw: bool,
     /// Engine knob: where tags are computed.
@@ -171,6 +175,7 @@ impl Default for IntegrityParams {
             recalculate: false,
             read_only: false,
             direct: false,
+            lock: false,
             skip_rmw: true,
             hash_mode: HashMode::Auto,
             journal_integrity: None,
@@ -260,8 +265,18 @@ impl IntegrityParams {
     }
 }
 
-fn open_file(path: &str, read_only: bool, direct: bool) -> Result<FileDevice, IntegrityVolumeError> {
-    let opts = FileOptions { read_only, direct, ..FileOptions::default() };
+fn open_file(
+    path: &str,
+    read_only: bool,
+    direct: bool,
+    lock: bool,
+) -> Result<FileDevice, IntegrityVolumeError> {
+    let lock = match (lock, read_only) {
+        (false, _) => FileLock::None,
+        (true, true) => FileLock::Shared,
+        (true, false) => FileLock::Exclusive,
+    };
+    let opts = FileOptions { read_only, direct, lock, ..FileOptions::default() };
     FileDevice::open(path, opts).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })
 }
 
@@ -305,7 +320,7 @@ pub fn format_until(
     no_wipe: bool,
     progress: impl FnMut(u64, u64) -> std::ops::ControlFlow<()>,
 ) -> Result<FormatReport, IntegrityVolumeError> {
-    let dev = Arc::new(open_file(path, false, p.direct)?);
+    let dev = Arc::new(open_file(path, false, p.direct, p.lock)?);
     // Like integritysetup: wipe old signatures in the superblock area first.
     dev.write_at(0, &vec![0u8; SB_AREA_BYTES.min(dev.geometry().size as usize)], WriteFlags::empty())
         .map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
@@ -356,7 +371,7 @@ pub fn open(
     p: &IntegrityParams,
 ) -> Result<Arc<IntegrityTarget<FileDevice>>, IntegrityVolumeError> {
     let read_only = p.read_only || p.mode == Mode::Recovery;
-    let dev = open_file(path, read_only, p.direct)?;
+    let dev = open_file(path, read_only, p.direct, p.lock)?;
     let sb = read_superblock(&dev, path)?;
     let mut cfg = p.config()?;
     cfg.block_size = sb.block_size();
@@ -378,9 +393,21 @@ pub fn open(
     Ok(Arc::new(t))
 }
 
+/// Whether `dev` starts with a dm-integrity superblock (its magic `"integrt\0"`), as a
+/// format probe: nothing else of the superblock is checked.
+pub fn probe(dev: &dyn BlockDevice) -> Result<bool, BlockError> {
+    let block = dev.geometry().logical_block as usize;
+    if dev.geometry().size < block as u64 {
+        return Ok(false);
+    }
+    let mut first = vec![0u8; block];
+    dev.read_at(0, &mut first)?;
+    Ok(first.starts_with(&formats::integrity::superblock::SB_MAGIC))
+}
+
 /// `integritysetup dump`: the superblock of `path` as integritysetup 2.6.1 prints it.
 pub fn dump(path: &str) -> Result<String, IntegrityVolumeError> {
-    let dev = open_file(path, true, false)?;
+    let dev = open_file(path, true, false, false)?;
     let sb = read_superblock(&dev, path)?;
     Ok(dump_text(&sb, path))
 }

@@ -16,7 +16,7 @@ pub mod plain;
 
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockError, FileDevice, FileOptions};
+use blockdev::{BlockDevice, BlockError, FileDevice, FileLock, FileOptions};
 use formats::dm::{CryptTable, TableError};
 use sector_crypto::{CipherSpec, CryptoError, SectorCipher, SectorParams, VolumeKey};
 pub use targets::CryptMode;
@@ -81,6 +81,27 @@ pub struct OpenOptions {
     /// Where crypto runs for a direction whose `no_*_workqueue` flag is not set (the flag
     /// always means `Inline`). `Auto` by default: see `targets::CryptMode`.
     pub crypt_mode: CryptMode,
+    /// Take the storage lock on every device opened (`blockdev::FileLock`), as cryptsetup
+    /// keeps a device to one writer: exclusive read-write, shared with `read_only` or
+    /// `shared`. A conflicting holder fails the open with `BlockErrorKind::Busy` before
+    /// anything is read or written. Off by default (library users that coordinate
+    /// themselves); the `sealdisk` CLI always sets it.
+    pub lock: bool,
+    /// cryptsetup's `--shared` (plain dm-crypt only there): with `lock`, a shared lock even
+    /// read-write, so several openers may map non-overlapping parts (`--offset`/`--size`)
+    /// of one device while an exclusive opener is still refused.
+    pub shared: bool,
+}
+
+impl OpenOptions {
+    /// The `blockdev` lock these options ask for.
+    pub fn file_lock(&self) -> FileLock {
+        match (self.lock, self.read_only || self.shared) {
+            (false, _) => FileLock::None,
+            (true, true) => FileLock::Shared,
+            (true, false) => FileLock::Exclusive,
+        }
+    }
 }
 
 /// An opened volume: the top of the stack, and the table line that describes it.
@@ -99,9 +120,14 @@ pub fn open_crypt_table(table: &CryptTable, opts: &OpenOptions) -> Result<Volume
     Ok(Volume { device: Arc::new(target), table: table.clone() })
 }
 
-/// Opens a backing file or block device.
+/// Opens a backing file or block device (with the lock `opts` ask for).
 pub fn open_backing(path: &str, opts: &OpenOptions) -> Result<FileDevice, VolumeError> {
-    let fopts = FileOptions { read_only: opts.read_only, direct: opts.direct, ..FileOptions::default() };
+    let fopts = FileOptions {
+        read_only: opts.read_only,
+        direct: opts.direct,
+        lock: opts.file_lock(),
+        ..FileOptions::default()
+    };
     FileDevice::open(path, fopts).map_err(|source| VolumeError::Device { path: path.to_string(), source })
 }
 

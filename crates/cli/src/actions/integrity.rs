@@ -223,6 +223,7 @@ impl IntegrityOpts {
             tag_size: self.tag_size,
             buffer_sectors: self.buffer_sectors,
             bitmap_sectors_per_bit: self.bitmap_sectors_per_bit,
+            lock: true,
             skip_rmw: !self.perf_always_rmw,
             hash_mode: match self.perf_hash_mode {
                 HashModeArg::Auto => HashMode::Auto,
@@ -419,6 +420,8 @@ fn open(a: OpenArgs) -> Result<()> {
     let mut p = a.opts.params(None, Some(&a.open))?;
     p.read_only = a.readonly || p.mode == Mode::Recovery;
     p.direct = a.serve.direct;
+    let listener = crate::serve::listen(&a.serve)?;
+    super::ensure_device(&a.device)?;
     let target = volume::integrity::open(&a.device, &p).with_context(|| format!("opening {}", a.device))?;
     let done = Arc::new(AtomicBool::new(false));
     let reporter = {
@@ -445,7 +448,7 @@ fn open(a: OpenArgs) -> Result<()> {
             .context("starting the status thread")?
     };
     let dev: Arc<dyn BlockDevice> = target.clone();
-    let r = serve(&a.name, dev, &a.serve, p.read_only);
+    let r = serve(&a.name, dev, listener, &a.serve, p.read_only);
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
     if let Some(path) = &a.status_file {

@@ -48,7 +48,14 @@ pub struct KeyArgs {
     /// Read at most this many bytes of the key file.
     #[arg(long, short = 'l', value_name = "BYTES")]
     pub keyfile_size: Option<usize>,
+    /// How often a passphrase typed on the terminal may be retried (0: without limit). A key
+    /// file or a pipe gets one try.
+    #[arg(long, short = 'T', default_value_t = DEFAULT_TRIES, value_name = "N")]
+    pub tries: u32,
 }
+
+/// cryptsetup's default `--tries`.
+pub const DEFAULT_TRIES: u32 = 3;
 
 /// Bounds on the KDF costs an existing header may ask for (see SECURITY.md, "Hostile
 /// images"). A header over a bound is refused before any derivation, with a message naming
@@ -170,6 +177,44 @@ pub fn passphrase(k: &KeyArgs, prompt_text: &str) -> Result<Passphrase> {
     }
 }
 
+/// Runs `unlock` with the existing passphrase (`--key-file`, or a prompt), as cryptsetup's
+/// `--tries`: a passphrase typed on the terminal that opens no keyslot ("No key available
+/// with this passphrase.") is asked for again, up to `k.tries` times in all (0: no limit).
+/// A key file or a piped passphrase gets exactly one try. Other errors end at once.
+pub fn with_passphrase<T>(
+    k: &KeyArgs,
+    prompt_text: &str,
+    mut unlock: impl FnMut(&Passphrase) -> Result<T>,
+) -> Result<T> {
+    let interactive = k.key_file.is_none() && std::io::stdin().is_terminal();
+    let tries = if interactive { k.tries } else { 1 };
+    let mut attempt = 0u32;
+    loop {
+        attempt = attempt.saturating_add(1);
+        let pass = passphrase(k, prompt_text)?;
+        match unlock(&pass) {
+            Err(e) if (tries == 0 || attempt < tries) && is_wrong_passphrase(&e) => {
+                eprintln!("No key available with this passphrase.");
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Whether `e` is a wrong passphrase (cryptsetup's -EPERM from a keyslot search).
+fn is_wrong_passphrase(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let l = match c.downcast_ref::<VolumeError>() {
+            Some(VolumeError::Luks { source, .. }) => source,
+            _ => match c.downcast_ref::<LuksError>() {
+                Some(l) => l,
+                None => return false,
+            },
+        };
+        matches!(l, LuksError::WrongPassphrase)
+    })
+}
+
 /// A new passphrase: from `file` if given, else prompted twice on a terminal (once from a
 /// pipe), and the two must match.
 pub fn new_passphrase(
@@ -206,9 +251,13 @@ pub fn confirm(msg: &str, batch: bool) -> Result<()> {
     Ok(())
 }
 
-/// Opens the metadata device (`--header` or the device itself).
+/// Opens the metadata device (`--header` or the device itself). Read-write it is locked
+/// exclusively (`volume::OpenOptions::lock`): a device another sealdisk serves or changes
+/// is refused ("in use", exit 5) before anything is written. Read-only it is not locked,
+/// so headers of volumes in use can still be dumped, as with cryptsetup.
 pub fn open_meta(path: &str, read_only: bool) -> Result<blockdev::FileDevice> {
-    let opts = volume::OpenOptions { read_only, ..Default::default() };
+    super::ensure_device(path)?;
+    let opts = volume::OpenOptions { read_only, lock: !read_only, ..Default::default() };
     Ok(volume::open_backing(path, &opts)?)
 }
 

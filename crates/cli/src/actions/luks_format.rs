@@ -134,8 +134,10 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         integrity,
     };
     let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
-    // The data device must exist (and be readable) even with a detached header.
-    drop(open_meta(&device, true)?);
+    // The data device must exist even with a detached header. Whenever it is written (it
+    // holds the header, or an integrity area) it is opened and locked before anything is
+    // asked, so a device in use is refused at once (exit 5).
+    let data = open_meta(&device, a.header.is_some() && integrity.is_none())?;
     confirm(&format!("This will overwrite data on {meta_path} irrevocably."), a.batch_mode)?;
     let key_file = a.positional.get(1).map(String::as_str).or(a.key.key_file.as_deref());
     let pass = new_passphrase(
@@ -147,14 +149,16 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
     if let Some(h) = &a.header {
         grow_header_file(h, &params)?;
     }
-    let meta = open_meta(&meta_path, false)?;
-    let (l, vk) = luks::format(&meta, &params, &pass)
+    let header = match &a.header {
+        Some(h) => Some(open_meta(h, false)?),
+        None => None,
+    };
+    let (l, vk) = luks::format(header.as_ref().unwrap_or(&data), &params, &pass)
         .map_err(luks_err(&meta_path))
         .with_context(|| format!("formatting {meta_path} as LUKS{}", version.number()))?;
-    drop(meta);
+    drop(header);
     log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
     if let Some(i) = &integrity {
-        let data = volume::open_backing(&device, &volume::OpenOptions::default())?;
         let mut progress = Progress::new(a.progress.progress_frequency, false);
         let end = wipe::stoppable(|| {
             if !i.no_wipe {

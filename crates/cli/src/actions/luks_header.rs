@@ -6,8 +6,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use volume::luks::{self, Luks, LuksVersion};
 
-use super::luks::{confirm, luks_err, open_meta, passphrase, KdfLimitArgs, KeyArgs};
-use super::UsageError;
+use super::luks::{confirm, luks_err, open_meta, with_passphrase, KdfLimitArgs, KeyArgs};
+use super::{Quiet, UsageError};
+use crate::exit;
 
 /// Arguments of `luksDump DEVICE`.
 #[derive(Debug, Args)]
@@ -48,9 +49,9 @@ pub fn dump(a: DumpArgs) -> Result<()> {
              This dump should be stored encrypted in a safe place.",
             a.batch_mode,
         )?;
-        let pass = passphrase(&a.key, &format!("Enter passphrase for {}: ", a.device))?;
-        let (slot, vk) =
-            luks.unlock_with(&meta, &pass, a.key_slot, &a.kdf_limits.limits()).map_err(luks_err(path))?;
+        let (slot, vk) = with_passphrase(&a.key, &format!("Enter passphrase for {}: ", a.device), |pass| {
+            luks.unlock_with(&meta, pass, a.key_slot, &a.kdf_limits.limits()).map_err(luks_err(path))
+        })?;
         log::info!("Key slot {slot} unlocked.");
         if let Some(f) = &a.volume_key_file {
             write_private(f, vk.as_bytes()).with_context(|| format!("writing the volume key to {f}"))?;
@@ -128,13 +129,18 @@ pub fn is_luks(a: IsLuksArgs) -> Result<()> {
         Some("luks2") => Some(LuksVersion::V2),
         Some(o) => bail!(UsageError(format!("isLuks --type {o:?}: use luks, luks1 or luks2"))),
     };
-    let found = luks::probe(&meta).map_err(luks_err(path))?;
-    match (found, want) {
-        (Some(f), Some(w)) if f != w => {
-            bail!(UsageError(format!("Device {path} is not a valid LUKS{} device.", w.number())))
+    // Silent on failure, as cryptsetup (exit 1); the reason is logged with -v.
+    let not_luks = |why: String| -> Result<()> {
+        log::info!("{why}");
+        Err(Quiet(exit::BAD_ARGS).into())
+    };
+    match (luks::probe(&meta), want) {
+        (Ok(Some(f)), Some(w)) if f != w => {
+            not_luks(format!("Device {path} is not a valid LUKS{} device.", w.number()))
         }
-        (Some(_), _) => Ok(()),
-        (None, _) => bail!(UsageError(format!("Device {path} is not a valid LUKS device."))),
+        (Ok(Some(_)), _) => Ok(()),
+        (Ok(None), _) => not_luks(format!("Device {path} is not a valid LUKS device.")),
+        (Err(e), _) => not_luks(format!("Device {path} is not a valid LUKS device: {e}")),
     }
 }
 

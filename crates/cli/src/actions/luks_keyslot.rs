@@ -6,7 +6,7 @@ use sector_crypto::kdf::Passphrase;
 use volume::luks::Luks;
 
 use super::luks::{
-    confirm, luks_err, new_passphrase, open_meta, passphrase, KdfLimitArgs, KeyArgs, PbkdfArgs,
+    confirm, luks_err, new_passphrase, open_meta, with_passphrase, KdfLimitArgs, KeyArgs, PbkdfArgs,
 };
 use super::UsageError;
 
@@ -104,8 +104,10 @@ pub fn add_key(a: AddKeyArgs) -> Result<()> {
             vk
         }
         None => {
-            let old = passphrase(&a.common.key, "Enter any existing passphrase: ")?;
-            luks.unlock_with(&meta, &old, None, &a.common.kdf_limits.limits()).map_err(luks_err(path))?.1
+            with_passphrase(&a.common.key, "Enter any existing passphrase: ", |old| {
+                luks.unlock_with(&meta, old, None, &a.common.kdf_limits.limits()).map_err(luks_err(path))
+            })?
+            .1
         }
     };
     let new = a.new_key.read(new_file, "Enter new passphrase for key slot: ")?;
@@ -132,12 +134,16 @@ pub fn remove_key(a: RemoveKeyArgs) -> Result<()> {
     let device = &a.positional[0];
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
-    let pass = match a.positional.get(1) {
-        Some(f) => super::luks::read_keyfile(f, a.common.key.keyfile_offset, a.common.key.keyfile_size)?,
-        None => passphrase(&a.common.key, "Enter passphrase to be deleted: ")?,
+    let limits = a.common.kdf_limits.limits();
+    let (slot, _) = match a.positional.get(1) {
+        Some(f) => {
+            let pass = super::luks::read_keyfile(f, a.common.key.keyfile_offset, a.common.key.keyfile_size)?;
+            luks.unlock_with(&meta, &pass, None, &limits).map_err(luks_err(path))?
+        }
+        None => with_passphrase(&a.common.key, "Enter passphrase to be deleted: ", |pass| {
+            luks.unlock_with(&meta, pass, None, &limits).map_err(luks_err(path))
+        })?,
     };
-    let (slot, _) =
-        luks.unlock_with(&meta, &pass, None, &a.common.kdf_limits.limits()).map_err(luks_err(path))?;
     if luks.active_keyslots().len() == 1 {
         confirm(
             "This is the last keyslot. Device will become unusable after purging this key.",
@@ -172,9 +178,9 @@ pub fn change_key(a: ChangeKeyArgs) -> Result<()> {
     let new_file = a.new_key.file(&a.positional, &a.common)?;
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
-    let old = passphrase(&a.common.key, "Enter passphrase to be changed: ")?;
-    let (slot, vk) =
-        luks.unlock_with(&meta, &old, a.key_slot, &a.common.kdf_limits.limits()).map_err(luks_err(path))?;
+    let (slot, vk) = with_passphrase(&a.common.key, "Enter passphrase to be changed: ", |old| {
+        luks.unlock_with(&meta, old, a.key_slot, &a.common.kdf_limits.limits()).map_err(luks_err(path))
+    })?;
     let new = a.new_key.read(new_file, "Enter new passphrase: ")?;
     let new_slot = luks.change_keyslot(&meta, slot, &vk, &new, &a.pbkdf.params()?).map_err(luks_err(path))?;
     log::info!("Key slot {slot} changed (now key slot {new_slot}).");
@@ -207,14 +213,17 @@ pub fn kill_slot(a: KillSlotArgs) -> Result<()> {
         )?;
     }
     if !last && (a.common.key.key_file.is_some() || !a.common.batch_mode) {
-        let p = passphrase(&a.common.key, "Enter any remaining passphrase: ")?;
         let others: Vec<u32> = luks.active_keyslots().into_iter().filter(|&s| s != a.slot).collect();
-        let ok = others
-            .iter()
-            .any(|&s| luks.unlock_with(&meta, &p, Some(s), &a.common.kdf_limits.limits()).is_ok());
-        if !ok {
-            return Err(luks_err(path)(volume::luks::LuksError::WrongPassphrase));
-        }
+        with_passphrase(&a.common.key, "Enter any remaining passphrase: ", |p| {
+            let ok = others
+                .iter()
+                .any(|&s| luks.unlock_with(&meta, p, Some(s), &a.common.kdf_limits.limits()).is_ok());
+            if ok {
+                Ok(())
+            } else {
+                Err(luks_err(path)(volume::luks::LuksError::WrongPassphrase))
+            }
+        })?;
     }
     luks.kill_keyslot(&meta, a.slot).map_err(luks_err(path))?;
     log::info!("Key slot {} removed.", a.slot);

@@ -6,19 +6,32 @@ use formats::dm::CryptOptions;
 use volume::luks::{self, LuksVersion, OpenParams};
 use volume::OpenOptions;
 
-use super::luks::{luks_err, passphrase, KeyArgs};
+use super::luks::{luks_err, with_passphrase, KeyArgs};
 use super::open::{masked, OpenArgs};
 use super::UsageError;
 use crate::serve::serve;
 
-/// `luks` if `device` starts with a LUKS header, else `plain` (also when it cannot be read:
-/// the plain path then reports the error).
-pub fn detect(device: &str, opts: &OpenOptions) -> String {
-    let ro = OpenOptions { read_only: true, ..*opts };
-    match volume::open_backing(device, &ro).map(|d| luks::probe(&d)) {
-        Ok(Ok(Some(_))) => "luks".into(),
-        _ => "plain".into(),
+/// Checks that `path` exists and starts with a LUKS header, naming what it holds instead
+/// when it does not: a dm-integrity superblock, or nothing sealdisk knows (cryptsetup's
+/// "Device X is not a valid LUKS device.", with a hint for plain dm-crypt).
+fn expect_luks(path: &str, opts: &OpenOptions) -> Result<()> {
+    super::ensure_device(path)?;
+    // A read-only, unlocked look: the real open below takes the lock.
+    let probe_opts = OpenOptions { read_only: true, lock: false, ..*opts };
+    let dev = volume::open_backing(path, &probe_opts)?;
+    if luks::probe(&dev).map_err(luks_err(path))?.is_some() {
+        return Ok(());
     }
+    if volume::integrity::probe(&dev).unwrap_or(false) {
+        bail!(UsageError(format!(
+            "Device {path} is not a valid LUKS device: it holds a dm-integrity superblock.\n\
+             Open it with `sealdisk integrity open {path} NAME --listen ADDR`."
+        )));
+    }
+    bail!(UsageError(format!(
+        "Device {path} is not a valid LUKS device.\n\
+         (Plain dm-crypt has no header: open it with --type plain and its --cipher, --key-size and --key-file.)"
+    )))
 }
 
 /// Runs the LUKS branch of `open`.
@@ -31,8 +44,18 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
     let (device, name) = match (a.positional.as_slice(), a.test_passphrase) {
         ([d], true) => (d.clone(), None),
         ([d, n], _) => (d.clone(), Some(n.clone())),
-        _ => bail!(UsageError("open --type luks needs DEVICE and NAME (or --test-passphrase DEVICE)".into())),
+        _ => bail!(UsageError("open needs DEVICE and NAME (or --test-passphrase DEVICE)".into())),
     };
+    // Everything cheap before the KDF: the socket, then the devices and their header.
+    let listener = match a.test_passphrase {
+        true => None,
+        false => Some(crate::serve::listen(&a.serve)?),
+    };
+    let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
+    if a.header.is_some() {
+        super::ensure_device(&device)?;
+    }
+    expect_luks(&meta_path, opts)?;
     let flags = CryptOptions {
         allow_discards: a.allow_discards,
         same_cpu_crypt: a.perf_same_cpu_crypt,
@@ -55,19 +78,23 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         key_file: a.key_file.clone(),
         keyfile_offset: a.keyfile_offset,
         keyfile_size: a.keyfile_size,
+        tries: a.tries,
     };
-    let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
-    if a.test_passphrase {
+    let prompt = format!("Enter passphrase for {device}: ");
+    let Some(listener) = listener else {
+        // --test-passphrase: the header is opened (and locked) once, before the prompt.
         let (meta, l) = luks::load_for(&p)?;
         l.check_supported().map_err(luks_err(&meta_path))?;
-        let pass = passphrase(&keys, &format!("Enter passphrase for {device}: "))?;
-        let (slot, _) =
-            l.unlock_with(&meta, &pass, a.key_slot, &p.kdf_limits).map_err(luks_err(&meta_path))?;
+        let slot = with_passphrase(&keys, &prompt, |pass| {
+            l.unlock_with(&meta, pass, a.key_slot, &p.kdf_limits).map_err(luks_err(&meta_path))
+        })?
+        .0;
         log::info!("Key slot {slot} unlocked.");
         return Ok(());
-    }
-    let pass = passphrase(&keys, &format!("Enter passphrase for {device}: "))?;
-    let opened = luks::open(&p, &pass).with_context(|| format!("opening {device} as LUKS"))?;
+    };
+    let opened = with_passphrase(&keys, &prompt, |pass| {
+        luks::open(&p, pass).with_context(|| format!("opening {device} as LUKS"))
+    })?;
     log::info!("Key slot {} unlocked.", opened.keyslot);
     if a.print_table {
         let t = &opened.volume.table;
@@ -79,5 +106,5 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         }
     }
     let name = name.unwrap_or_default();
-    serve(&name, opened.volume.device, &a.serve, a.readonly)
+    serve(&name, opened.volume.device, listener, &a.serve, a.readonly)
 }

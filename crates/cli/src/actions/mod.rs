@@ -13,7 +13,7 @@ pub mod luks_open;
 pub mod open;
 pub mod wipe;
 
-use blockdev::BlockErrorKind;
+use blockdev::{BlockError, BlockErrorKind};
 use volume::VolumeError;
 
 use crate::exit;
@@ -23,8 +23,51 @@ use crate::exit;
 #[error("{0}")]
 pub struct UsageError(pub String);
 
-/// Maps an error chain to cryptsetup's exit codes.
+/// cryptsetup's "Device X does not exist or access denied." (exit code 4).
+#[derive(Debug, thiserror::Error)]
+#[error("Device {0} does not exist or access denied.")]
+pub struct NoDevice(pub String);
+
+/// A failure already reported (or silent by design, as `isLuks`): nothing more is printed,
+/// the process exits with this code.
+#[derive(Debug, thiserror::Error)]
+#[error("exit code {0}")]
+pub struct Quiet(pub u8);
+
+/// Checks that `path` can be opened at all, as cryptsetup does before anything else: a
+/// missing or forbidden path is [`NoDevice`]. Other failures are left to the real open,
+/// which reports them with more context.
+pub fn ensure_device(path: &str) -> anyhow::Result<()> {
+    match std::fs::File::open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => {
+            log::debug!("opening {path}: {e}");
+            Err(NoDevice(path.to_owned()).into())
+        }
+        Err(_) => Ok(()),
+    }
+}
+
+/// Maps an error chain to cryptsetup's exit codes (src/utils_tools.c `translate_errno`):
+/// 1 wrong parameters or other failure, 2 permission or passphrase, 4 wrong device,
+/// 5 busy (the storage or the listening socket is in use).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
+    // Some causes decide wherever they are in the chain.
+    for cause in e.chain() {
+        if let Some(Quiet(code)) = cause.downcast_ref::<Quiet>() {
+            return *code;
+        }
+        if cause.downcast_ref::<NoDevice>().is_some() {
+            return exit::DEVICE;
+        }
+        if cause.downcast_ref::<BlockError>().is_some_and(|b| b.kind() == BlockErrorKind::Busy) {
+            return exit::BUSY;
+        }
+        if cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+        {
+            return exit::BUSY;
+        }
+    }
     for cause in e.chain() {
         if cause.downcast_ref::<wipe::WipeInterrupted>().is_some() {
             return wipe::WIPE_INTERRUPTED;

@@ -1,4 +1,9 @@
-//! `sealdisk open`: plain dm-crypt (cryptsetup options) or a dm table line, served over NBD.
+//! `sealdisk open`: a LUKS volume (the default, as cryptsetup), plain dm-crypt (`--type
+//! plain`, cryptsetup's options) or a dm table line, served over NBD.
+//!
+//! Everything cheap is checked before a key is derived: the options, the listening socket
+//! (bound here, so an address in use fails at once), TLS credentials, that the device
+//! exists and holds the header asked for, and the storage lock (`volume::OpenOptions::lock`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -9,18 +14,19 @@ use volume::OpenOptions;
 
 use super::UsageError;
 use crate::keys::{read_key, KeySource};
-use crate::serve::{serve, ServeArgs};
+use crate::serve::{listen, serve, ServeArgs};
 
 /// Arguments of `sealdisk open`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Examples:
+  sealdisk open disk.img vol --listen unix:/tmp/vol.sock        # LUKS, prompts for the passphrase
   sealdisk open --type plain --cipher aes-xts-plain64 --key-size 512 --key-file key \\
       --sector-size 4096 disk.img vol --listen unix:/tmp/vol.sock
   dmsetup table --showkeys vol | sealdisk open --table-file - vol --listen tcp:127.0.0.1:10809")]
 pub struct OpenArgs {
-    /// Device type: plain, luks, luks1, luks2 (`--table-file` needs none). Without it, a
-    /// device with a LUKS header opens as LUKS, anything else as plain.
+    /// Device type: luks (the default: LUKS1 or LUKS2), luks1, luks2, or plain (dm-crypt
+    /// without a header). `--table-file` needs none.
     #[arg(long = "type", short = 'M')]
     pub kind: Option<String>,
     /// LUKS: detached header file.
@@ -91,16 +97,24 @@ pub struct OpenArgs {
     /// pool, like dm-crypt's kcryptd), `inline` (always on the request's thread).
     #[arg(long, value_enum, default_value = "auto")]
     pub crypt_mode: CryptModeArg,
-    /// Serve read-only.
+    /// Serve read-only (the device is locked shared: other read-only openers may serve it
+    /// too, a writer may not).
     #[arg(long, short = 'r')]
     pub readonly: bool,
+    /// Plain (and --table-file) only: lock the device shared even read-write, so several
+    /// servers may map non-overlapping --offset/--size parts of it (cryptsetup's --shared).
+    #[arg(long)]
+    pub shared: bool,
+    /// LUKS: how often a passphrase typed on the terminal may be retried (0: no limit).
+    #[arg(long, short = 'T', default_value_t = super::luks::DEFAULT_TRIES, value_name = "N")]
+    pub tries: u32,
     /// Print the table line of the opened volume (key masked unless --showkeys).
     #[arg(long)]
     pub print_table: bool,
     /// With --print-table: show the key.
     #[arg(long)]
     pub showkeys: bool,
-    /// DEVICE NAME for plain mode, or just NAME with --table-file.
+    /// DEVICE NAME; only DEVICE with --test-passphrase, only NAME with --table-file.
     #[arg(value_name = "DEVICE NAME", required = true, num_args = 1..=2)]
     pub positional: Vec<String>,
     #[command(flatten)]
@@ -130,30 +144,44 @@ impl From<CryptModeArg> for volume::CryptMode {
 
 /// Runs `sealdisk open`.
 pub fn run(a: OpenArgs) -> Result<()> {
-    let opts = OpenOptions { read_only: a.readonly, direct: a.serve.direct, crypt_mode: a.crypt_mode.into() };
-    let (table, name) = match &a.table_file {
+    let plain = a.table_file.is_some() || a.kind.as_deref() == Some("plain");
+    if a.shared && !plain {
+        bail!(UsageError("Option --shared is allowed only for open of plain device.".into()));
+    }
+    let opts = OpenOptions {
+        read_only: a.readonly,
+        direct: a.serve.direct,
+        crypt_mode: a.crypt_mode.into(),
+        lock: true,
+        shared: a.shared,
+    };
+    let (table, name, listener) = match &a.table_file {
         Some(file) => {
             let [name] = a.positional.as_slice() else {
                 bail!(UsageError("with --table-file give only the export NAME".into()));
             };
-            (read_table(file)?, name.clone())
+            let table = read_table(file)?;
+            let listener = listen(&a.serve)?;
+            super::ensure_device(&table.device)?;
+            (table, name.clone(), listener)
         }
         None => {
-            let kind = a.kind.clone().unwrap_or_else(|| {
-                super::luks_open::detect(a.header.as_deref().unwrap_or(&a.positional[0]), &opts)
-            });
-            if matches!(kind.as_str(), "luks" | "luks1" | "luks2") {
-                return super::luks_open::run(&a, &kind, &opts);
+            let kind = a.kind.as_deref().unwrap_or("luks");
+            if matches!(kind, "luks" | "luks1" | "luks2") {
+                return super::luks_open::run(&a, kind, &opts);
             }
             if kind != "plain" {
                 bail!(UsageError(format!(
-                    "device type {kind:?} is not supported yet (supported: plain, luks, luks1, luks2, or --table-file)"
+                    "device type {kind:?} is not supported (supported: luks, luks1, luks2, plain, or --table-file)"
                 )));
             }
             let [device, name] = a.positional.as_slice() else {
                 bail!(UsageError("plain mode needs DEVICE and NAME".into()));
             };
-            (plain_table(&a, device, &opts)?, name.clone())
+            plain_usage(&a)?;
+            let listener = listen(&a.serve)?;
+            super::ensure_device(device)?;
+            (plain_table(&a, device, &opts)?, name.clone(), listener)
         }
     };
     let vol = volume::open_crypt_table(&table, &opts)
@@ -166,7 +194,20 @@ pub fn run(a: OpenArgs) -> Result<()> {
             println!("{}", masked(&table));
         }
     }
-    serve(&name, vol.device, &a.serve, a.readonly)
+    serve(&name, vol.device, listener, &a.serve, a.readonly)
+}
+
+/// The plain-mode option checks that need no file.
+fn plain_usage(a: &OpenArgs) -> Result<()> {
+    if !a.key_size.is_multiple_of(8) {
+        bail!(UsageError(format!("--key-size {} is not a multiple of 8 bits", a.key_size)));
+    }
+    if a.key_file.is_none() {
+        bail!(UsageError(
+            "plain mode needs --key-file FILE (or - for stdin); keys are never taken from arguments".into()
+        ));
+    }
+    Ok(())
 }
 
 fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTable> {

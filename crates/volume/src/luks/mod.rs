@@ -761,6 +761,7 @@ pub fn format(
     params: &FormatParams,
     passphrase: &Passphrase,
 ) -> Result<(Luks, VolumeKey), LuksError> {
+    check_keyslot_cipher(params)?;
     let vk = match &params.volume_key {
         Some(k) => {
             if k.len() != params.key_bytes {
@@ -818,6 +819,29 @@ pub fn format(
     };
     luks.store_keyslot(meta, first_slot, &vk, &key, params.pbkdf.hash)?;
     Ok((luks, vk))
+}
+
+/// Refuses a data cipher and key size that cryptsetup cannot use for keyslot encryption.
+///
+/// A new keyslot is encrypted with the data cipher and the volume key's size (LUKS1 always,
+/// LUKS2 by default), and cryptsetup does that through its userspace crypto backend
+/// (OpenSSL or libgcrypt), which has AES-XTS only with 128- and 256-bit AES keys. An
+/// aes-xts volume key of 384 bits (AES-192-XTS) would make keyslots that cryptsetup cannot
+/// open where it has no dm-crypt fallback, so it is refused with cryptsetup's words. Plain
+/// dm-crypt keeps AES-192-XTS: the kernel accepts it and no keyslot is involved.
+fn check_keyslot_cipher(params: &FormatParams) -> Result<(), LuksError> {
+    // Authenticated encryption keeps its keyslots on aes-xts-plain64 with a 512-bit key.
+    if params.integrity.is_some() {
+        return Ok(());
+    }
+    let xts = params.cipher.to_ascii_lowercase().starts_with("aes-xts-");
+    if xts && params.key_bytes != 32 && params.key_bytes != 64 {
+        return Err(LuksError::Params(format!(
+            "Cannot use {} cipher for keyslot encryption.",
+            params.cipher
+        )));
+    }
+    Ok(())
 }
 
 /// Measures the unlock cost the header asks for: the time of one KDF run of `slot`'s
@@ -942,9 +966,21 @@ pub fn open(p: &OpenParams, passphrase: &Passphrase) -> Result<Opened, crate::Vo
     let meta_path = p.header.as_deref().unwrap_or(&p.device).to_owned();
     let wrap = |source| crate::VolumeError::Luks { path: meta_path.clone(), source };
     luks.check_supported().map_err(wrap)?;
+    // With a detached header the data device is opened (and locked) before the KDF runs,
+    // so a device in use is refused at once; without one, the metadata device is the data
+    // device and is kept open (a second open would conflict with its own lock).
+    let data = match &p.header {
+        Some(_) => Some(crate::open_backing(&p.device, &p.open)?),
+        None => None,
+    };
     let (keyslot, vk) = luks.unlock_with(&meta, passphrase, p.key_slot, &p.kdf_limits).map_err(wrap)?;
-    drop(meta);
-    let data = crate::open_backing(&p.device, &p.open)?;
+    let data = match data {
+        Some(d) => {
+            drop(meta);
+            d
+        }
+        None => meta,
+    };
     if let Some(spec) = luks.aead().map_err(wrap)? {
         let volume = aead::open(&luks, &spec, data, &p.device, &vk, p).map_err(wrap)?;
         return Ok(Opened { volume, luks, keyslot });
