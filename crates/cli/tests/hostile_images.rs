@@ -273,5 +273,5 @@ fn dm_table_lines_with_huge_values_are_refused() {
     }
     // An endless table file is cut off, not read into memory.
     let o = run(&["open", "--table-file", "/dev/zero", "vol", "--listen", &listen]);
-    assert_refused(&o, &["larger than 65536 bytes"]);
+    assert_refused(&o, &["longer than 65536 bytes"]);
 }
