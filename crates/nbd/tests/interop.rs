@@ -13,18 +13,6 @@ use nbd::{Export, ServerConfig};
 
 const MIB: u64 = 1 << 20;
 
-fn check(cmd: &mut Command, limit: Duration) -> String {
-    let out = run(cmd, limit);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 fn server_with(name: &str, size: u64, block: u32) -> (TestServer, Arc<MemDevice>) {
     let dev = Arc::new(MemDevice::new(size, block));
     let mut e = Export::new(name, dev.clone());

@@ -345,16 +345,9 @@ fn credentials_that_do_not_load_are_clear_errors() {
 
 // ---- Real clients: libnbd (GnuTLS) and qemu (GnuTLS). ----
 
+/// A client command that must succeed within a minute; its stdout.
 fn check(cmd: &mut Command) -> String {
-    let out = run(cmd, Duration::from_secs(60));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    common::check(cmd, Duration::from_secs(60))
 }
 
 fn fails(cmd: &mut Command) -> String {

@@ -709,3 +709,16 @@ pub fn run(cmd: &mut Command, limit: Duration) -> Output {
     };
     Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
 }
+
+/// Runs `cmd` (see [`run`]), asserts it succeeded, and returns its stdout.
+pub fn check(cmd: &mut Command, limit: Duration) -> String {
+    let out = run(cmd, limit);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
