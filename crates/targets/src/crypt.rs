@@ -6,43 +6,25 @@
 //! number of requests run concurrently without locks.
 //!
 //! Where the crypto runs is a knob per direction, like dm-crypt's `no_read_workqueue` and
-//! `no_write_workqueue`:
-//!
-//! ```text
-//!  CryptMode::Inline   request thread: read → decrypt → reply       (no handoff, best latency)
-//!  CryptMode::Pool     request thread: read → [pool: decrypt chunks in parallel] → reply
-//!                      (dm-crypt's kcryptd: every request is handed off; a large one is
-//!                      split across every core, a small one pays the handoff)
-//!  CryptMode::Auto     a request of at most one chunk (64 KiB) runs inline; a larger one is
-//!                      split (the request thread does the first chunk, the pool the rest)
-//!                      only while fewer Auto requests are in their crypto phase than the
-//!                      pool has threads: when every core already has a request, splitting
-//!                      only adds handoffs
-//! ```
-//! `same_cpu_crypt` keeps a pooled request on one pool thread instead of splitting it.
+//! `no_write_workqueue`: a [`CryptMode`] ([`crate::placement::Placement`]), carried out by
+//! the crate's one placement engine (`placement.rs`) that AEAD crypt and integrity hashing
+//! share. `Inline` decrypts on the request thread; `Pool` hands every request to the shared
+//! pool (dm-crypt's kcryptd), a large one split across its threads unless `same_cpu_crypt`;
+//! `Auto` (default) runs a request of at most one 64 KiB chunk inline and splits a larger one
+//! between the request thread and the pool while a core is free. With `Pool` writes,
+//! `submit_from_crypt_cpus` lets the pool thread that encrypted a write also submit it below.
 
 use std::cell::RefCell;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use blockdev::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags};
-use rayon::prelude::*;
 use sector_crypto::{CryptoError, SectorCipher};
 
-/// Where sector crypto runs for one direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CryptMode {
-    /// On the thread that submitted the request (dm-crypt `no_*_workqueue`).
-    Inline,
-    /// On the shared crypto pool, large requests split across its threads (dm-crypt's
-    /// default kcryptd workqueue).
-    Pool,
-    /// Inline for requests of at most one pool chunk, split across the request thread and
-    /// the pool above that: no handoff where parallelism cannot pay for it.
-    #[default]
-    Auto,
-}
+use crate::placement::{self, Placement, Policy};
+
+/// Where sector crypto runs for one direction: the crate's one [`Placement`] policy.
+pub type CryptMode = Placement;
 
 /// How a `CryptTarget` maps onto the device below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,39 +108,6 @@ pub enum CryptError {
         sector_size: u32,
     },
 }
-
-/// The shared crypto pool: one thread per core, created on first use.
-pub(crate) fn crypto_pool() -> &'static rayon::ThreadPool {
-    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .thread_name(|i| format!("kcryptd-{i}"))
-            .build()
-            .expect("cannot start the crypto thread pool")
-    })
-}
-
-/// Auto-mode requests in their crypto phase right now, across every target (the pool is
-/// shared too): Auto's signal that the cores are already busy.
-static AUTO_BUSY: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts one Auto request in [`AUTO_BUSY`] while it lives; `.0` is the count with it.
-pub(crate) struct AutoBusy(pub(crate) usize);
-
-impl AutoBusy {
-    pub(crate) fn enter() -> Self {
-        AutoBusy(AUTO_BUSY.fetch_add(1, Ordering::Relaxed) + 1)
-    }
-}
-
-impl Drop for AutoBusy {
-    fn drop(&mut self) {
-        AUTO_BUSY.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Requests are split into chunks of this size across the pool (never below one sector).
-pub(crate) const POOL_CHUNK: usize = 64 * 1024;
 
 thread_local! {
     /// Per-thread ciphertext bounce buffer for writes (the caller's buffer is immutable).
@@ -248,51 +197,15 @@ impl<D: BlockDevice> CryptTarget<D> {
     ) -> BlockResult<()> {
         let cipher = &*self.cipher;
         let sector0 = off / 512;
-        let chunk = POOL_CHUNK.max(cipher.sector_size() as usize);
-        let work = move |i: usize, part: &mut [u8]| -> Result<(), CryptoError> {
+        let chunk = placement::chunk_len(cipher.sector_size() as usize);
+        let policy = Policy::new(mode).same_cpu(self.cfg.same_cpu_crypt);
+        placement::run(policy, data, chunk, |o, part: &mut [u8]| {
             if let Some(src) = src {
-                part.copy_from_slice(&src[i * chunk..i * chunk + part.len()]);
+                part.copy_from_slice(&src[o..o + part.len()]);
             }
-            op(cipher, sector0 + (i * chunk / 512) as u64, part)
-        };
-        let serial = |data: &mut [u8]| data.chunks_mut(chunk).enumerate().try_for_each(|(i, p)| work(i, p));
-        let split = data.len() > chunk;
-        let busy = (mode == CryptMode::Auto).then(AutoBusy::enter);
-        let result = match mode {
-            CryptMode::Inline => serial(data),
-            CryptMode::Auto if !split => serial(data),
-            // Every pool thread's core already has an Auto request (this one included).
-            CryptMode::Auto if busy.as_ref().is_some_and(|b| b.0 >= crypto_pool().current_num_threads()) => {
-                serial(data)
-            }
-            CryptMode::Auto => {
-                // The request thread takes the first chunk; the pool takes the rest.
-                let failed: std::sync::Mutex<Option<CryptoError>> = std::sync::Mutex::new(None);
-                let record = |r: Result<(), CryptoError>| {
-                    if let Err(e) = r {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    }
-                };
-                crypto_pool().in_place_scope(|scope| {
-                    let mut parts = data.chunks_mut(chunk).enumerate();
-                    let first = parts.next();
-                    for (i, part) in parts {
-                        scope.spawn(move |_| record(work(i, part)));
-                    }
-                    if let Some((i, part)) = first {
-                        record(work(i, part));
-                    }
-                });
-                match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                }
-            }
-            CryptMode::Pool if self.cfg.same_cpu_crypt || !split => crypto_pool().install(|| serial(data)),
-            CryptMode::Pool => crypto_pool()
-                .install(|| data.par_chunks_mut(chunk).enumerate().try_for_each(|(i, p)| work(i, p))),
-        };
-        result.map_err(Self::crypt_err)
+            op(cipher, sector0 + (o / 512) as u64, part)
+        })
+        .map_err(Self::crypt_err)
     }
 
     /// Encrypts `buf` (target offset `off`) into this thread's bounce buffer, where `mode`
@@ -368,8 +281,12 @@ impl<D: BlockDevice> BlockDevice for CryptTarget<D> {
             return Ok(());
         }
         if self.cfg.write_mode == CryptMode::Pool && self.cfg.submit_from_crypt_cpus {
-            // The pool thread that encrypts also submits the write below.
-            return crypto_pool().install(|| self.encrypt_and_write(CryptMode::Inline, off, buf, flags));
+            // The pool thread that encrypts also submits the write below (or, while a layer
+            // that waits on the pool holds a lock, this thread places the crypto as usual).
+            return placement::submit_on_pool(|pooled| {
+                let mode = if pooled { CryptMode::Inline } else { CryptMode::Pool };
+                self.encrypt_and_write(mode, off, buf, flags)
+            });
         }
         self.encrypt_and_write(self.cfg.write_mode, off, buf, flags)
     }
@@ -388,7 +305,7 @@ impl<D: BlockDevice> BlockDevice for CryptTarget<D> {
             self.next.write_at(self.cfg.offset + off, buf, flags)
         };
         if pooled_submit {
-            crypto_pool().install(|| go(CryptMode::Inline, buf))
+            placement::submit_on_pool(|pooled| go(if pooled { CryptMode::Inline } else { mode }, buf))
         } else {
             go(mode, buf)
         }
@@ -472,8 +389,10 @@ mod tests {
         let mut expected = data.clone();
         cipher(4096, 0).encrypt(16, &mut expected).unwrap();
         for busy in [false, true] {
-            let _others: Vec<AutoBusy> = if busy {
-                (0..crypto_pool().current_num_threads()).map(|_| AutoBusy::enter()).collect()
+            let _others: Vec<placement::Counted> = if busy {
+                (0..placement::pool().current_num_threads())
+                    .map(|_| placement::Counted::auto_request())
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -485,7 +404,7 @@ mod tests {
             t.read_at(8192, &mut back).unwrap();
             assert_eq!(back, data, "busy={busy}");
         }
-        assert!(AUTO_BUSY.load(Ordering::Relaxed) < 1000, "the busy count leaks");
+        assert!(placement::auto_busy() < 1000, "the busy count leaks");
     }
 
     #[test]

@@ -14,11 +14,10 @@
 //! ```
 //!
 //! It is a separate type from [`crate::CryptTarget`] so the plain dm-crypt hot path pays
-//! nothing for AEAD. Crypto placement follows `CryptConfig::{read_mode, write_mode}` as for
-//! plain dm-crypt: `Inline` on the request thread; `Auto` (default) inline up to 64 KiB,
-//! larger requests split in 64 KiB chunks across the request thread and the shared crypto
-//! pool while a core is free; `Pool` always split across the pool. It matters most for
-//! HMAC-SHA256, whose ~1.3 GB/s per core would otherwise cap a single large read.
+//! nothing for AEAD. Crypto placement is plain dm-crypt's, by the same engine
+//! (`placement.rs`): `CryptConfig::{read_mode, write_mode}` and `same_cpu_crypt`, over
+//! 64 KiB chunks of data with their tuples beside them. It matters most for HMAC-SHA256,
+//! whose ~1.3 GB/s per core would otherwise cap a single large read.
 //!
 //! Sector numbers in the AAD are relative to this target (dm-crypt's `dm_target_offset`), not
 //! to the device below: `CryptConfig::offset` moves the ciphertext, not the AAD. Discards are
@@ -31,10 +30,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use blockdev::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags};
 use sector_crypto::{AeadSectorCipher, CryptoError};
 
-use crate::crypt::{crypto_pool, AutoBusy, CryptError, POOL_CHUNK};
+use crate::crypt::CryptError;
 use crate::integrity::TaggedDevice;
+use crate::placement::{self, Policy};
 use crate::CryptConfig;
-use crate::CryptMode;
 
 /// The AEAD dm-crypt target over a tagged device `next`.
 pub struct AeadCryptTarget<D> {
@@ -42,8 +41,8 @@ pub struct AeadCryptTarget<D> {
     cipher: AeadSectorCipher,
     offset: u64,
     read_only: bool,
-    read_mode: CryptMode,
-    write_mode: CryptMode,
+    read: Policy,
+    write: Policy,
     geometry: Geometry,
     /// Reads that failed authentication after the re-read.
     failures: AtomicU64,
@@ -62,10 +61,10 @@ impl<D: TaggedDevice> fmt::Debug for AeadCryptTarget<D> {
 }
 
 impl<D: TaggedDevice> AeadCryptTarget<D> {
-    /// Stacks an AEAD crypt layer over `next`. `cfg.offset`, `cfg.len`, `cfg.read_only` and
-    /// the placement modes apply as for [`crate::CryptTarget`] (`same_cpu_crypt` and
-    /// `submit_from_crypt_cpus` have no AEAD meaning and are ignored), and
-    /// `cfg.allow_discards` is refused.
+    /// Stacks an AEAD crypt layer over `next`. `cfg.offset`, `cfg.len`, `cfg.read_only`, the
+    /// placement modes and `same_cpu_crypt` apply as for [`crate::CryptTarget`]
+    /// (`submit_from_crypt_cpus` is ignored: the tagged write is submitted from the request
+    /// thread), and `cfg.allow_discards` is refused.
     ///
     /// Like the kernel's `crypt_integrity_ctr`, the device's tag block size must equal the
     /// cipher's sector size and its tag size must equal the cipher's tuple size.
@@ -126,8 +125,8 @@ impl<D: TaggedDevice> AeadCryptTarget<D> {
             cipher,
             offset: cfg.offset,
             read_only: cfg.read_only,
-            read_mode: cfg.read_mode,
-            write_mode: cfg.write_mode,
+            read: Policy::new(cfg.read_mode).same_cpu(cfg.same_cpu_crypt),
+            write: Policy::new(cfg.write_mode).same_cpu(cfg.same_cpu_crypt),
             geometry,
             failures: AtomicU64::new(0),
         })
@@ -164,11 +163,9 @@ impl<D: TaggedDevice> AeadCryptTarget<D> {
     fn seal_and_write(&self, off: u64, data: &mut [u8], flags: WriteFlags) -> BlockResult<()> {
         let mut tuples = self.tuples_for(data.len());
         let (chunk, tchunk) = self.chunks();
-        let split = data.len() > chunk;
-        let parts = data.chunks_mut(chunk).zip(tuples.chunks_mut(tchunk));
         let sector0 = off / 512;
-        placed(self.write_mode, split, parts, |i, (d, t)| {
-            self.cipher.encrypt(sector0 + (i * chunk / 512) as u64, d, t)
+        placement::run_paired(self.write, &mut *data, chunk, &mut tuples[..], tchunk, |o, d, t| {
+            self.cipher.encrypt(sector0 + (o / 512) as u64, d, t)
         })
         .map_err(Self::crypt_err)?;
         self.next.write_tagged(self.offset + off, data, &tuples, flags)
@@ -178,64 +175,17 @@ impl<D: TaggedDevice> AeadCryptTarget<D> {
     /// says. On failure the error of the lowest failing chunk (its first bad sector).
     fn open_all(&self, off: u64, buf: &mut [u8], tuples: &[u8]) -> Result<(), CryptoError> {
         let (chunk, tchunk) = self.chunks();
-        let split = buf.len() > chunk;
-        let parts = buf.chunks_mut(chunk).zip(tuples.chunks(tchunk));
         let sector0 = off / 512;
-        placed(self.read_mode, split, parts, |i, (d, t)| {
-            self.cipher.decrypt(sector0 + (i * chunk / 512) as u64, d, t)
+        placement::run_paired(self.read, buf, chunk, tuples, tchunk, |o, d, t| {
+            self.cipher.decrypt(sector0 + (o / 512) as u64, d, t)
         })
     }
 
-    /// Bytes of data and of tuples per pool chunk.
+    /// Bytes of data and of tuples per chunk.
     fn chunks(&self) -> (usize, usize) {
         let ss = self.cipher.sector_size() as usize;
-        let chunk = POOL_CHUNK.max(ss);
+        let chunk = placement::chunk_len(ss);
         (chunk, chunk / ss * self.cipher.tuple_size())
-    }
-}
-
-/// Runs `work(i, part)` over `parts` (chunk `i` of a request): serially on this thread, or,
-/// when `split` and `mode` allow, the first part here and the rest on the crypto pool (as
-/// `CryptTarget` places plain dm-crypt). Returns the error of the lowest-numbered failing
-/// part, so an authentication failure names the first bad sector of the request.
-fn placed<P: Send>(
-    mode: CryptMode,
-    split: bool,
-    parts: impl Iterator<Item = P>,
-    work: impl Fn(usize, P) -> Result<(), CryptoError> + Sync,
-) -> Result<(), CryptoError> {
-    let busy = (mode == CryptMode::Auto && split).then(AutoBusy::enter);
-    let spread = match mode {
-        CryptMode::Inline => false,
-        CryptMode::Auto => busy.as_ref().is_some_and(|b| b.0 < crypto_pool().current_num_threads()),
-        CryptMode::Pool => split,
-    };
-    if !spread {
-        return parts.enumerate().try_for_each(|(i, p)| work(i, p));
-    }
-    let failed: std::sync::Mutex<Option<(usize, CryptoError)>> = std::sync::Mutex::new(None);
-    let record = |i: usize, r: Result<(), CryptoError>| {
-        if let Err(e) = r {
-            let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
-            if f.as_ref().is_none_or(|(j, _)| i < *j) {
-                *f = Some((i, e));
-            }
-        }
-    };
-    let (work, record) = (&work, &record);
-    crypto_pool().in_place_scope(|scope| {
-        let mut parts = parts.enumerate();
-        let first = parts.next();
-        for (i, p) in parts {
-            scope.spawn(move |_| record(i, work(i, p)));
-        }
-        if let Some((i, p)) = first {
-            record(i, work(i, p));
-        }
-    });
-    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some((_, e)) => Err(e),
-        None => Ok(()),
     }
 }
 

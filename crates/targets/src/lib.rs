@@ -20,7 +20,9 @@ mod crypt_aead;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod integrity;
+mod placement;
 
 pub use crypt::{CryptConfig, CryptError, CryptMode, CryptTarget};
 pub use crypt_aead::AeadCryptTarget;
 pub use integrity::{IntegrityConfig, IntegrityError, IntegrityStatus, IntegrityTarget, TaggedDevice};
+pub use placement::Placement;

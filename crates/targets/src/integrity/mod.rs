@@ -47,6 +47,7 @@ mod journal;
 mod meta;
 mod tagged;
 
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -65,29 +66,18 @@ use formats::integrity::{
     DISCARD_FILLER,
 };
 pub use jcrypt::{JournalCipher, JournalCrypt, JournalCryptSpec};
-use rayon::prelude::*;
 use sector_crypto::tag::TagHash;
 pub use tagged::TaggedDevice;
 
 use self::bitmap::BitmapState;
 use self::journal::{JournalSink, JournalState};
 use self::meta::MetaCache;
+use crate::placement::{self, Policy};
 
 /// Where the tags of a multi-block request are computed (the kernel's synchronous `shash`
-/// versus an offloaded `ahash`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HashMode {
-    /// On the request's thread, block after block.
-    Inline,
-    /// Always on the rayon pool, the request's blocks split across its threads.
-    Pool,
-    /// Inline up to 64 KiB, split across the pool above.
-    #[default]
-    Auto,
-}
-
-/// Requests above this many bytes are hashed in parallel chunks of this size (`Auto`).
-const HASH_CHUNK: usize = 64 * 1024;
+/// versus an offloaded `ahash`): the crate's one [`Placement`](crate::Placement) policy, on
+/// the pool crypt uses.
+pub type HashMode = crate::placement::Placement;
 /// Recalculation and wipe chunk.
 const RECALC_CHUNK_SECTORS: u64 = 2048;
 
@@ -768,8 +758,14 @@ impl<D: BlockDevice> Inner<D> {
         v
     }
 
-    /// Tags of whole blocks `data` starting at logical `sector` into `tags`.
-    fn compute_tags(&self, sector: u64, data: &[u8], tags: &mut [u8]) {
+    /// How tag hashing is placed; `held`: the caller holds a range lock (see placement.rs).
+    fn hash_policy(&self, held: bool) -> Policy {
+        Policy::new(self.hash_mode).holding_lock(held)
+    }
+
+    /// Tags of whole blocks `data` starting at logical `sector` into `tags`, placed by the
+    /// hash mode; `held`: the caller holds a range lock.
+    fn compute_tags(&self, sector: u64, data: &[u8], tags: &mut [u8], held: bool) {
         let Some(h) = &self.hash else {
             tags.fill(0);
             return;
@@ -778,46 +774,36 @@ impl<D: BlockDevice> Inner<D> {
         let ts = self.tag_size;
         let spb = self.spb();
         let salt = self.salt.as_ref();
-        let serial = |first: u64, d: &[u8], t: &mut [u8]| {
-            for (k, (b, tag)) in d.chunks_exact(bs).zip(t.chunks_exact_mut(ts)).enumerate() {
-                h.compute(salt, first + k as u64 * spb, b, tag);
-            }
-        };
-        let chunk_blocks = (HASH_CHUNK / bs).max(1);
-        let parallel = match self.hash_mode {
-            HashMode::Inline => false,
-            HashMode::Pool => true,
-            HashMode::Auto => data.len() > HASH_CHUNK,
-        };
-        if !parallel {
-            serial(sector, data, tags);
-            return;
-        }
-        data.par_chunks(chunk_blocks * bs)
-            .zip(tags.par_chunks_mut(chunk_blocks * ts))
-            .enumerate()
-            .for_each(|(c, (d, t))| serial(sector + (c * chunk_blocks) as u64 * spb, d, t));
+        let chunk = placement::chunk_len(bs);
+        let r =
+            placement::run_paired(self.hash_policy(held), data, chunk, tags, chunk / bs * ts, |o, d, t| {
+                let first = sector + (o / bs) as u64 * spb;
+                for (k, (b, tag)) in d.chunks_exact(bs).zip(t.chunks_exact_mut(ts)).enumerate() {
+                    h.compute(salt, first + k as u64 * spb, b, tag);
+                }
+                Ok::<(), Infallible>(())
+            });
+        let Ok(()) = r;
     }
 
-    /// Tags of zero blocks from `sector`, `n` blocks.
-    fn zero_tags(&self, sector: u64, n: usize) -> Vec<u8> {
+    /// Tags of zero blocks from `sector`, `n` blocks; `held`: the caller holds a range lock.
+    fn zero_tags(&self, sector: u64, n: usize, held: bool) -> Vec<u8> {
         let mut tags = vec![0u8; n * self.tag_size];
         let Some(h) = &self.hash else { return tags };
         let zero = vec![0u8; self.block_size];
         let ts = self.tag_size;
         let spb = self.spb();
         let salt = self.salt.as_ref();
-        let per = 1024;
-        let work = |c: usize, t: &mut [u8]| {
+        // Chunked as if the zero blocks were data: the same rule as compute_tags.
+        let tag_chunk = placement::chunk_len(self.block_size) / self.block_size * ts;
+        let r = placement::run(self.hash_policy(held), &mut tags[..], tag_chunk, |o, t| {
+            let first = sector + (o / ts) as u64 * spb;
             for (k, tag) in t.chunks_exact_mut(ts).enumerate() {
-                h.compute(salt, sector + (c * per + k) as u64 * spb, &zero, tag);
+                h.compute(salt, first + k as u64 * spb, &zero, tag);
             }
-        };
-        if n > per && self.hash_mode != HashMode::Inline {
-            tags.par_chunks_mut(per * ts).enumerate().for_each(|(c, t)| work(c, t));
-        } else {
-            tags.chunks_mut(per * ts).enumerate().for_each(|(c, t)| work(c, t));
-        }
+            Ok::<(), Infallible>(())
+        });
+        let Ok(()) = r;
         tags
     }
 
@@ -886,7 +872,7 @@ impl<D: BlockDevice> Inner<D> {
         let bs = self.block_size;
         let spb = self.spb();
         let mut computed = vec![0u8; stored.len()];
-        self.compute_tags(sector, data, &mut computed);
+        self.compute_tags(sector, data, &mut computed, true);
         if computed == stored {
             return Ok(());
         }
@@ -907,7 +893,7 @@ impl<D: BlockDevice> Inner<D> {
             let block = &mut data[b * bs..(b + 1) * bs];
             let mut again = vec![0u8; ts];
             if self.next.read_at(self.layout.data_sector(s) * 512, block).is_ok() {
-                self.compute_tags(s, block, &mut again);
+                self.compute_tags(s, block, &mut again, true);
                 if again == st {
                     continue;
                 }
@@ -993,7 +979,7 @@ impl<D: BlockDevice> Inner<D> {
             }
             None => {
                 let mut t = vec![0u8; buf.len() / bs * ts];
-                self.compute_tags(sector, buf, &mut t);
+                self.compute_tags(sector, buf, &mut t, false);
                 owned = t;
                 &owned
             }
@@ -1035,7 +1021,7 @@ impl<D: BlockDevice> Inner<D> {
         let below = flags - ZeroFlags::FUA;
         for (s, cnt) in self.runs(sector, n) {
             self.next.write_zeroes(self.layout.data_sector(s) * 512, cnt * 512, below)?;
-            let tags = self.zero_tags(s, (cnt / spb) as usize);
+            let tags = self.zero_tags(s, (cnt / spb) as usize, lock_range);
             self.meta_io("writing tags", || self.meta.write(&self.next, self.tag_addr(s), &tags))?;
         }
         if flags.contains(ZeroFlags::FUA) {
@@ -1107,7 +1093,7 @@ impl<D: BlockDevice> Inner<D> {
                 let mut data = vec![0u8; cnt as usize * 512];
                 self.next.read_at(self.layout.data_sector(rs) * 512, &mut data)?;
                 let mut tags = vec![0u8; data.len() / self.block_size * self.tag_size];
-                self.compute_tags(rs, &data, &mut tags);
+                self.compute_tags(rs, &data, &mut tags, true);
                 self.meta.write(&self.next, self.tag_addr(rs), &tags)?;
             }
             s += n;
@@ -1275,7 +1261,7 @@ impl<D: BlockDevice> Inner<D> {
             if self.hash.is_some() {
                 let mut t = vec![0u8; self.tag_size];
                 for e in &entries {
-                    self.compute_tags(e.logical_sector, &e.data, &mut t);
+                    self.compute_tags(e.logical_sector, &e.data, &mut t, false);
                     if t != e.tag {
                         return Err(IntegrityError::ReplayTagMismatch { sector: e.logical_sector });
                     }
