@@ -95,10 +95,30 @@ pub enum CryptError {
         /// Payload offset.
         offset: u64,
     },
-    /// The tagged device below does not fit an authenticated cipher (tag or block size), or
-    /// an option is not allowed with authenticated encryption.
-    #[error("{0}")]
-    Integrity(String),
+    /// Discards were asked for with authenticated encryption (a discarded sector would have
+    /// no valid tag).
+    #[error("discards are not supported with authenticated encryption")]
+    DiscardsWithAead,
+    /// The tagged device's block size is not the AEAD cipher's sector size.
+    #[error(
+        "integrity profile sector size mismatch: the tagged device has {device_block}-byte blocks, the cipher {sector_size}-byte sectors"
+    )]
+    TagBlockSizeMismatch {
+        /// The tagged device's tag block size.
+        device_block: usize,
+        /// The cipher's sector size.
+        sector_size: u32,
+    },
+    /// The tagged device's tag size is not the AEAD cipher's tuple (tag + IV) size.
+    #[error("integrity profile tag size mismatch: the tagged device stores {device_tag} bytes per block, {spec} needs {tuple}")]
+    TagSizeMismatch {
+        /// Bytes per block the tagged device stores.
+        device_tag: usize,
+        /// The cipher.
+        spec: sector_crypto::AeadSpec,
+        /// Bytes per sector the cipher needs.
+        tuple: usize,
+    },
     /// Length not a multiple of the encryption sector size.
     #[error("target length {len} is not a multiple of the {sector_size}-byte encryption sector")]
     MisalignedLength {

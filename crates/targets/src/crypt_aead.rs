@@ -70,24 +70,21 @@ impl<D: TaggedDevice> AeadCryptTarget<D> {
     /// cipher's sector size and its tag size must equal the cipher's tuple size.
     pub fn new(next: D, cipher: AeadSectorCipher, cfg: CryptConfig) -> Result<Self, CryptError> {
         if cfg.allow_discards {
-            return Err(CryptError::Integrity(
-                "discards are not supported with authenticated encryption".into(),
-            ));
+            return Err(CryptError::DiscardsWithAead);
         }
         let sector_size = cipher.sector_size();
         if next.tag_block_size() != sector_size as usize {
-            return Err(CryptError::Integrity(format!(
-                "integrity profile sector size mismatch: the tagged device has {}-byte blocks, the cipher {sector_size}-byte sectors",
-                next.tag_block_size()
-            )));
+            return Err(CryptError::TagBlockSizeMismatch {
+                device_block: next.tag_block_size(),
+                sector_size,
+            });
         }
         if next.tag_size() != cipher.tuple_size() {
-            return Err(CryptError::Integrity(format!(
-                "integrity profile tag size mismatch: the tagged device stores {} bytes per block, {} needs {}",
-                next.tag_size(),
-                cipher.spec(),
-                cipher.tuple_size()
-            )));
+            return Err(CryptError::TagSizeMismatch {
+                device_tag: next.tag_size(),
+                spec: *cipher.spec(),
+                tuple: cipher.tuple_size(),
+            });
         }
         let below = next.geometry();
         let ss = u64::from(sector_size);

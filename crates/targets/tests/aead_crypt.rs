@@ -232,16 +232,19 @@ fn construction_checks_the_tagged_device_and_refuses_discards() {
     format_for(&dev, GCM, 512);
     let below = || integrity(dev.clone(), GCM, 512, Mode::Direct);
     let e = AeadCryptTarget::new(below(), cipher(GCM, 4096), CryptConfig::default()).unwrap_err();
-    assert!(matches!(e, CryptError::Integrity(ref m) if m.contains("sector size")), "{e}");
+    assert!(
+        matches!(e, CryptError::TagBlockSizeMismatch { .. }) && e.to_string().contains("sector size"),
+        "{e}"
+    );
     let e = AeadCryptTarget::new(below(), cipher(HMAC, 512), CryptConfig::default()).unwrap_err();
-    assert!(matches!(e, CryptError::Integrity(ref m) if m.contains("tag size")), "{e}");
+    assert!(matches!(e, CryptError::TagSizeMismatch { .. }) && e.to_string().contains("tag size"), "{e}");
     let e = AeadCryptTarget::new(
         below(),
         cipher(GCM, 512),
         CryptConfig { allow_discards: true, ..CryptConfig::default() },
     )
     .unwrap_err();
-    assert!(matches!(e, CryptError::Integrity(ref m) if m.contains("discard")), "{e}");
+    assert!(matches!(e, CryptError::DiscardsWithAead) && e.to_string().contains("discard"), "{e}");
     let t = AeadCryptTarget::new(below(), cipher(GCM, 512), CryptConfig::default()).unwrap();
     assert!(!t.caps().contains(Caps::DISCARD));
     assert_eq!(t.discard(0, 4096).unwrap_err().kind(), BlockErrorKind::Unsupported);

@@ -278,8 +278,13 @@ impl JournalState {
         for _ in 0..self.n_committed {
             let mut done: Vec<(u32, u64)> = Vec::new();
             {
-                let view = JournalView::new(self.geom, self.sections, &self.bytes)
-                    .map_err(|e| blockdev::BlockError::new(blockdev::BlockErrorKind::Io, e.to_string()))?;
+                let view = JournalView::new(self.geom, self.sections, &self.bytes).map_err(|e| {
+                    blockdev::BlockError::new(
+                        blockdev::BlockErrorKind::Io,
+                        "the journal does not fit its geometry",
+                    )
+                    .with_source(e)
+                })?;
                 let mut j = 0;
                 while j < entries {
                     let e = view.entry(i, j);

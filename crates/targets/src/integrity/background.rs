@@ -1,0 +1,127 @@
+//! Background work: the timer thread (journal commit after `commit_time`, bitmap clearing
+//! after `bitmap_flush_interval`) and the recalculation thread (`recalculate`: tags
+//! recomputed from `recalc_sector` on, its position saved in the superblock every 64
+//! chunks and at the end). Both hold only a `Weak` to the target and stop when it closes.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use blockdev::{BlockDevice, BlockResult};
+
+use super::{lock, Inner, Stop};
+
+/// Recalculation and wipe chunk.
+const RECALC_CHUNK_SECTORS: u64 = 2048;
+
+pub(super) fn timer_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) {
+    let period = {
+        let Some(i) = weak.upgrade() else { return };
+        let p = [i.commit_time, i.bitmap_flush_interval].into_iter().flatten().min();
+        match p {
+            Some(p) => p,
+            None => return,
+        }
+    };
+    let mut last_bitmap = Instant::now();
+    loop {
+        {
+            let g = lock(&stop.stopped);
+            if *g {
+                return;
+            }
+            let (g, _) = stop.wake.wait_timeout(g, period).unwrap_or_else(|e| e.into_inner());
+            if *g {
+                return;
+            }
+        }
+        let Some(i) = weak.upgrade() else { return };
+        if i.poisoned.load(Ordering::Relaxed) {
+            continue;
+        }
+        if let (Some(j), Some(_)) = (&i.journal, i.commit_time) {
+            let mut j = lock(j);
+            if j.has_uncommitted() {
+                if let Err(e) = j.commit(&*i) {
+                    i.poison("committing the journal (timer)", &e);
+                }
+            }
+        }
+        if let (Some(_), Some(iv)) = (&i.bitmap, i.bitmap_flush_interval) {
+            if last_bitmap.elapsed() >= iv {
+                last_bitmap = Instant::now();
+                if let Err(e) = i.bitmap_flush() {
+                    i.poison("clearing the bitmap", &e);
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) {
+    let mut chunks = 0u32;
+    loop {
+        if *lock(&stop.stopped) {
+            return;
+        }
+        let Some(i) = weak.upgrade() else { return };
+        let pos = i.recalc_sector.load(Ordering::Relaxed);
+        let end = i.layout.provided_data_sectors;
+        if pos >= end {
+            if let Err(e) = i.write_sb_with(|sb| sb.recalc_sector = end) {
+                i.poison("writing the superblock after recalculation", &e);
+            }
+            return;
+        }
+        let n = RECALC_CHUNK_SECTORS.min(end - pos);
+        let r = {
+            let _g = i.locks.write(pos * 512, n * 512);
+            i.recalc_range(pos, pos + n)
+        };
+        if let Err(e) = r {
+            i.poison("recalculating tags", &e);
+            return;
+        }
+        i.recalc_sector.store(pos + n, Ordering::Relaxed);
+        chunks += 1;
+        if chunks.is_multiple_of(64) {
+            let r = i.meta.flush_dirty(&i.next).and_then(|_| i.next.flush());
+            let r = r.and_then(|_| i.write_sb_with(|sb| sb.recalc_sector = pos + n));
+            if let Err(e) = r {
+                i.poison("writing the superblock during recalculation", &e);
+                return;
+            }
+        }
+    }
+}
+
+impl<D: BlockDevice> Inner<D> {
+    /// Recomputes the tags of `[from, to)` from the data (whole blocks).
+    pub(super) fn recalc_range(&self, from: u64, to: u64) -> BlockResult<()> {
+        let mut s = from;
+        while s < to {
+            let n = RECALC_CHUNK_SECTORS.min(to - s);
+            for (rs, cnt) in self.runs(s, n) {
+                let mut data = vec![0u8; cnt as usize * 512];
+                self.next.read_at(self.layout.data_sector(rs) * 512, &mut data)?;
+                let mut tags = vec![0u8; data.len() / self.block_size * self.tag_size];
+                self.compute_tags(rs, &data, &mut tags, true);
+                self.meta.write(&self.next, self.tag_addr(rs), &tags)?;
+            }
+            s += n;
+        }
+        Ok(())
+    }
+
+    /// Clears the bitmap: waits for every write in flight, flushes, clears, writes.
+    pub(super) fn bitmap_flush(&self) -> BlockResult<()> {
+        let Some(b) = &self.bitmap else { return Ok(()) };
+        let _g = self.locks.write(0, self.geometry.size);
+        if !lock(b).any_set() {
+            return Ok(());
+        }
+        self.meta.flush_dirty(&self.next)?;
+        self.next.flush()?;
+        lock(b).clear_all(&self.next)
+    }
+}
