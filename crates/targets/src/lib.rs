@@ -12,6 +12,10 @@
 //!              │        direct modes, kernel on-disk format (formats::integrity)
 //!        D: BlockDevice
 //! ```
+//!
+//! Where the per-request crypto and tag hashing run (inline, split across the request thread
+//! and a shared pool while a core is free, or always pooled) is decided by one engine for
+//! all three (`placement.rs`): [`Placement`], which `CryptMode` and `integrity::HashMode` are.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

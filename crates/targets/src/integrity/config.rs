@@ -16,6 +16,7 @@ use super::JournalCryptSpec;
 /// versus an offloaded `ahash`): the crate's one [`Placement`](crate::Placement) policy, on
 /// the pool crypt uses.
 pub type HashMode = crate::placement::Placement;
+
 /// Table options of an integrity target (`dm_integrity_ctr` arguments).
 #[derive(Debug, Clone)]
 pub struct IntegrityConfig {

@@ -340,7 +340,7 @@ impl<D: BlockDevice> Inner<D> {
         }
         match plan.resume {
             JournalResume::Continue { section, commit_seq } => Ok((section, commit_seq)),
-            JournalResume::Clear { erase_seq, commit_seq, .. } => {
+            JournalResume::Clear { commit_seq, .. } => {
                 let list = fj::clear_sections(&plan.resume, l.journal_sections);
                 let mut j = JournalState::new(
                     bytes.to_vec(),
@@ -354,7 +354,6 @@ impl<D: BlockDevice> Inner<D> {
                 );
                 j.clear(self, &list).map_err(io("clearing the journal"))?;
                 bytes.copy_from_slice(&j.bytes);
-                let _ = erase_seq;
                 Ok((0, commit_seq))
             }
         }
