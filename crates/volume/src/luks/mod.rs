@@ -29,7 +29,7 @@
 //! segments, unknown mandatory requirements, tokens as unlock methods (tokens are kept
 //! verbatim through every header rewrite).
 
-mod aead;
+pub(crate) mod aead;
 mod dump;
 mod io;
 mod keyslot;
@@ -49,7 +49,7 @@ use sector_crypto::secure::SecretBuf;
 use sector_crypto::{CryptoError, VolumeKey};
 use zeroize::Zeroizing;
 
-pub use aead::{format_integrity, format_integrity_until, wipe_integrity, LuksIntegrity, WipeEnd};
+pub use aead::{format_integrity, format_integrity_until, wipe_integrity, AeadOpen, LuksIntegrity, WipeEnd};
 pub use dump::{dump, dump_volume_key};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).
 pub use formats::dm::CryptOptions;
@@ -162,6 +162,38 @@ pub enum LuksError {
     /// The authenticated crypt layer does not fit the dm-integrity layer below.
     #[error("authenticated encryption layer")]
     AeadLayer(#[source] targets::CryptError),
+}
+
+impl LuksError {
+    /// The cause, for a caller to decide on.
+    pub fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind as K;
+        match self {
+            LuksError::NotLuks
+            | LuksError::WrongVersion { .. }
+            | LuksError::BadKeyslot { .. }
+            | LuksError::KeyslotInactive(_)
+            | LuksError::KeyslotActive(_)
+            | LuksError::NoFreeKeyslot
+            | LuksError::NoKeyslotSpace { .. }
+            | LuksError::Params(_) => K::Usage,
+            LuksError::UnsupportedVersion(_)
+            | LuksError::Unsupported(_)
+            | LuksError::Cipher { .. }
+            | LuksError::Limit(_) => K::Unsupported,
+            LuksError::Luks1(_) | LuksError::Luks2(_) => K::Corrupt,
+            LuksError::Io { source, .. } => match crate::error::block_kind(source) {
+                k @ (K::Busy | K::Permission) => k,
+                _ => K::Io,
+            },
+            // The header (or the format asked for) does not fit the device given: the
+            // device is the wrong one for it (cryptsetup: -EINVAL, exit 1).
+            LuksError::DeviceTooSmall { .. } | LuksError::AeadLayer(_) => K::Usage,
+            LuksError::WrongPassphrase | LuksError::VolumeKeyMismatch => K::WrongKey,
+            LuksError::Kdf(_) => K::Other,
+            LuksError::Integrity(e) => crate::error::integrity_kind(e),
+        }
+    }
 }
 
 /// LUKS version.
@@ -731,6 +763,43 @@ pub struct FormatParams {
     pub integrity: Option<LuksIntegrity>,
 }
 
+/// cryptsetup's default `--key-size` in bits for `cipher`: 512 for XTS, else 256.
+pub fn default_key_bits(cipher: &str) -> usize {
+    if cipher.contains("xts") {
+        512
+    } else {
+        256
+    }
+}
+
+impl FormatParams {
+    /// The parameters of `luksFormat --type <version> --cipher <cipher> [--key-size
+    /// <key_bits>] [--integrity]`: the volume key is the encryption key (`key_bits`, else
+    /// [`default_key_bits`]) plus the MAC key of `integrity`, as cryptsetup counts it.
+    /// Refuses a key size that is not whole bytes, and `--integrity` on LUKS1.
+    pub fn for_cipher(
+        version: LuksVersion,
+        cipher: &str,
+        key_bits: Option<usize>,
+        integrity: Option<LuksIntegrity>,
+    ) -> Result<Self, LuksError> {
+        let bits = key_bits.unwrap_or_else(|| default_key_bits(cipher));
+        if !bits.is_multiple_of(8) {
+            return Err(LuksError::Params(format!("--key-size {bits} is not a multiple of 8 bits")));
+        }
+        if integrity.is_some() && version != LuksVersion::V2 {
+            return Err(LuksError::Params("--integrity needs LUKS2".into()));
+        }
+        Ok(FormatParams {
+            version,
+            cipher: cipher.to_owned(),
+            key_bytes: bits / 8 + integrity.map_or(0, |i| i.spec.mac_key_size()),
+            integrity,
+            ..FormatParams::default()
+        })
+    }
+}
+
 impl Default for FormatParams {
     fn default() -> Self {
         FormatParams {
@@ -884,7 +953,8 @@ pub(crate) fn parse_hash(name: &str) -> Result<HashAlg, LuksError> {
     name.parse().map_err(|e| LuksError::Unsupported(format!("hash {name:?} is not supported ({e})")))
 }
 
-/// What `open --type luks` needs besides the passphrase.
+/// What `open --type luks` needs besides the passphrase, by path: the convenience form of
+/// [`crate::open`] with [`crate::Spec::Luks`] for callers that have paths (tests, examples).
 #[derive(Debug, Clone)]
 pub struct OpenParams {
     /// The data device (and metadata device unless `header` is set).
@@ -928,7 +998,7 @@ impl OpenParams {
 /// An unlocked and assembled LUKS volume.
 #[derive(Debug)]
 pub struct Opened {
-    /// The stack to serve, and its table line.
+    /// The stack to serve, and its tables.
     pub volume: crate::Volume,
     /// The header.
     pub luks: Luks,
@@ -936,58 +1006,83 @@ pub struct Opened {
     pub keyslot: u32,
 }
 
-/// Loads the header for `p`: the metadata device is opened read-write unless read-only was
-/// asked (a damaged LUKS2 copy is then repaired, as cryptsetup does on a writable load).
-pub fn load_for(p: &OpenParams) -> Result<(blockdev::FileDevice, Luks), crate::VolumeError> {
-    let meta_path = p.header.as_deref().unwrap_or(&p.device);
-    let meta = crate::open_backing(meta_path, &p.open)?;
-    let wrap = |source| crate::VolumeError::Luks { path: meta_path.to_owned(), source };
-    let luks = Luks::load(&meta, !p.open.read_only).map_err(wrap)?;
-    if let Some(v) = p.version {
+/// Loads the header on `meta` (named `path` in logs), with `repair` rewriting a damaged
+/// LUKS2 copy from the good one, and checks the version asked for.
+pub fn load_checked(
+    meta: &dyn BlockDevice,
+    path: &str,
+    version: Option<LuksVersion>,
+    repair: bool,
+) -> Result<Luks, LuksError> {
+    let luks = Luks::load(meta, repair)?;
+    if let Some(v) = version {
         if v != luks.version() {
-            return Err(wrap(LuksError::WrongVersion { wanted: v.number(), found: luks.version().number() }));
+            return Err(LuksError::WrongVersion { wanted: v.number(), found: luks.version().number() });
         }
     }
     if let Some(k) = luks.repaired {
-        log::warn!("{meta_path}: repaired the damaged {} LUKS2 header copy", luks2::copy_name(k));
+        log::warn!("{path}: repaired the damaged {} LUKS2 header copy", luks2::copy_name(k));
     }
     if let Some(k) = luks.needs_repair {
         log::warn!(
-            "{meta_path}: the {} LUKS2 header copy is damaged (read-only: not repaired)",
+            "{path}: the {} LUKS2 header copy is damaged (read-only: not repaired)",
             luks2::copy_name(k)
         );
     }
-    Ok((meta, luks))
+    Ok(luks)
 }
 
-/// Unlocks with `passphrase` and assembles the crypt stack (cryptsetup `open --type luks`).
+/// Unlocks with `passphrase` and assembles the stack (cryptsetup `open --type luks`): the
+/// devices of `p` opened through [`crate::storage::open`], then [`crate::open`].
 pub fn open(p: &OpenParams, passphrase: &Passphrase) -> Result<Opened, crate::VolumeError> {
-    let (meta, luks) = load_for(p)?;
-    let meta_path = p.header.as_deref().unwrap_or(&p.device).to_owned();
-    let wrap = |source| crate::VolumeError::Luks { path: meta_path.clone(), source };
-    luks.check_supported().map_err(wrap)?;
+    let so = p.open.storage();
     // With a detached header the data device is opened (and locked) before the KDF runs,
-    // so a device in use is refused at once; without one, the metadata device is the data
-    // device and is kept open (a second open would conflict with its own lock).
-    let data = match &p.header {
-        Some(_) => Some(crate::open_backing(&p.device, &p.open)?),
+    // so a device in use is refused at once.
+    let header = match &p.header {
+        Some(h) => Some(crate::storage::open(h, &so)?),
         None => None,
     };
-    let (keyslot, vk) = luks.unlock_with(&meta, passphrase, p.key_slot, &p.kdf_limits).map_err(wrap)?;
-    let data = match data {
-        Some(d) => {
-            drop(meta);
-            d
-        }
-        None => meta,
+    let data = crate::storage::open(&p.device, &so)?;
+    let mut once = crate::OnePassphrase::new(passphrase);
+    let spec = crate::LuksSpec {
+        version: p.version,
+        header,
+        key_slot: p.key_slot,
+        flags: p.flags,
+        integrity_no_journal: p.integrity_no_journal,
+        kdf_limits: p.kdf_limits,
+        passphrase: &mut once,
     };
-    if let Some(spec) = luks.aead().map_err(wrap)? {
-        let volume = aead::open(&luks, &spec, data, &p.device, &vk, p).map_err(wrap)?;
-        return Ok(Opened { volume, luks, keyslot });
-    }
-    let data_size = data.geometry().size;
-    let table = luks.table(&p.device, data_size, &vk, &p.flags).map_err(wrap)?;
-    let target = crate::crypt_over(data, &table, &p.open)?;
-    let volume = crate::Volume { device: std::sync::Arc::new(target), table };
+    let mut volume = crate::open(crate::Spec::Luks(spec), data, &p.open)?;
+    let crate::Unlocked { luks, keyslot } =
+        volume.luks.take().ok_or(crate::VolumeError::Stack("a LUKS volume without its header"))?;
     Ok(Opened { volume, luks, keyslot })
+}
+
+/// Bytes a detached header file needs for `p` (cryptsetup grows file-backed header devices
+/// to this): LUKS1 up to the end of the last keyslot, rounded up to 4096 bytes; LUKS2 both
+/// metadata copies and the keyslots area.
+pub fn header_size(p: &FormatParams) -> u64 {
+    match p.version {
+        LuksVersion::V1 => {
+            let (_, end) = formats::luks1::standard_keyslot_layout(p.key_bytes as u32);
+            (end * 512).div_ceil(4096) * 4096
+        }
+        LuksVersion::V2 => {
+            let md = p.metadata_size.unwrap_or(16 << 10);
+            let ks = p.keyslots_size.unwrap_or((16 << 20) - 2 * md);
+            2 * md + ks
+        }
+    }
+}
+
+/// Opens (creating or growing it to [`header_size`]) the detached header `locator` that
+/// `luksFormat --header` writes.
+pub fn open_header_for_format(
+    locator: &str,
+    p: &FormatParams,
+    so: &crate::storage::StorageOptions,
+) -> Result<crate::Storage, crate::VolumeError> {
+    crate::storage::ensure_size(locator, header_size(p))?;
+    crate::storage::open(locator, so)
 }
