@@ -11,7 +11,7 @@
 //!   luksResumeWipe --from N DEVICE ── unlock ── wipe N.. ── exit 0
 //! ```
 //!
-//! The library stays free of any UI: `volume::luks::{format_integrity_until, wipe_integrity}`
+//! The library stays free of any UI: `volume::format` and `volume::luks::wipe_integrity`
 //! take a `FnMut(done, total) -> ControlFlow<()>`, [`Progress::step`] is that callback.
 
 use std::io::IsTerminal;
