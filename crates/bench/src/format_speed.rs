@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use blockdev::{BlockDevice, FileDevice, FileOptions, WriteFlags};
+use blockdev::{BlockDevice, WriteFlags};
 
 use crate::compare::{
     Cell, CellDir, CompareEnv, ComparisonResult, PointResult, Spread, Variant, VariantInfo,
@@ -75,8 +75,14 @@ fn one(v: &Variant, dir: &Path, size: u64) -> Result<(u64, f64), BenchError> {
     let _ = rustix::fs::fallocate(file.as_file(), rustix::fs::FallocateFlags::empty(), 0, bytes);
     let path = file.into_temp_path();
     if st.kind == StackKind::Raw {
-        let dev = FileDevice::open(&path, FileOptions { direct: st.direct, ..FileOptions::default() })
-            .map_err(|e| BenchError::setup(format!("opening {}", path.display()), e))?;
+        let so = volume::StorageOptions { direct: st.direct, ..volume::StorageOptions::default() };
+        let dev = path
+            .to_str()
+            .ok_or_else(|| BenchError::usage(format!("{}: not a UTF-8 path", path.display())))
+            .and_then(|p| {
+                volume::storage::open(p, &so).map_err(|e| BenchError::setup(format!("opening {p}"), e))
+            })?
+            .device;
         let chunk = 1usize << 20;
         let buf = blockdev::AlignedBuf::for_direct_io(chunk);
         let t0 = Instant::now();

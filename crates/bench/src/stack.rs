@@ -1,22 +1,18 @@
 //! Stacks the harness builds for itself, on temporary volumes.
 //!
+//! Every stack is assembled by the same calls as the CLI's: `volume::storage::open`, then
+//! `volume::format` (stacks that need a formatted volume) and `volume::open`:
+//!
 //! ```text
 //!   StackSpec ──build(dir, size)──► temp file (preallocated, on a real filesystem)
-//!                                      └─ FileDevice (buffered | O_DIRECT)
-//!                                          └─ [lock: none | range | rwlock | mutex]
-//!                                              └─ [CryptTarget: cipher, key, sector size, mode]
-//!                                                  └─ Arc<dyn BlockDevice> ──► DeviceTarget
-//! ```
-//!
-//! Stacks that need a formatted volume are made through the `volume` crate's public API, as
-//! a user would make them, on the temporary file:
-//!
-//! ```text
-//!   integrity         volume::integrity::format(no_wipe) ─► volume::integrity::open
-//!   crypt-integrity   the same, then CryptTarget (plain aes-xts) over the IntegrityTarget
-//!   luks2             volume::luks::format (PBKDF2, 1000 iterations) ─► volume::luks::open
+//!                                      └─ volume::storage::open (buffered | O_DIRECT)
+//!   raw               [lock: none | range | rwlock | mutex] over the storage
+//!   crypt             the same, then volume::open(Spec::Plain) (cipher, key, sector size, mode)
+//!   integrity         volume::format(FormatSpec::Integrity, no wipe) ─► open(Spec::Integrity)
+//!   crypt-integrity   the same, then open(Spec::Layers[Integrity, Plain]) (plain aes-xts over it)
+//!   luks2             volume::format(FormatSpec::Luks, PBKDF2 1000 iterations) ─► open(Spec::Luks)
 //!   luks2-integrity   the same with `--integrity` (authenticated encryption: AEAD dm-crypt
-//!                     over dm-integrity with external tags), journaled (J) or direct (D)
+//!                     over dm-integrity with external tags, one format call), J or D
 //! ```
 //! No wipe: the precondition pass writes every block (valid tags) before anything reads.
 //! The file is made large enough for the metadata, and the top of the stack is cut to
@@ -31,14 +27,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, FileDevice, FileOptions, MemDevice, RangeLocked, Slice, WriteFlags};
+use blockdev::{BlockDevice, MemDevice, RangeLocked, Slice, WriteFlags};
 use rand::RngCore;
 use sector_crypto::kdf::Passphrase;
 use sector_crypto::tag::TagHash;
 use sector_crypto::{AeadSpec, CipherSpec, SectorCipher, SectorParams, VolumeKey};
 use targets::integrity::{HashMode, Mode};
-use targets::{CryptConfig, CryptMode, CryptTarget};
+use targets::CryptMode;
 use volume::integrity::IntegrityParams;
+use volume::luks::CryptOptions;
+use volume::plain::PlainParams;
+use volume::{FormatSpec, Layer, Spec, Storage};
 
 use crate::locks::GlobalLocked;
 use crate::spec::{parse_bool, parse_size};
@@ -536,21 +535,17 @@ impl StackSpec {
         }
     }
 
-    /// Formats `path` for the stacks that need it (no wipe).
+    /// Formats `path` for the stacks that need it (no wipe), with one `volume::format` call.
     fn format(&self, path: &Path, secrets: &Secrets) -> Result<(), BenchError> {
         let p = path_str(path)?;
-        match self.kind {
-            StackKind::Raw | StackKind::Crypt => Ok(()),
+        let spec = match self.kind {
+            StackKind::Raw | StackKind::Crypt => return Ok(()),
             StackKind::Integrity | StackKind::CryptIntegrity => {
                 let mut params = self.integrity_params(&secrets.hmac_key);
                 params.direct = false;
-                volume::integrity::format(p, &params, secrets.salt, true, |_, _| {})
-                    .map(|_| ())
-                    .map_err(|e| BenchError::setup(format!("formatting {p} for dm-integrity"), e))
+                FormatSpec::Integrity { params, salt: secrets.salt, no_wipe: true }
             }
             StackKind::Luks2 | StackKind::Luks2Integrity => {
-                let meta = FileDevice::open(path, FileOptions::default())
-                    .map_err(|e| BenchError::setup(format!("opening {p}"), e))?;
                 // No wipe: the precondition pass writes every block (valid tags) first.
                 let integrity = match self.kind {
                     StackKind::Luks2Integrity => Some(volume::luks::LuksIntegrity {
@@ -560,34 +555,38 @@ impl StackSpec {
                     }),
                     _ => None,
                 };
-                let mac_key_bytes = integrity.as_ref().map_or(0, |i| i.spec.mac_key_size());
-                let fp = volume::luks::FormatParams {
-                    cipher: self.cipher.clone(),
-                    key_bytes: (self.key_bits / 8) as usize + mac_key_bytes,
+                let mut params = volume::luks::FormatParams::for_cipher(
+                    volume::luks::LuksVersion::V2,
+                    &self.cipher,
+                    Some(self.key_bits as usize),
                     integrity,
-                    sector_size: self.sector_size,
-                    pbkdf: volume::luks::PbkdfParams {
-                        kind: Some(volume::luks::PbkdfType::Pbkdf2),
-                        force_iterations: Some(LUKS2_PBKDF2_ITERATIONS),
-                        ..volume::luks::PbkdfParams::default()
-                    },
-                    data_size: Some(meta.geometry().size),
-                    ..volume::luks::FormatParams::default()
+                )
+                .map_err(|e| BenchError::setup(format!("formatting {p} as LUKS2"), e))?;
+                params.sector_size = self.sector_size;
+                params.pbkdf = volume::luks::PbkdfParams {
+                    kind: Some(volume::luks::PbkdfType::Pbkdf2),
+                    force_iterations: Some(LUKS2_PBKDF2_ITERATIONS),
+                    ..volume::luks::PbkdfParams::default()
                 };
-                let (luks, vk) = volume::luks::format(&meta, &fp, &secrets.passphrase())
+                let pass = secrets.passphrase();
+                let storage = self.storage(path, false)?;
+                volume::format(FormatSpec::Luks { params, header: None, passphrase: &pass }, &storage, go_on)
                     .map_err(|e| BenchError::setup(format!("formatting {p} as LUKS2"), e))?;
-                meta.flush().map_err(|e| BenchError::setup(format!("flushing {p}"), e))?;
-                drop(meta);
-                if let Some(i) = &fp.integrity {
-                    // The dm-integrity superblock and journal in the data area, as luksFormat.
-                    let data = FileDevice::open(path, FileOptions::default())
-                        .map_err(|e| BenchError::setup(format!("opening {p}"), e))?;
-                    volume::luks::format_integrity(data, &luks, &vk, i, |_, _| {})
-                        .map_err(|e| BenchError::setup(format!("formatting the integrity area of {p}"), e))?;
-                }
-                Ok(())
+                return storage.device.flush().map_err(|e| BenchError::setup(format!("flushing {p}"), e));
             }
-        }
+        };
+        let storage = self.storage(path, false)?;
+        volume::format(spec, &storage, go_on)
+            .map(|_| ())
+            .map_err(|e| BenchError::setup(format!("formatting {p} for dm-integrity"), e))
+    }
+
+    /// The backing file (O_DIRECT when `direct` and this stack asks for it).
+    fn storage(&self, path: &Path, direct: bool) -> Result<Storage, BenchError> {
+        let p = path_str(path)?;
+        let so =
+            volume::StorageOptions { direct: direct && self.direct, ..volume::StorageOptions::default() };
+        volume::storage::open(p, &so).map_err(|e| BenchError::setup(format!("opening {p}"), e))
     }
 
     /// Stacks the layers on an existing file or block device (fio's `filename`). Nothing
@@ -616,82 +615,78 @@ impl StackSpec {
         })
     }
 
+    /// Assembles the stack on `path` through `volume::open`; the lock knob wraps the
+    /// storage before the crypt layer goes on it.
     fn stack_on(&self, path: &Path, secrets: &Secrets) -> Result<Arc<dyn BlockDevice>, BenchError> {
-        if self.needs_format() {
-            return self.open_formatted(path, secrets);
-        }
-        let opts = FileOptions { direct: self.direct, ..FileOptions::default() };
-        let backing = FileDevice::open(path, opts)
-            .map_err(|e| BenchError::setup(format!("opening {}", path.display()), e))?;
-        let below: Arc<dyn BlockDevice> = match self.lock {
-            LockKind::None => Arc::new(backing),
-            LockKind::Range => Arc::new(RangeLocked::new(backing)),
-            LockKind::RwLock => Arc::new(GlobalLocked::shared_reads(backing)),
-            LockKind::Mutex => Arc::new(GlobalLocked::exclusive(backing)),
-        };
-        match self.kind {
-            StackKind::Raw => Ok(below),
-            _ => self.crypt_over(below, &secrets.crypt_key),
-        }
-    }
-
-    fn crypt_over(
-        &self,
-        below: Arc<dyn BlockDevice>,
-        key: &[u8],
-    ) -> Result<Arc<dyn BlockDevice>, BenchError> {
-        let spec: CipherSpec =
-            self.cipher.parse().map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
-        let key = key[..(self.key_bits / 8) as usize].to_vec();
-        let params = SectorParams {
-            sector_size: self.sector_size,
-            iv_offset: 0,
-            iv_large_sectors: self.iv_large_sectors,
-        };
-        let cipher = SectorCipher::new(&spec, &VolumeKey::new(key), params)
-            .map_err(|e| BenchError::setup(format!("cipher {}", self.cipher), e))?;
-        let cfg =
-            CryptConfig { read_mode: self.crypt_mode, write_mode: self.crypt_mode, ..CryptConfig::default() };
-        Ok(Arc::new(
-            CryptTarget::new(below, cipher, cfg)
-                .map_err(|e| BenchError::setup("stacking the crypt layer", e))?,
-        ))
-    }
-
-    /// Opens a volume [`Self::format`] made, the way a user would.
-    fn open_formatted(&self, path: &Path, secrets: &Secrets) -> Result<Arc<dyn BlockDevice>, BenchError> {
         let p = path_str(path)?;
-        match self.kind {
-            StackKind::Integrity | StackKind::CryptIntegrity => {
-                let params = self.integrity_params(&secrets.hmac_key);
-                let t: Arc<dyn BlockDevice> = volume::integrity::open(p, &params)
-                    .map_err(|e| BenchError::setup(format!("opening dm-integrity volume {p}"), e))?;
-                if self.kind == StackKind::Integrity {
-                    Ok(t)
-                } else {
-                    self.crypt_over(t, &secrets.crypt_key)
-                }
-            }
-            StackKind::Luks2 | StackKind::Luks2Integrity => {
-                let op = volume::luks::OpenParams {
-                    version: Some(volume::luks::LuksVersion::V2),
-                    open: volume::OpenOptions {
-                        read_only: false,
-                        direct: self.direct,
-                        crypt_mode: self.crypt_mode,
-                        ..volume::OpenOptions::default()
-                    },
-                    integrity_no_journal: self.kind == StackKind::Luks2Integrity
-                        && self.integrity.mode == Mode::Direct,
-                    ..volume::luks::OpenParams::new(p)
+        let storage = self.storage(path, true)?;
+        let opts =
+            volume::OpenOptions { direct: self.direct, crypt_mode: self.crypt_mode, ..Default::default() };
+        let spec = match self.kind {
+            StackKind::Raw | StackKind::Crypt => {
+                let dev = storage.device;
+                let below: Arc<dyn BlockDevice> = match self.lock {
+                    LockKind::None => dev,
+                    LockKind::Range => Arc::new(RangeLocked::new(dev)),
+                    LockKind::RwLock => Arc::new(GlobalLocked::shared_reads(dev)),
+                    LockKind::Mutex => Arc::new(GlobalLocked::exclusive(dev)),
                 };
-                let opened = volume::luks::open(&op, &secrets.passphrase())
-                    .map_err(|e| BenchError::setup(format!("opening LUKS2 volume {p}"), e))?;
-                Ok(opened.volume.device)
+                if self.kind == StackKind::Raw {
+                    return Ok(below);
+                }
+                let storage = Storage::new(below, storage.name);
+                return self.open(Spec::Plain(self.plain_params(&secrets.crypt_key)), storage, &opts, p);
             }
-            StackKind::Raw | StackKind::Crypt => Err(BenchError::Internal("not a formatted stack".into())),
+            StackKind::Integrity => Spec::Integrity(self.integrity_params(&secrets.hmac_key)),
+            StackKind::CryptIntegrity => Spec::Layers(vec![
+                Layer::Integrity(self.integrity_params(&secrets.hmac_key)),
+                Layer::Plain(self.plain_params(&secrets.crypt_key)),
+            ]),
+            StackKind::Luks2 | StackKind::Luks2Integrity => {
+                let pass = secrets.passphrase();
+                let mut once = volume::OnePassphrase::new(&pass);
+                let mut l = volume::LuksSpec::new(&mut once);
+                l.version = Some(volume::luks::LuksVersion::V2);
+                l.integrity_no_journal =
+                    self.kind == StackKind::Luks2Integrity && self.integrity.mode == Mode::Direct;
+                return self.open(Spec::Luks(l), storage, &opts, p);
+            }
+        };
+        self.open(spec, storage, &opts, p)
+    }
+
+    fn open(
+        &self,
+        spec: Spec<'_>,
+        storage: Storage,
+        opts: &volume::OpenOptions,
+        p: &str,
+    ) -> Result<Arc<dyn BlockDevice>, BenchError> {
+        volume::open(spec, storage, opts)
+            .map(|v| v.device)
+            .map_err(|e| BenchError::setup(format!("opening {} on {p}", self.describe()), e))
+    }
+
+    /// The plain dm-crypt parameters of this stack's crypt layer (from `key`, 128 bytes).
+    fn plain_params(&self, key: &[u8]) -> PlainParams {
+        PlainParams {
+            cipher: self.cipher.clone(),
+            key: VolumeKey::new(key[..(self.key_bits / 8) as usize].to_vec()),
+            offset: 0,
+            skip: 0,
+            size: None,
+            options: CryptOptions {
+                sector_size: (self.sector_size != 512).then_some(self.sector_size),
+                iv_large_sectors: self.iv_large_sectors,
+                ..CryptOptions::default()
+            },
         }
     }
+}
+
+/// A format's progress callback that never stops it.
+fn go_on(_: u64, _: u64) -> std::ops::ControlFlow<()> {
+    std::ops::ControlFlow::Continue(())
 }
 
 /// Key material of a built stack, kept so that a reopen finds the same data.

@@ -67,6 +67,10 @@
 //! `fallocate(PUNCH_HOLE | KEEP_SIZE)`, which the kernel turns into a write-zeroes request that
 //! may unmap and never falls back to writing zero pages. Where the device cannot do that, the
 //! discard is a successful no-op — the contract allows discarded blocks to keep their data.
+//! `write_zeroes` on a block device uses `fallocate(ZERO_RANGE | KEEP_SIZE)`, which the
+//! kernel (`blkdev_fallocate`) runs as `blkdev_issue_zeroout`, the same request the
+//! `BLKZEROOUT` ioctl issues (offloaded where the device has write-zeroes, else zero pages).
+//! Both are checked on a loop device by `crates/cli/tests/loop_devices.rs`.
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};

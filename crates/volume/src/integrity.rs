@@ -4,13 +4,13 @@
 //! ```text
 //!   IntegrityParams ──format()──► superblock + journal (targets::integrity::format)
 //!                                 └─ wipe: zeroes with valid tags through a mode-D target
-//!   IntegrityParams ──open()────► IntegrityTarget<FileDevice>   (served by the CLI)
+//!   IntegrityParams ──open()────► IntegrityTarget<Arc<dyn BlockDevice>>   (crate::open, Spec::Integrity)
 //!   device ──────────dump()─────► integritysetup dump text (formats::integrity)
 //! ```
 //! The internal hash is not stored in the superblock: open needs `-I` and the key again.
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockError, FileDevice, FileLock, FileOptions, WriteFlags};
+use blockdev::{BlockDevice, BlockError, FileLock, WriteFlags};
 use formats::integrity::layout::DEFAULT_INTERLEAVE_SECTORS;
 use formats::integrity::superblock::{dump_text, SB_AREA_BYTES};
 use formats::integrity::{FormatParams, Layout, Superblock};
@@ -78,9 +78,54 @@ pub enum IntegrityVolumeError {
         #[source]
         source: Box<IntegrityError>,
     },
-    /// Inconsistent parameters.
-    #[error("{0}")]
-    Params(String),
+    /// The journal encryption algorithm is not one the kernel's dm-integrity has.
+    #[error("journal encryption {0} is not supported (ctr-aes and cbc-aes are)")]
+    UnsupportedJournalCrypt(String),
+    /// `--journal-crypt` without its key.
+    #[error("--journal-crypt needs --journal-crypt-key-file")]
+    JournalCryptKeyMissing,
+    /// A journal encryption key of the wrong size.
+    #[error("journal encryption key of {len} bytes: {alg} takes 16, 24 or 32")]
+    JournalCryptKeySize {
+        /// The algorithm.
+        alg: String,
+        /// Bytes given.
+        len: usize,
+    },
+    /// Journal encryption asked for in bitmap mode.
+    #[error("journal encryption is not supported in bitmap mode")]
+    JournalCryptInBitmapMode,
+    /// `-j` too large for the superblock.
+    #[error("journal size {0} is too large")]
+    JournalTooLarge(u64),
+    /// The storage could not be opened.
+    #[error(transparent)]
+    Storage(Box<crate::VolumeError>),
+}
+
+impl IntegrityVolumeError {
+    /// The cause, for a caller to decide on.
+    pub fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind as K;
+        match self {
+            IntegrityVolumeError::Device { source, .. } | IntegrityVolumeError::Wipe { source, .. } => {
+                match crate::error::block_kind(source) {
+                    k @ (K::Busy | K::Permission) => k,
+                    _ => K::Io,
+                }
+            }
+            IntegrityVolumeError::Hash { .. } | IntegrityVolumeError::UnsupportedJournalCrypt(_) => {
+                K::Unsupported
+            }
+            IntegrityVolumeError::Target { source, .. } => crate::error::integrity_kind(source),
+            IntegrityVolumeError::WrongHash { .. } => K::WrongKey,
+            IntegrityVolumeError::JournalCryptKeyMissing
+            | IntegrityVolumeError::JournalCryptKeySize { .. }
+            | IntegrityVolumeError::JournalCryptInBitmapMode
+            | IntegrityVolumeError::JournalTooLarge(_) => K::Usage,
+            IntegrityVolumeError::Storage(e) => e.kind(),
+        }
+    }
 }
 
 /// A note when `alg`'s digest size differs from the superblock's tag size (integritysetup
@@ -203,24 +248,14 @@ impl IntegrityParams {
 
     fn journal_crypt(&self) -> Result<Option<JournalCryptSpec>, IntegrityVolumeError> {
         let Some(alg) = &self.journal_crypt else { return Ok(None) };
-        let cipher = JournalCipher::parse(alg).ok_or_else(|| {
-            IntegrityVolumeError::Params(format!(
-                "journal encryption {alg} is not supported (ctr-aes and cbc-aes are)"
-            ))
-        })?;
-        let key = self.journal_crypt_key.as_ref().ok_or_else(|| {
-            IntegrityVolumeError::Params("--journal-crypt needs --journal-crypt-key-file".into())
-        })?;
+        let cipher = JournalCipher::parse(alg)
+            .ok_or_else(|| IntegrityVolumeError::UnsupportedJournalCrypt(alg.clone()))?;
+        let key = self.journal_crypt_key.as_ref().ok_or(IntegrityVolumeError::JournalCryptKeyMissing)?;
         if !matches!(key.len(), 16 | 24 | 32) {
-            return Err(IntegrityVolumeError::Params(format!(
-                "journal encryption key of {} bytes: {alg} takes 16, 24 or 32",
-                key.len()
-            )));
+            return Err(IntegrityVolumeError::JournalCryptKeySize { alg: alg.clone(), len: key.len() });
         }
         if self.mode == Mode::Bitmap {
-            return Err(IntegrityVolumeError::Params(
-                "journal encryption is not supported in bitmap mode".into(),
-            ));
+            return Err(IntegrityVolumeError::JournalCryptInBitmapMode);
         }
         Ok(Some(JournalCryptSpec { cipher, key: key.clone() }))
     }
@@ -252,10 +287,7 @@ impl IntegrityParams {
         let mut p = FormatParams::new(tag, self.sector_size);
         p.interleave_sectors = self.interleave_sectors;
         p.journal_sectors = match self.journal_size {
-            Some(b) => Some(
-                u32::try_from(b / 512)
-                    .map_err(|_| IntegrityVolumeError::Params(format!("journal size {b} is too large")))?,
-            ),
+            Some(b) => Some(u32::try_from(b / 512).map_err(|_| IntegrityVolumeError::JournalTooLarge(b))?),
             None => None,
         };
         p.fix_padding = !self.legacy_padding;
@@ -265,19 +297,24 @@ impl IntegrityParams {
     }
 }
 
-fn open_file(
-    path: &str,
-    read_only: bool,
-    direct: bool,
-    lock: bool,
-) -> Result<FileDevice, IntegrityVolumeError> {
+/// The stored device type: every layer opens over `Arc<dyn BlockDevice>` (any storage).
+type Dev = Arc<dyn BlockDevice>;
+
+/// Opens `path` through [`crate::storage::open`] with the lock `lock` asks for.
+fn open_file(path: &str, read_only: bool, direct: bool, lock: bool) -> Result<Dev, IntegrityVolumeError> {
     let lock = match (lock, read_only) {
         (false, _) => FileLock::None,
         (true, true) => FileLock::Shared,
         (true, false) => FileLock::Exclusive,
     };
-    let opts = FileOptions { read_only, direct, lock, ..FileOptions::default() };
-    FileDevice::open(path, opts).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })
+    let so = crate::storage::StorageOptions { read_only, direct, lock };
+    match crate::storage::open(path, &so) {
+        Ok(s) => Ok(s.device),
+        Err(crate::VolumeError::Device { path, source }) => {
+            Err(IntegrityVolumeError::Device { path, source })
+        }
+        Err(e) => Err(IntegrityVolumeError::Storage(Box::new(e))),
+    }
 }
 
 /// What a format did.
@@ -320,7 +357,19 @@ pub fn format_until(
     no_wipe: bool,
     progress: impl FnMut(u64, u64) -> std::ops::ControlFlow<()>,
 ) -> Result<FormatReport, IntegrityVolumeError> {
-    let dev = Arc::new(open_file(path, false, p.direct, p.lock)?);
+    let dev = open_file(path, false, p.direct, p.lock)?;
+    format_on(dev, path, p, salt, no_wipe, progress)
+}
+
+/// [`format_until`] on opened storage `dev` (named `path` in messages).
+pub fn format_on(
+    dev: Dev,
+    path: &str,
+    p: &IntegrityParams,
+    salt: [u8; 16],
+    no_wipe: bool,
+    progress: impl FnMut(u64, u64) -> std::ops::ControlFlow<()>,
+) -> Result<FormatReport, IntegrityVolumeError> {
     // Like integritysetup: wipe old signatures in the superblock area first.
     dev.write_at(0, &vec![0u8; SB_AREA_BYTES.min(dev.geometry().size as usize)], WriteFlags::empty())
         .map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
@@ -333,7 +382,7 @@ pub fn format_until(
         journal_crypt: p.journal_crypt()?,
     };
     let target_err = |source| IntegrityVolumeError::Target { path: path.into(), source };
-    let (superblock, layout) = targets::integrity::format(&*dev, &opts).map_err(target_err)?;
+    let (superblock, layout) = targets::integrity::format(&dev, &opts).map_err(target_err)?;
     let mut wiped = 0;
     let mut wipe_stopped = false;
     if !no_wipe {
@@ -355,7 +404,7 @@ pub fn format_until(
 }
 
 /// Reads and decodes the superblock at the start of `dev` (the file `path`).
-fn read_superblock(dev: &FileDevice, path: &str) -> Result<Superblock, IntegrityVolumeError> {
+fn read_superblock(dev: &dyn BlockDevice, path: &str) -> Result<Superblock, IntegrityVolumeError> {
     let mut area = vec![0u8; SB_AREA_BYTES];
     dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
     Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {
@@ -366,13 +415,20 @@ fn read_superblock(dev: &FileDevice, path: &str) -> Result<Superblock, Integrity
 
 /// Opens `path` as a dm-integrity volume. As with `integritysetup open`, the block size and
 /// (unless `-t` is given) the tag size come from the superblock; the hash and key do not.
-pub fn open(
-    path: &str,
-    p: &IntegrityParams,
-) -> Result<Arc<IntegrityTarget<FileDevice>>, IntegrityVolumeError> {
+pub fn open(path: &str, p: &IntegrityParams) -> Result<Arc<IntegrityTarget<Dev>>, IntegrityVolumeError> {
     let read_only = p.read_only || p.mode == Mode::Recovery;
     let dev = open_file(path, read_only, p.direct, p.lock)?;
-    let sb = read_superblock(&dev, path)?;
+    open_on(dev, path, p)
+}
+
+/// [`open`] on opened storage `dev` (named `path` in messages): what [`crate::open`] runs
+/// for [`crate::Spec::Integrity`].
+pub fn open_on(
+    dev: Dev,
+    path: &str,
+    p: &IntegrityParams,
+) -> Result<Arc<IntegrityTarget<Dev>>, IntegrityVolumeError> {
+    let sb = read_superblock(&*dev, path)?;
     let mut cfg = p.config()?;
     cfg.block_size = sb.block_size();
     cfg.tag_size = Some(p.tag_size.unwrap_or(sb.integrity_tag_size as u32));
@@ -408,6 +464,24 @@ pub fn probe(dev: &dyn BlockDevice) -> Result<bool, BlockError> {
 /// `integritysetup dump`: the superblock of `path` as integritysetup 2.6.1 prints it.
 pub fn dump(path: &str) -> Result<String, IntegrityVolumeError> {
     let dev = open_file(path, true, false, false)?;
-    let sb = read_superblock(&dev, path)?;
+    let sb = read_superblock(&*dev, path)?;
     Ok(dump_text(&sb, path))
+}
+
+/// The table of an opened integrity layer on `device`.
+pub(crate) fn layer_table(
+    t: &IntegrityTarget<Dev>,
+    device: &str,
+    p: &IntegrityParams,
+) -> crate::IntegrityLayer {
+    let sb = t.superblock();
+    crate::IntegrityLayer {
+        device: device.to_owned(),
+        offset: 0,
+        len: t.geometry().size / 512,
+        tag_size: p.tag_size.unwrap_or(sb.integrity_tag_size as u32),
+        mode: t.status().mode.letter(),
+        block_size: sb.block_size(),
+        internal_hash: Some(p.integrity.clone()),
+    }
 }

@@ -1,75 +1,40 @@
-//! Probe, unlock, assemble: turns what the user gave (a dm table line, or cryptsetup-style
-//! plain options) into a stack of `BlockDevice` layers.
+//! Probe, unlock, assemble: the one place where storage becomes a volume.
 //!
 //! ```text
-//!   CLI options ──plain::table()──► CryptTable ──open_crypt_table()──► Volume
-//!   table line ──CryptTable::parse──┘                                    │
-//!                                          CryptTarget<FileDevice> ◄─────┘ (Arc<dyn BlockDevice>)
+//!   locator ──storage::open──► Storage (Arc<dyn BlockDevice>: file, block device; URIs later)
+//!                                 │
+//!   Spec (LUKS + passphrases,     ▼
+//!         plain, table line, ──► open() ──probe──unlock──stack──► Volume (top device, tables)
+//!         integrity, layers)                                          │
+//!                                          NBD server, bench, tests ◄─┘
+//!   FormatSpec (LUKS1/2, LUKS2+AEAD, integrity) ──► format() (one call per volume)
 //! ```
-//! Only this crate sees both `formats` and `targets`.
+//! Only this crate sees both `formats` and `targets`. Errors are typed by cause
+//! ([`ErrorKind`]). See `assemble` for the path in detail.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod assemble;
+mod error;
 pub mod integrity;
 pub mod luks;
 pub mod plain;
+mod probe;
+pub mod storage;
 
-use std::sync::Arc;
-
-use blockdev::{BlockDevice, BlockError, FileDevice, FileLock, FileOptions};
-use formats::dm::{CryptTable, TableError};
-use sector_crypto::{CipherSpec, CryptoError, SectorCipher, SectorParams, VolumeKey};
+use blockdev::{BlockDevice, FileDevice, FileLock, FileOptions};
+use formats::dm::CryptTable;
+use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 pub use targets::CryptMode;
-use targets::{CryptConfig, CryptError, CryptTarget};
+use targets::{CryptConfig, CryptTarget};
 
-/// Why a volume could not be opened. Display says what failed at this level; the cause
-/// is the source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum VolumeError {
-    /// The table line is malformed.
-    #[error("invalid dm-crypt table")]
-    Table(#[source] TableError),
-    /// The cipher specification or key is not usable.
-    #[error("cannot set up cipher {cipher}")]
-    Cipher {
-        /// The cipher spec as given.
-        cipher: String,
-        /// Cause.
-        #[source]
-        source: CryptoError,
-    },
-    /// The backing device could not be opened.
-    #[error("cannot open device {path}")]
-    Device {
-        /// Path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: BlockError,
-    },
-    /// The layout does not fit the device.
-    #[error("device {path} does not fit the requested layout")]
-    Layout {
-        /// Path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: CryptError,
-    },
-    /// Bad plain-mode parameters.
-    #[error("{0}")]
-    Params(String),
-    /// A LUKS header could not be read, unlocked or used.
-    #[error("LUKS device {path}")]
-    Luks {
-        /// Metadata device path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: luks::LuksError,
-    },
-}
+pub use assemble::{
+    format, open, probe, unlock_luks, FormatSpec, Formatted, IntegrityLayer, Layer, LayerTable, LuksSpec,
+    OnePassphrase, PassphraseSource, Spec, Unlocked, Volume, VolumeKind,
+};
+pub use error::{ErrorKind, VolumeError};
+pub use probe::Format;
+pub use storage::{Storage, StorageKind, StorageOptions};
 
 /// How to open the backing device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -102,25 +67,23 @@ impl OpenOptions {
             (true, false) => FileLock::Exclusive,
         }
     }
+
+    /// The storage options these options ask for.
+    pub fn storage(&self) -> StorageOptions {
+        StorageOptions { read_only: self.read_only, direct: self.direct, lock: self.file_lock() }
+    }
 }
 
-/// An opened volume: the top of the stack, and the table line that describes it.
-#[derive(Debug)]
-pub struct Volume {
-    /// The device to serve.
-    pub device: Arc<dyn BlockDevice>,
-    /// The dm-crypt table line equivalent to this volume.
-    pub table: CryptTable,
-}
-
-/// Opens the backing device of `table` and stacks a `CryptTarget` on it.
+/// Opens the storage `table.device` names and stacks the crypt layer of `table` on it:
+/// [`storage::open`] then [`open`] with [`Spec::Table`].
 pub fn open_crypt_table(table: &CryptTable, opts: &OpenOptions) -> Result<Volume, VolumeError> {
-    let backing = open_backing(&table.device, opts)?;
-    let target = crypt_over(backing, table, opts)?;
-    Ok(Volume { device: Arc::new(target), table: table.clone() })
+    let storage = storage::open(&table.device, &opts.storage())?;
+    open(Spec::Table(table.clone()), storage, opts)
 }
 
-/// Opens a backing file or block device (with the lock `opts` ask for).
+/// Opens a backing file or block device by path (with the lock `opts` ask for), for
+/// callers that need the `FileDevice` itself (tests of header operations). Volumes are
+/// assembled from [`storage::open`].
 pub fn open_backing(path: &str, opts: &OpenOptions) -> Result<FileDevice, VolumeError> {
     let fopts = FileOptions {
         read_only: opts.read_only,
@@ -131,7 +94,7 @@ pub fn open_backing(path: &str, opts: &OpenOptions) -> Result<FileDevice, Volume
     FileDevice::open(path, fopts).map_err(|source| VolumeError::Device { path: path.to_string(), source })
 }
 
-/// Stacks the crypt layer `table` describes over `next` (whose path is `table.device`).
+/// Stacks the crypt layer `table` describes over `next` (whose name is `table.device`).
 pub fn crypt_over<D: BlockDevice>(
     next: D,
     table: &CryptTable,

@@ -8,8 +8,8 @@ use formats::dm::{CryptOptions, CryptTable};
 use sector_crypto::VolumeKey;
 use zeroize::Zeroizing;
 
-use crate::{open_backing, OpenOptions, VolumeError};
-use blockdev::BlockDevice;
+use crate::storage::Storage;
+use crate::VolumeError;
 
 /// Plain-mode parameters (cryptsetup's names).
 #[derive(Debug, Clone)]
@@ -28,29 +28,35 @@ pub struct PlainParams {
     pub options: CryptOptions,
 }
 
-/// Builds the table line for a plain volume on `device`.
-pub fn table(device: &str, p: &PlainParams, opts: &OpenOptions) -> Result<CryptTable, VolumeError> {
-    let dev = open_backing(device, opts)?;
-    let dev_sectors = dev.geometry().size / 512;
+/// Builds the table line for a plain volume on opened `storage` (named in the line by its
+/// name).
+pub fn table_on(storage: &Storage, p: &PlainParams) -> Result<CryptTable, VolumeError> {
+    table_for(&storage.name, storage.size(), p)
+}
+
+/// Builds the table line for a plain volume on `device` of `size` bytes.
+pub fn table_for(device: &str, size: u64, p: &PlainParams) -> Result<CryptTable, VolumeError> {
+    let dev_sectors = size / 512;
     let per = u64::from(p.options.sector_size() / 512);
     if p.offset >= dev_sectors {
-        return Err(VolumeError::Params(format!(
-            "device {device} ({dev_sectors} sectors) is smaller than the offset ({} sectors)",
-            p.offset
-        )));
+        return Err(VolumeError::OffsetBeyondDevice {
+            device: device.to_owned(),
+            sectors: dev_sectors,
+            offset: p.offset,
+        });
     }
     let len = match p.size {
         Some(size) => size,
         None => (dev_sectors - p.offset) / per * per,
     };
     if len == 0 {
-        return Err(VolumeError::Params(format!(
-            "device {device} leaves no whole {}-byte sector after the offset",
-            p.options.sector_size()
-        )));
+        return Err(VolumeError::NoSectorAfterOffset {
+            device: device.to_owned(),
+            sector_size: p.options.sector_size(),
+        });
     }
     if device.contains(char::is_whitespace) {
-        return Err(VolumeError::Params(format!("device path {device:?} contains whitespace")));
+        return Err(VolumeError::PathWhitespace(device.to_owned()));
     }
     let table = CryptTable {
         len,

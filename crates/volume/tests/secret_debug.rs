@@ -174,7 +174,7 @@ fn no_debug_output_shows_key_bytes() {
     let op = OpenParams::new(img.to_str().unwrap());
     check("OpenParams", &op);
     let opened = luks::open(&op, &pass).unwrap();
-    assert_eq!(&opened.volume.table.key[..], &k[..], "the volume really holds the key");
+    assert_eq!(&opened.volume.crypt_table().unwrap().key[..], &k[..], "the volume really holds the key");
     check("luks::Opened", &opened);
     drop(opened);
 

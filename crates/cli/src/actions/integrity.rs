@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use blockdev::BlockDevice;
 use clap::{Args, Subcommand};
 use sector_crypto::secure::SecretBuf;
 use volume::integrity::{HashMode, IntegrityParams, IntegrityStatus, Mode};
@@ -354,13 +353,18 @@ fn format(a: FormatArgs) -> Result<()> {
     let mut progress = Progress::new(a.progress.progress_frequency, a.no_progress || a.no_wipe);
     let start = Instant::now();
     // SIGINT/SIGTERM during the wipe stop it after the chunks in flight (hardening.rs).
-    let report = super::wipe::stoppable(|| {
-        volume::integrity::format_until(&a.device, &p, salt, a.no_wipe, |done, total| {
-            progress.step(done, total)
-        })
-    })
-    .with_context(|| format!("formatting {}", a.device))?;
+    super::ensure_device(&a.device)?;
+    let so =
+        volume::StorageOptions { direct: p.direct, lock: blockdev::FileLock::Exclusive, read_only: false };
+    let storage = volume::storage::open(&a.device, &so)?;
+    let spec = volume::FormatSpec::Integrity { params: p.clone(), salt, no_wipe: a.no_wipe };
+    let formatted =
+        super::wipe::stoppable(|| volume::format(spec, &storage, |done, total| progress.step(done, total)))
+            .with_context(|| format!("formatting {}", a.device))?;
     progress.finish();
+    let volume::Formatted::Integrity(report) = formatted else {
+        bail!("integrity format made something other than a dm-integrity volume");
+    };
     let sb = &report.superblock;
     println!("Formatted with tag size {}, internal integrity {}.", sb.integrity_tag_size, p.integrity);
     if report.wipe_stopped {
@@ -422,7 +426,17 @@ fn open(a: OpenArgs) -> Result<()> {
     p.direct = a.serve.direct;
     let listener = crate::serve::listen(&a.serve)?;
     super::ensure_device(&a.device)?;
-    let target = volume::integrity::open(&a.device, &p).with_context(|| format!("opening {}", a.device))?;
+    let so = volume::StorageOptions {
+        read_only: p.read_only,
+        direct: p.direct,
+        lock: if p.read_only { blockdev::FileLock::Shared } else { blockdev::FileLock::Exclusive },
+    };
+    let vol = volume::storage::open(&a.device, &so)
+        .and_then(|s| volume::open(volume::Spec::Integrity(p.clone()), s, &volume::OpenOptions::default()))
+        .with_context(|| format!("opening {}", a.device))?;
+    let Some(target) = vol.integrity.clone() else {
+        bail!("{}: no dm-integrity layer was opened", a.device);
+    };
     let done = Arc::new(AtomicBool::new(false));
     let reporter = {
         let (t, done, path) = (target.clone(), done.clone(), a.status_file.clone());
@@ -447,8 +461,7 @@ fn open(a: OpenArgs) -> Result<()> {
             })
             .context("starting the status thread")?
     };
-    let dev: Arc<dyn BlockDevice> = target.clone();
-    let r = serve(&a.name, dev, listener, &a.serve, p.read_only);
+    let r = serve(&a.name, vol.device, listener, &a.serve, p.read_only);
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
     if let Some(path) = &a.status_file {

@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use sector_crypto::kdf::{HashAlg, Passphrase};
 use volume::luks::{KdfLimits, LuksError, PbkdfParams, PbkdfType};
-use volume::VolumeError;
+use volume::{ErrorKind, PassphraseSource, Storage, VolumeError};
 
 use super::UsageError;
 use crate::exit;
@@ -201,6 +201,58 @@ pub fn with_passphrase<T>(
     }
 }
 
+/// The passphrases of `volume::open` for a LUKS volume, with [`with_passphrase`]'s rules:
+/// `--key-file` or a pipe once, a terminal up to `--tries` times, saying "No key available
+/// with this passphrase." before each new prompt.
+pub struct Passphrases<'a> {
+    keys: &'a KeyArgs,
+    prompt: String,
+    tries: u32,
+    attempt: u32,
+}
+
+impl<'a> Passphrases<'a> {
+    /// Passphrases from `keys`, prompting with `prompt`.
+    pub fn new(keys: &'a KeyArgs, prompt: String) -> Self {
+        let interactive = keys.key_file.is_none() && std::io::stdin().is_terminal();
+        Passphrases { keys, prompt, tries: if interactive { keys.tries } else { 1 }, attempt: 0 }
+    }
+
+    fn more(&self) -> bool {
+        self.tries == 0 || self.attempt < self.tries
+    }
+}
+
+/// A passphrase source's own failure (a key file that cannot be read, an empty prompt),
+/// kept whole for the exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct SourceError(anyhow::Error);
+
+impl PassphraseSource for Passphrases<'_> {
+    fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError> {
+        if !self.more() {
+            return Ok(None);
+        }
+        self.attempt = self.attempt.saturating_add(1);
+        passphrase(self.keys, &self.prompt)
+            .map(Some)
+            .map_err(|e| VolumeError::Passphrase(Box::new(SourceError(e))))
+    }
+
+    fn rejected(&mut self) {
+        if self.more() {
+            eprintln!("No key available with this passphrase.");
+        }
+    }
+}
+
+/// The error inside a [`SourceError`] in `e`'s chain, if any: the CLI's own error, whose
+/// chain decides the exit code.
+pub fn source_error(e: &anyhow::Error) -> Option<&anyhow::Error> {
+    e.chain().find_map(|c| c.downcast_ref::<SourceError>()).map(|s| &s.0)
+}
+
 /// Whether `e` is a wrong passphrase (cryptsetup's -EPERM from a keyslot search).
 fn is_wrong_passphrase(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
@@ -251,14 +303,15 @@ pub fn confirm(msg: &str, batch: bool) -> Result<()> {
     Ok(())
 }
 
-/// Opens the metadata device (`--header` or the device itself). Read-write it is locked
-/// exclusively (`volume::OpenOptions::lock`): a device another sealdisk serves or changes
-/// is refused ("in use", exit 5) before anything is written. Read-only it is not locked,
-/// so headers of volumes in use can still be dumped, as with cryptsetup.
-pub fn open_meta(path: &str, read_only: bool) -> Result<blockdev::FileDevice> {
+/// Opens the metadata device (`--header` or the device itself) through
+/// `volume::storage::open`. Read-write it is locked exclusively (`volume::OpenOptions::lock`):
+/// a device another sealdisk serves or changes is refused ("in use", exit 5) before anything
+/// is written. Read-only it is not locked, so headers of volumes in use can still be dumped,
+/// as with cryptsetup.
+pub fn open_meta(path: &str, read_only: bool) -> Result<Storage> {
     super::ensure_device(path)?;
     let opts = volume::OpenOptions { read_only, lock: !read_only, ..Default::default() };
-    Ok(volume::open_backing(path, &opts)?)
+    Ok(volume::storage::open(path, &opts.storage())?)
 }
 
 /// Wraps a LUKS error with the device path, for the error chain.
@@ -271,15 +324,23 @@ pub fn exit_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
     if cause.downcast_ref::<Aborted>().is_some() || cause.downcast_ref::<Mismatch>().is_some() {
         return Some(exit::PERMISSION);
     }
-    let l = match cause.downcast_ref::<VolumeError>() {
-        Some(VolumeError::Luks { source, .. }) => source,
-        _ => cause.downcast_ref::<LuksError>()?,
-    };
-    Some(match l {
-        LuksError::WrongPassphrase | LuksError::VolumeKeyMismatch => exit::PERMISSION,
-        LuksError::Io { .. } => exit::DEVICE,
+    if let Some(v) = cause.downcast_ref::<VolumeError>() {
+        return Some(kind_code(v.kind()));
+    }
+    if let Some(i) = cause.downcast_ref::<volume::integrity::IntegrityVolumeError>() {
+        return Some(kind_code(i.kind()));
+    }
+    Some(kind_code(cause.downcast_ref::<LuksError>()?.kind()))
+}
+
+/// cryptsetup's exit code for an error of `kind` (README, "Exit codes").
+pub fn kind_code(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::WrongKey | ErrorKind::Permission => exit::PERMISSION,
+        ErrorKind::Io | ErrorKind::TooSmall => exit::DEVICE,
+        ErrorKind::Busy => exit::BUSY,
         _ => exit::BAD_ARGS,
-    })
+    }
 }
 
 /// Parses a size with an optional k/m/g suffix (powers of 1024), as cryptsetup's

@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use volume::luks::{self, FormatParams, LuksIntegrity, LuksVersion, WipeEnd};
+use volume::{FormatSpec, Formatted};
 
 use super::luks::{confirm, luks_err, new_passphrase, open_meta, parse_size, KeyArgs, PbkdfArgs};
 use super::wipe::{self, Progress, ProgressArgs};
@@ -79,7 +80,8 @@ pub struct LuksFormatArgs {
     pub positional: Vec<String>,
 }
 
-/// Runs `luksFormat`.
+/// Runs `luksFormat`: parses, then one `volume::format` call (the header, and for
+/// `--integrity` the dm-integrity area and its wipe).
 pub fn run(a: LuksFormatArgs) -> Result<()> {
     let device = a.positional[0].clone();
     let version = match a.kind.as_str() {
@@ -87,9 +89,8 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         "luks1" => LuksVersion::V1,
         other => bail!(UsageError(format!("luksFormat --type {other:?}: use luks1 or luks2"))),
     };
-    let key_bits = a.key_size.unwrap_or(if a.cipher.contains("xts") { 512 } else { 256 });
-    if !key_bits.is_multiple_of(8) {
-        bail!(UsageError(format!("--key-size {key_bits} is not a multiple of 8 bits")));
+    if let Some(bits) = a.key_size.filter(|b| !b.is_multiple_of(8)) {
+        bail!(UsageError(format!("--key-size {bits} is not a multiple of 8 bits")));
     }
     let integrity = match &a.integrity {
         Some(alg) => {
@@ -105,34 +106,25 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         }
         None => None,
     };
-    // cryptsetup: --key-size is the encryption key; an HMAC key is added to the volume key.
-    let key_bytes = key_bits / 8 + integrity.map_or(0, |i| i.spec.mac_key_size());
-    let volume_key = match &a.volume_key_file {
+    // Key sizes (cryptsetup's defaults, the MAC key added) are volume's decision.
+    let mut params =
+        FormatParams::for_cipher(version, &a.cipher, a.key_size, integrity).map_err(luks_err(&device))?;
+    params.volume_key = match &a.volume_key_file {
         Some(f) => Some(crate::keys::read_key(
             &crate::keys::KeySource { path: f.clone(), offset: 0, size: None },
-            key_bytes,
+            params.key_bytes,
         )?),
         None => None,
     };
-    let data_size = std::fs::metadata(&device).map(|m| m.len()).ok();
-    let params = FormatParams {
-        version,
-        cipher: a.cipher.clone(),
-        key_bytes,
-        pbkdf: a.pbkdf.params()?,
-        sector_size: a.sector_size,
-        label: a.label.clone(),
-        subsystem: a.subsystem.clone(),
-        uuid: a.uuid.clone(),
-        offset: a.offset,
-        metadata_size: a.luks2_metadata_size,
-        keyslots_size: a.luks2_keyslots_size,
-        volume_key,
-        key_slot: a.key_slot,
-        detached: a.header.is_some(),
-        data_size,
-        integrity,
-    };
+    params.pbkdf = a.pbkdf.params()?;
+    params.sector_size = a.sector_size;
+    params.label = a.label.clone();
+    params.subsystem = a.subsystem.clone();
+    params.uuid = a.uuid.clone();
+    params.offset = a.offset;
+    params.metadata_size = a.luks2_metadata_size;
+    params.keyslots_size = a.luks2_keyslots_size;
+    params.key_slot = a.key_slot;
     let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
     // The data device must exist even with a detached header. Whenever it is written (it
     // holds the header, or an integrity area) it is opened and locked before anything is
@@ -146,67 +138,46 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         a.key.keyfile_size,
         &format!("Enter passphrase for {device}: "),
     )?;
-    if let Some(h) = &a.header {
-        grow_header_file(h, &params)?;
-    }
     let header = match &a.header {
-        Some(h) => Some(open_meta(h, false)?),
+        Some(h) => {
+            let so = volume::OpenOptions { lock: true, ..Default::default() }.storage();
+            Some(luks::open_header_for_format(h, &params, &so)?)
+        }
         None => None,
     };
-    let (l, vk) = luks::format(header.as_ref().unwrap_or(&data), &params, &pass)
-        .map_err(luks_err(&meta_path))
-        .with_context(|| format!("formatting {meta_path} as LUKS{}", version.number()))?;
-    drop(header);
-    log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
-    if let Some(i) = &integrity {
-        let mut progress = Progress::new(a.progress.progress_frequency, false);
-        let end = wipe::stoppable(|| {
-            if !i.no_wipe {
+    let wiping = integrity.is_some_and(|i| !i.no_wipe);
+    let mut progress = Progress::new(a.progress.progress_frequency, !wiping);
+    let mut announced = false;
+    let formatted = wipe::stoppable(|| {
+        let spec = FormatSpec::Luks { params, header: header.as_ref(), passphrase: &pass };
+        volume::format(spec, &data, |d, t| {
+            if !announced {
+                // The header is written and keyslot 0 made when the wipe starts.
+                log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
                 eprintln!(
                     "Wiping device to initialize integrity checksum.\nYou can interrupt this by pressing \
                      CTRL+c (the rest of the device then reads as integrity errors until \
                      `sealdisk luksResumeWipe` finishes it)."
                 );
+                announced = true;
             }
-            luks::format_integrity_until(data, &l, &vk, i, |d, t| progress.step(d, t))
-        });
-        progress.finish();
-        let end = end
-            .map_err(luks_err(&device))
-            .with_context(|| format!("formatting the integrity area of {device}"))?;
-        if let WipeEnd::Stopped { wiped, total } = end {
-            return Err(wipe::interrupted(&device, a.header.as_deref(), i.no_journal, wiped, total));
-        }
-        if i.no_wipe {
-            log::warn!("{device}: data area not wiped (--integrity-no-wipe): unwritten sectors fail to read");
-        }
-    }
-    Ok(())
-}
-
-/// A detached header file is created, or grown, to hold the whole metadata (cryptsetup
-/// extends file-backed header devices the same way).
-fn grow_header_file(path: &str, p: &FormatParams) -> Result<()> {
-    let need = match p.version {
-        LuksVersion::V1 => {
-            let (_, end) = formats::luks1::standard_keyslot_layout(p.key_bytes as u32);
-            (end * 512).div_ceil(4096) * 4096
-        }
-        LuksVersion::V2 => {
-            let md = p.metadata_size.unwrap_or(16 << 10);
-            let ks = p.keyslots_size.unwrap_or((16 << 20) - 2 * md);
-            2 * md + ks
-        }
+            progress.step(d, t)
+        })
+    });
+    progress.finish();
+    let Formatted::Luks { wipe: end, .. } =
+        formatted.with_context(|| format!("formatting {meta_path} as LUKS{}", version.number()))?
+    else {
+        bail!("luksFormat made something other than a LUKS volume");
     };
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .with_context(|| format!("creating header file {path}"))?;
-    let len = f.metadata().with_context(|| format!("reading {path}"))?.len();
-    if f.metadata()?.file_type().is_file() && len < need {
-        f.set_len(need).with_context(|| format!("growing header file {path}"))?;
+    if !announced {
+        log::info!("Key slot {} created.", a.key_slot.unwrap_or(0));
+    }
+    if let WipeEnd::Stopped { wiped, total } = end {
+        return Err(wipe::interrupted(&device, a.header.as_deref(), a.integrity_no_journal, wiped, total));
+    }
+    if integrity.is_some_and(|i| i.no_wipe) {
+        log::warn!("{device}: data area not wiped (--integrity-no-wipe): unwritten sectors fail to read");
     }
     Ok(())
 }

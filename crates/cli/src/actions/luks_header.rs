@@ -40,7 +40,7 @@ pub struct DumpArgs {
 pub fn dump(a: DumpArgs) -> Result<()> {
     let path = a.header.as_deref().unwrap_or(&a.device);
     let meta = open_meta(path, true)?;
-    let luks = Luks::load(&meta, false).map_err(luks_err(path))?;
+    let luks = Luks::load(&*meta.device, false).map_err(luks_err(path))?;
     let name = a.device.clone();
     let text = if a.dump_volume_key {
         confirm(
@@ -50,7 +50,7 @@ pub fn dump(a: DumpArgs) -> Result<()> {
             a.batch_mode,
         )?;
         let (slot, vk) = with_passphrase(&a.key, &format!("Enter passphrase for {}: ", a.device), |pass| {
-            luks.unlock_with(&meta, pass, a.key_slot, &a.kdf_limits.limits()).map_err(luks_err(path))
+            luks.unlock_with(&*meta.device, pass, a.key_slot, &a.kdf_limits.limits()).map_err(luks_err(path))
         })?;
         log::info!("Key slot {slot} unlocked.");
         if let Some(f) = &a.volume_key_file {
@@ -95,14 +95,14 @@ pub fn uuid(a: UuidArgs) -> Result<()> {
     let path = a.header.as_deref().unwrap_or(&a.device);
     let Some(new) = &a.uuid else {
         let meta = open_meta(path, true)?;
-        let luks = Luks::load(&meta, false).map_err(luks_err(path))?;
+        let luks = Luks::load(&*meta.device, false).map_err(luks_err(path))?;
         println!("{}", luks.uuid());
         return Ok(());
     };
     let meta = open_meta(path, false)?;
-    let mut luks = Luks::load(&meta, true).map_err(luks_err(path))?;
+    let mut luks = Luks::load(&*meta.device, true).map_err(luks_err(path))?;
     confirm(&format!("Do you really want to change UUID of device {path}?"), a.batch_mode)?;
-    luks.set_uuid(&meta, Some(new)).map_err(luks_err(path))?;
+    luks.set_uuid(&*meta.device, Some(new)).map_err(luks_err(path))?;
     Ok(())
 }
 
@@ -134,7 +134,7 @@ pub fn is_luks(a: IsLuksArgs) -> Result<()> {
         log::info!("{why}");
         Err(Quiet(exit::BAD_ARGS).into())
     };
-    match (luks::probe(&meta), want) {
+    match (luks::probe(&*meta.device), want) {
         (Ok(Some(f)), Some(w)) if f != w => {
             not_luks(format!("Device {path} is not a valid LUKS{} device.", w.number()))
         }
@@ -164,8 +164,8 @@ pub struct BackupArgs {
 pub fn backup(a: BackupArgs) -> Result<()> {
     let path = a.header.as_deref().unwrap_or(&a.device);
     let meta = open_meta(path, true)?;
-    let luks = Luks::load(&meta, false).map_err(luks_err(path))?;
-    let bytes = luks.backup(&meta).map_err(luks_err(path))?;
+    let luks = Luks::load(&*meta.device, false).map_err(luks_err(path))?;
+    let bytes = luks.backup(&*meta.device).map_err(luks_err(path))?;
     let f = &a.header_backup_file;
     if std::path::Path::new(f).exists() {
         bail!(UsageError(format!("Requested header backup file {f} already exists.")));
@@ -190,7 +190,7 @@ pub fn restore(a: BackupArgs) -> Result<()> {
         zeroize::Zeroizing::new(std::fs::read(f).with_context(|| format!("reading header backup file {f}"))?);
     let backup = Luks::load_image(&image).map_err(luks_err(f)).context("checking the header backup")?;
     let meta = open_meta(path, false)?;
-    if let Ok(Some(_)) = luks::probe(&meta) {
+    if let Ok(Some(_)) = luks::probe(&*meta.device) {
         confirm(
             &format!(
                 "Device {path} already contains LUKS{} header. Replacing header will destroy existing keyslots.",
@@ -199,6 +199,6 @@ pub fn restore(a: BackupArgs) -> Result<()> {
             a.batch_mode,
         )?;
     }
-    Luks::restore(&meta, &image).map_err(luks_err(path))?;
+    Luks::restore(&*meta.device, &image).map_err(luks_err(path))?;
     Ok(())
 }

@@ -31,9 +31,9 @@ impl Common {
     }
 }
 
-fn load(path: &str) -> Result<(blockdev::FileDevice, Luks)> {
+fn load(path: &str) -> Result<(volume::Storage, Luks)> {
     let meta = open_meta(path, false)?;
-    let luks = Luks::load(&meta, true).map_err(luks_err(path))?;
+    let luks = Luks::load(&*meta.device, true).map_err(luks_err(path))?;
     luks.check_supported().map_err(luks_err(path))?;
     Ok((meta, luks))
 }
@@ -105,14 +105,15 @@ pub fn add_key(a: AddKeyArgs) -> Result<()> {
         }
         None => {
             with_passphrase(&a.common.key, "Enter any existing passphrase: ", |old| {
-                luks.unlock_with(&meta, old, None, &a.common.kdf_limits.limits()).map_err(luks_err(path))
+                luks.unlock_with(&*meta.device, old, None, &a.common.kdf_limits.limits())
+                    .map_err(luks_err(path))
             })?
             .1
         }
     };
     let new = a.new_key.read(new_file, "Enter new passphrase for key slot: ")?;
     let slot = luks
-        .add_keyslot(&meta, &vk, &new, a.key_slot, &a.pbkdf.params()?)
+        .add_keyslot(&*meta.device, &vk, &new, a.key_slot, &a.pbkdf.params()?)
         .map_err(luks_err(path))
         .with_context(|| format!("adding a keyslot to {path}"))?;
     log::info!("Key slot {slot} created.");
@@ -138,10 +139,10 @@ pub fn remove_key(a: RemoveKeyArgs) -> Result<()> {
     let (slot, _) = match a.positional.get(1) {
         Some(f) => {
             let pass = super::luks::read_keyfile(f, a.common.key.keyfile_offset, a.common.key.keyfile_size)?;
-            luks.unlock_with(&meta, &pass, None, &limits).map_err(luks_err(path))?
+            luks.unlock_with(&*meta.device, &pass, None, &limits).map_err(luks_err(path))?
         }
         None => with_passphrase(&a.common.key, "Enter passphrase to be deleted: ", |pass| {
-            luks.unlock_with(&meta, pass, None, &limits).map_err(luks_err(path))
+            luks.unlock_with(&*meta.device, pass, None, &limits).map_err(luks_err(path))
         })?,
     };
     if luks.active_keyslots().len() == 1 {
@@ -150,7 +151,7 @@ pub fn remove_key(a: RemoveKeyArgs) -> Result<()> {
             a.common.batch_mode,
         )?;
     }
-    luks.kill_keyslot(&meta, slot).map_err(luks_err(path))?;
+    luks.kill_keyslot(&*meta.device, slot).map_err(luks_err(path))?;
     log::info!("Key slot {slot} removed.");
     Ok(())
 }
@@ -179,10 +180,12 @@ pub fn change_key(a: ChangeKeyArgs) -> Result<()> {
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
     let (slot, vk) = with_passphrase(&a.common.key, "Enter passphrase to be changed: ", |old| {
-        luks.unlock_with(&meta, old, a.key_slot, &a.common.kdf_limits.limits()).map_err(luks_err(path))
+        luks.unlock_with(&*meta.device, old, a.key_slot, &a.common.kdf_limits.limits())
+            .map_err(luks_err(path))
     })?;
     let new = a.new_key.read(new_file, "Enter new passphrase: ")?;
-    let new_slot = luks.change_keyslot(&meta, slot, &vk, &new, &a.pbkdf.params()?).map_err(luks_err(path))?;
+    let new_slot =
+        luks.change_keyslot(&*meta.device, slot, &vk, &new, &a.pbkdf.params()?).map_err(luks_err(path))?;
     log::info!("Key slot {slot} changed (now key slot {new_slot}).");
     Ok(())
 }
@@ -217,7 +220,7 @@ pub fn kill_slot(a: KillSlotArgs) -> Result<()> {
         with_passphrase(&a.common.key, "Enter any remaining passphrase: ", |p| {
             let ok = others
                 .iter()
-                .any(|&s| luks.unlock_with(&meta, p, Some(s), &a.common.kdf_limits.limits()).is_ok());
+                .any(|&s| luks.unlock_with(&*meta.device, p, Some(s), &a.common.kdf_limits.limits()).is_ok());
             if ok {
                 Ok(())
             } else {
@@ -225,7 +228,7 @@ pub fn kill_slot(a: KillSlotArgs) -> Result<()> {
             }
         })?;
     }
-    luks.kill_keyslot(&meta, a.slot).map_err(luks_err(path))?;
+    luks.kill_keyslot(&*meta.device, a.slot).map_err(luks_err(path))?;
     log::info!("Key slot {} removed.", a.slot);
     Ok(())
 }
@@ -243,11 +246,11 @@ pub struct EraseArgs {
 pub fn erase(a: EraseArgs) -> Result<()> {
     let path = a.common.meta_path(&a.device);
     let meta = open_meta(path, false)?;
-    let mut luks = Luks::load(&meta, true).map_err(luks_err(path))?;
+    let mut luks = Luks::load(&*meta.device, true).map_err(luks_err(path))?;
     confirm(
         &format!("This operation will erase all keyslots on device {path}.\nDevice will become unusable after this operation."),
         a.common.batch_mode,
     )?;
-    luks.erase(&meta).map_err(luks_err(path))?;
+    luks.erase(&*meta.device).map_err(luks_err(path))?;
     Ok(())
 }

@@ -14,7 +14,6 @@ pub mod open;
 pub mod wipe;
 
 use blockdev::{BlockError, BlockErrorKind};
-use volume::VolumeError;
 
 use crate::exit;
 
@@ -52,6 +51,10 @@ pub fn ensure_device(path: &str) -> anyhow::Result<()> {
 /// 1 wrong parameters or other failure, 2 permission or passphrase, 4 wrong device,
 /// 5 busy (the storage or the listening socket is in use).
 pub fn exit_code(e: &anyhow::Error) -> u8 {
+    // A passphrase source's own failure (a key file, a prompt) decides by its own chain.
+    if let Some(inner) = luks::source_error(e) {
+        return exit_code(inner);
+    }
     // Some causes decide wherever they are in the chain.
     for cause in e.chain() {
         if let Some(Quiet(code)) = cause.downcast_ref::<Quiet>() {
@@ -72,21 +75,12 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         if cause.downcast_ref::<wipe::WipeInterrupted>().is_some() {
             return wipe::WIPE_INTERRUPTED;
         }
+        // Typed volume errors decide by their kind (`volume::ErrorKind`).
         if let Some(code) = luks::exit_code(cause) {
             return code;
         }
         if cause.downcast_ref::<UsageError>().is_some() {
             return exit::BAD_ARGS;
-        }
-        if let Some(v) = cause.downcast_ref::<VolumeError>() {
-            return match v {
-                VolumeError::Device { source, .. } => match source.kind() {
-                    BlockErrorKind::ReadOnly => exit::PERMISSION,
-                    _ => exit::DEVICE,
-                },
-                VolumeError::Layout { .. } => exit::DEVICE,
-                _ => exit::BAD_ARGS,
-            };
         }
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
             return match io.kind() {

@@ -4,13 +4,14 @@
 //! Everything cheap is checked before a key is derived: the options, the listening socket
 //! (bound here, so an address in use fails at once), TLS credentials, that the device
 //! exists and holds the header asked for, and the storage lock (`volume::OpenOptions::lock`).
+//! The volume is assembled by `volume::open` (`Spec::Plain`, `Spec::Table`, `Spec::Luks`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use formats::dm::{CryptOptions, CryptTable};
 use formats::limits::DM_MAX_TABLE_BYTES;
 use volume::plain::PlainParams;
-use volume::OpenOptions;
+use volume::{OpenOptions, Spec};
 
 use super::UsageError;
 use crate::keys::{read_key, KeySource};
@@ -155,7 +156,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
         lock: true,
         shared: a.shared,
     };
-    let (table, name, listener) = match &a.table_file {
+    let (spec, device, name, listener) = match &a.table_file {
         Some(file) => {
             let [name] = a.positional.as_slice() else {
                 bail!(UsageError("with --table-file give only the export NAME".into()));
@@ -163,7 +164,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
             let table = read_table(file)?;
             let listener = listen(&a.serve)?;
             super::ensure_device(&table.device)?;
-            (table, name.clone(), listener)
+            (Spec::Table(table.clone()), table.device.clone(), name.clone(), listener)
         }
         None => {
             let kind = a.kind.as_deref().unwrap_or("luks");
@@ -181,20 +182,21 @@ pub fn run(a: OpenArgs) -> Result<()> {
             plain_usage(&a)?;
             let listener = listen(&a.serve)?;
             super::ensure_device(device)?;
-            (plain_table(&a, device, &opts)?, name.clone(), listener)
+            (Spec::Plain(plain_params(&a)?), device.clone(), name.clone(), listener)
         }
     };
-    let vol = volume::open_crypt_table(&table, &opts)
-        .with_context(|| format!("opening {} as dm-crypt", table.device))?;
-    if a.print_table {
+    let opened = volume::storage::open(&device, &opts.storage())
+        .and_then(|storage| volume::open(spec, storage, &opts))
+        .with_context(|| format!("opening {device} as dm-crypt"))?;
+    if let (true, Some(table)) = (a.print_table, opened.crypt_table()) {
         // Straight to stdout: no String copy of the key.
         if a.showkeys {
             println!("{table}");
         } else {
-            println!("{}", masked(&table));
+            println!("{}", masked(table));
         }
     }
-    serve(&name, vol.device, listener, &a.serve, a.readonly)
+    serve(&name, opened.device, listener, &a.serve, a.readonly)
 }
 
 /// The plain-mode option checks that need no file.
@@ -210,7 +212,7 @@ fn plain_usage(a: &OpenArgs) -> Result<()> {
     Ok(())
 }
 
-fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTable> {
+fn plain_params(a: &OpenArgs) -> Result<PlainParams> {
     if !a.key_size.is_multiple_of(8) {
         bail!(UsageError(format!("--key-size {} is not a multiple of 8 bits", a.key_size)));
     }
@@ -237,9 +239,7 @@ fn plain_table(a: &OpenArgs, device: &str, opts: &OpenOptions) -> Result<CryptTa
         iv_large_sectors: a.iv_large_sectors,
         integrity_aead: None,
     };
-    let params =
-        PlainParams { cipher: a.cipher.clone(), key, offset: a.offset, skip: a.skip, size: a.size, options };
-    Ok(volume::plain::table(device, &params, opts)?)
+    Ok(PlainParams { cipher: a.cipher.clone(), key, offset: a.offset, skip: a.skip, size: a.size, options })
 }
 
 /// The longest table file read (`formats::limits`): a crypt line is a few hundred bytes

@@ -11,7 +11,7 @@
 //!   luksResumeWipe --from N DEVICE ── unlock ── wipe N.. ── exit 0
 //! ```
 //!
-//! The library stays free of any UI: `volume::luks::{format_integrity_until, wipe_integrity}`
+//! The library stays free of any UI: `volume::format` and `volume::luks::wipe_integrity`
 //! take a `FnMut(done, total) -> ControlFlow<()>`, [`Progress::step`] is that callback.
 
 use std::io::IsTerminal;
@@ -190,7 +190,7 @@ pub fn resume(a: ResumeWipeArgs) -> Result<()> {
     let device = a.positional[0].clone();
     let meta_path = a.header.clone().unwrap_or_else(|| device.clone());
     let meta = open_meta(&meta_path, true)?;
-    let l = Luks::load(&meta, false).map_err(luks_err(&meta_path))?;
+    let l = Luks::load(&*meta.device, false).map_err(luks_err(&meta_path))?;
     let Some(spec) = l.aead().map_err(luks_err(&meta_path))? else {
         bail!(UsageError(format!(
             "{meta_path} has no integrity segment (not luksFormat --integrity): nothing to wipe"
@@ -201,18 +201,19 @@ pub fn resume(a: ResumeWipeArgs) -> Result<()> {
         bail!(UsageError(format!("--from {} is not a multiple of the sector size {sector}", a.from)));
     }
     // The data device must open for writing before the passphrase is asked for.
-    let data = volume::open_backing(&device, &volume::OpenOptions::default())?;
+    let data = volume::storage::open(&device, &volume::StorageOptions::default())?;
     let key_file = a.positional.get(1).cloned().or(a.key.key_file.clone());
     let keys = KeyArgs { key_file, ..a.key.clone() };
     let pass = passphrase(&keys, &format!("Enter passphrase for {device}: "))?;
-    let (slot, vk) =
-        l.unlock_with(&meta, &pass, a.key_slot, &a.kdf_limits.limits()).map_err(luks_err(&meta_path))?;
+    let (slot, vk) = l
+        .unlock_with(&*meta.device, &pass, a.key_slot, &a.kdf_limits.limits())
+        .map_err(luks_err(&meta_path))?;
     drop(pass);
     log::info!("Key slot {slot} unlocked; wiping {spec} volume {device} from byte {}.", a.from);
     let mut progress = Progress::new(a.progress.progress_frequency, false);
     let end = stoppable(|| {
         eprintln!("Wiping device to initialize integrity checksum from byte {}.", a.from);
-        luks::wipe_integrity(data, &l, &vk, a.integrity_no_journal, a.from, |d, t| progress.step(d, t))
+        luks::wipe_integrity(data.device, &l, &vk, a.integrity_no_journal, a.from, |d, t| progress.step(d, t))
     });
     progress.finish();
     match end.map_err(luks_err(&device)).with_context(|| format!("wiping {device}"))? {

@@ -22,7 +22,9 @@
 
 use std::ops::ControlFlow;
 
-use blockdev::{BlockDevice, FileDevice, WriteFlags};
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, WriteFlags};
 use formats::dm::{CryptOptions, CryptTable};
 use formats::integrity::FormatParams as IntegrityFormatParams;
 use sector_crypto::{AeadSectorCipher, AeadSpec, SectorParams, VolumeKey};
@@ -30,7 +32,8 @@ use targets::integrity::{self, FormatOptions, IntegrityConfig, IntegrityTarget, 
 use targets::{AeadCryptTarget, CryptConfig, CryptMode};
 use zeroize::Zeroizing;
 
-use super::{FormatParams, Luks, LuksError, LuksVersion, OpenParams};
+use super::{FormatParams, Luks, LuksError, LuksVersion};
+use crate::{IntegrityLayer, LayerTable};
 
 /// `luksFormat --integrity` choices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +46,19 @@ pub struct LuksIntegrity {
     pub no_journal: bool,
 }
 
-/// The stack's built type (also what tests and the CLI serve).
-pub type AeadStack = AeadCryptTarget<IntegrityTarget<FileDevice>>;
+/// The stack's built type over data device `D`.
+pub type AeadStack<D> = AeadCryptTarget<IntegrityTarget<D>>;
+
+/// How to open an authenticated volume (the LUKS part of [`crate::LuksSpec`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AeadOpen<'a> {
+    /// Activation flags from the command line.
+    pub flags: &'a CryptOptions,
+    /// `--integrity-no-journal`.
+    pub no_journal: bool,
+    /// Read-only and crypto placement.
+    pub open: &'a crate::OpenOptions,
+}
 
 fn cipher_err(spec: &AeadSpec) -> impl FnOnce(sector_crypto::CryptoError) -> LuksError + '_ {
     move |source| LuksError::Cipher { spec: spec.to_string(), source }
@@ -90,40 +104,40 @@ fn integrity_config(
 
 /// The AEAD crypt layer over an opened integrity layer; `cfg` carries the placement modes
 /// and read-only (offset and length are set here).
-fn aead_over(
-    below: IntegrityTarget<FileDevice>,
+fn aead_over<D: BlockDevice + 'static>(
+    below: IntegrityTarget<D>,
     spec: &AeadSpec,
     vk: &VolumeKey,
     sector_size: u32,
     iv_offset: u64,
     len: Option<u64>,
     cfg: CryptConfig,
-) -> Result<AeadStack, LuksError> {
+) -> Result<AeadStack<D>, LuksError> {
     let sp = SectorParams { sector_size, iv_offset, iv_large_sectors: false };
     let cipher = AeadSectorCipher::new(spec, vk, sp, spec.tuple_size()).map_err(cipher_err(spec))?;
     let cfg = CryptConfig { offset: 0, len, ..cfg };
-    AeadCryptTarget::new(below, cipher, cfg)
-        .map_err(|e| LuksError::Params(format!("authenticated encryption layer: {e}")))
+    AeadCryptTarget::new(below, cipher, cfg).map_err(LuksError::AeadLayer)
 }
 
 fn integrity_err(e: integrity::IntegrityError) -> LuksError {
     LuksError::Integrity(e)
 }
 
-/// Assembles the stack of an unlocked authenticated volume on `data` (path `device`).
-pub(super) fn open(
+/// Assembles the stack of an unlocked authenticated volume on `data` (named `device`):
+/// the top device and the tables of its two layers.
+pub(crate) fn open(
     luks: &Luks,
     spec: &AeadSpec,
-    data: FileDevice,
+    data: Arc<dyn BlockDevice>,
     device: &str,
     vk: &VolumeKey,
-    p: &OpenParams,
-) -> Result<crate::Volume, LuksError> {
+    p: &AeadOpen<'_>,
+) -> Result<(Arc<dyn BlockDevice>, Vec<LayerTable>), LuksError> {
     let seg = luks.segment()?;
     if p.flags.allow_discards || seg.flags.iter().any(|f| f == "allow-discards") {
         return Err(LuksError::Params("discards are not supported with authenticated encryption".into()));
     }
-    let no_journal = p.integrity_no_journal || seg.flags.iter().any(|f| f == "no-journal");
+    let no_journal = p.no_journal || seg.flags.iter().any(|f| f == "no-journal");
     let mode = if no_journal { Mode::Direct } else { Mode::Journal };
     let read_only = p.open.read_only;
     let cfg = integrity_config(spec, seg.sector_size, seg.offset / 512, mode, read_only);
@@ -151,6 +165,16 @@ pub(super) fn open(
         spec.tuple_size(),
         seg.offset / 512
     );
+    let below = target.inner();
+    let integrity = IntegrityLayer {
+        device: device.to_owned(),
+        offset: seg.offset / 512,
+        len: below.geometry().size / 512,
+        tag_size: spec.tuple_size() as u32,
+        mode: if no_journal { 'D' } else { 'J' },
+        block_size: seg.sector_size,
+        internal_hash: None,
+    };
     let table = CryptTable {
         len: len / 512,
         cipher: spec.to_string(),
@@ -160,7 +184,7 @@ pub(super) fn open(
         offset: 0,
         options,
     };
-    Ok(crate::Volume { device: std::sync::Arc::new(target), table })
+    Ok((Arc::new(target), vec![LayerTable::Integrity(integrity), LayerTable::Crypt(table)]))
 }
 
 /// How a data-area wipe ended.
@@ -183,8 +207,8 @@ pub enum WipeEnd {
 /// `data` (the data device, even with a detached header) and, unless `i.no_wipe`, writes
 /// zeroes with valid tags over the whole volume through the AEAD layer. `progress(done,
 /// total)` is called as the wipe goes. Refuses a header without integrity.
-pub fn format_integrity(
-    data: FileDevice,
+pub fn format_integrity<D: BlockDevice + 'static>(
+    data: D,
     luks: &Luks,
     vk: &VolumeKey,
     i: &LuksIntegrity,
@@ -201,8 +225,8 @@ pub fn format_integrity(
 /// `Break` (it is asked before each 1 MiB chunk and once at the end). The dm-integrity
 /// area is formatted whole before the wipe starts, so a stopped volume opens; see
 /// [`WipeEnd::Stopped`].
-pub fn format_integrity_until(
-    data: FileDevice,
+pub fn format_integrity_until<D: BlockDevice + 'static>(
+    data: D,
     luks: &Luks,
     vk: &VolumeKey,
     i: &LuksIntegrity,
@@ -238,8 +262,8 @@ pub fn format_integrity_until(
 /// `progress(done, total)` is asked before each 1 MiB chunk and once at the end; `Break`
 /// stops the wipe, flushed. `from` must be a multiple of the segment's sector size and at
 /// most the volume's size.
-pub fn wipe_integrity(
-    data: FileDevice,
+pub fn wipe_integrity<D: BlockDevice + 'static>(
+    data: D,
     luks: &Luks,
     vk: &VolumeKey,
     no_journal: bool,

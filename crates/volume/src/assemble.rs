@@ -1,0 +1,443 @@
+//! The one assembly path: storage in, one [`Volume`] out.
+//!
+//! ```text
+//!   storage::open(locator) ─► Storage ─┐
+//!                                      ▼
+//!   open(Spec, Storage, OpenOptions) ── Spec::Luks ──── probe ─► load header ─► unlock (PassphraseSource,
+//!     │                                                 │        tries) ─► LUKS1/LUKS2: crypt over storage
+//!     │                                                 │                  LUKS2+AEAD: AEAD crypt over
+//!     │                                                 │                  integrity (external tags)
+//!     │                                 Spec::Plain ─── PlainParams ─► table line ─► crypt over storage
+//!     │                                 Spec::Table ─── table line  ─────────────► crypt over storage
+//!     │                                 Spec::Integrity ─ superblock ─► integrity over storage
+//!     │                                 Spec::Layers ── each layer over the one below (bottom first)
+//!     ▼
+//!   Volume { device: Arc<dyn BlockDevice>, kind, layers (table line of each), integrity status }
+//!
+//!   format(FormatSpec, Storage) ── Luks ─────── header (+ dm-integrity area and wipe for AEAD), one call
+//!                                  Integrity ── superblock, journal, wipe
+//! ```
+//! The CLI, the bench harness, the tests and every transport build volumes only here. A new
+//! format is one arm in [`open`] (and one variant of `probe::Format`); a new kind of storage
+//! is one arm in `storage::open`.
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use blockdev::BlockDevice;
+use formats::dm::{CryptOptions, CryptTable};
+use sector_crypto::kdf::Passphrase;
+use sector_crypto::VolumeKey;
+
+use crate::integrity::{IntegrityParams, IntegrityTarget};
+use crate::luks::{self, KdfLimits, Luks, LuksError, LuksVersion, WipeEnd};
+use crate::plain::PlainParams;
+use crate::probe::Format;
+use crate::storage::Storage;
+use crate::{crypt_over, OpenOptions, VolumeError};
+
+/// Where the passphrases of a LUKS unlock come from: a key file (one try), a prompt (as
+/// many tries as the user is allowed), a test's constant.
+pub trait PassphraseSource {
+    /// The next passphrase to try; `Ok(None)` when no try is left (the unlock then fails
+    /// with the last "wrong passphrase").
+    fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError>;
+    /// The last passphrase opened no keyslot (a prompt says so before asking again).
+    fn rejected(&mut self) {}
+}
+
+/// One passphrase, tried once.
+#[derive(Debug)]
+pub struct OnePassphrase<'a>(Option<&'a Passphrase>);
+
+impl<'a> OnePassphrase<'a> {
+    /// Tries `p` once.
+    pub fn new(p: &'a Passphrase) -> Self {
+        OnePassphrase(Some(p))
+    }
+}
+
+impl PassphraseSource for OnePassphrase<'_> {
+    fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError> {
+        Ok(self.0.take().cloned())
+    }
+}
+
+/// How to unlock a LUKS volume (cryptsetup `open --type luks`).
+pub struct LuksSpec<'a> {
+    /// `--type luks1` / `luks2` (`None`: either).
+    pub version: Option<LuksVersion>,
+    /// A detached header (`--header`), already opened.
+    pub header: Option<Storage>,
+    /// `--key-slot`.
+    pub key_slot: Option<u32>,
+    /// Activation flags from the command line, added to the header's persistent flags.
+    pub flags: CryptOptions,
+    /// `--integrity-no-journal` (authenticated volumes).
+    pub integrity_no_journal: bool,
+    /// Bounds on the header's KDF costs.
+    pub kdf_limits: KdfLimits,
+    /// Where passphrases come from.
+    pub passphrase: &'a mut dyn PassphraseSource,
+}
+
+impl std::fmt::Debug for LuksSpec<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LuksSpec")
+            .field("version", &self.version)
+            .field("header", &self.header)
+            .field("key_slot", &self.key_slot)
+            .field("flags", &self.flags)
+            .field("integrity_no_journal", &self.integrity_no_journal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> LuksSpec<'a> {
+    /// Either version, any keyslot, the header's own flags, default KDF bounds.
+    pub fn new(passphrase: &'a mut dyn PassphraseSource) -> Self {
+        LuksSpec {
+            version: None,
+            header: None,
+            key_slot: None,
+            flags: CryptOptions::default(),
+            integrity_no_journal: false,
+            kdf_limits: KdfLimits::default(),
+            passphrase,
+        }
+    }
+}
+
+/// One layer of a [`Spec::Layers`] stack.
+#[derive(Debug, Clone)]
+pub enum Layer {
+    /// A standalone dm-integrity layer (formatted with these parameters).
+    Integrity(IntegrityParams),
+    /// Plain dm-crypt over the layer below.
+    Plain(PlainParams),
+}
+
+/// What to assemble on the storage.
+#[derive(Debug)]
+pub enum Spec<'a> {
+    /// A LUKS1 or LUKS2 volume (authenticated or not), unlocked by passphrase.
+    Luks(LuksSpec<'a>),
+    /// Plain dm-crypt with cryptsetup's plain options.
+    Plain(PlainParams),
+    /// Plain dm-crypt from a table line (its device field is informational: the storage
+    /// given is what is opened).
+    Table(CryptTable),
+    /// A standalone dm-integrity volume.
+    Integrity(IntegrityParams),
+    /// Layers bottom first, each over the one below (e.g. plain crypt over integrity).
+    Layers(Vec<Layer>),
+}
+
+/// What an assembled volume is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum VolumeKind {
+    /// Plain dm-crypt (options or a table line).
+    Plain,
+    /// LUKS1.
+    Luks1,
+    /// LUKS2 without integrity.
+    Luks2,
+    /// LUKS2 authenticated encryption: AEAD crypt over dm-integrity.
+    Luks2Aead,
+    /// A standalone dm-integrity volume.
+    Integrity,
+    /// A [`Spec::Layers`] stack.
+    Layers,
+}
+
+/// A dm-integrity layer of a volume, as its table would describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntegrityLayer {
+    /// The device below.
+    pub device: String,
+    /// Start of the superblock, 512-byte sectors.
+    pub offset: u64,
+    /// Provided data sectors (512 bytes).
+    pub len: u64,
+    /// Tag size in bytes.
+    pub tag_size: u32,
+    /// Mode letter: J, B, D or R.
+    pub mode: char,
+    /// Block size.
+    pub block_size: u32,
+    /// The internal hash (`None`: external tags, written by an AEAD layer above).
+    pub internal_hash: Option<String>,
+}
+
+impl std::fmt::Display for IntegrityLayer {
+    /// `0 <len> integrity <device> <offset> <tag_size> <mode> ...` as `dmsetup table` shows
+    /// it (the options that matter here).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut args = vec![format!("block_size:{}", self.block_size)];
+        if let Some(h) = &self.internal_hash {
+            args.push(format!("internal_hash:{h}"));
+        }
+        write!(
+            f,
+            "0 {} integrity {} {} {} {} {} {}",
+            self.len,
+            self.device,
+            self.offset,
+            self.tag_size,
+            self.mode,
+            args.len(),
+            args.join(" ")
+        )
+    }
+}
+
+/// The table of one layer.
+#[derive(Debug, Clone)]
+pub enum LayerTable {
+    /// A dm-crypt layer (the key is in it: print it masked).
+    Crypt(CryptTable),
+    /// A dm-integrity layer.
+    Integrity(IntegrityLayer),
+}
+
+/// The unlocked header of a LUKS volume.
+#[derive(Debug, Clone)]
+pub struct Unlocked {
+    /// The header.
+    pub luks: Luks,
+    /// The keyslot that opened.
+    pub keyslot: u32,
+}
+
+/// An assembled volume: the top of the stack and what it is made of.
+#[derive(Debug)]
+pub struct Volume {
+    /// The device to serve.
+    pub device: Arc<dyn BlockDevice>,
+    /// What it is.
+    pub kind: VolumeKind,
+    /// The table of each layer, bottom first.
+    pub layers: Vec<LayerTable>,
+    /// A standalone dm-integrity layer, for its status (also under a plain crypt layer).
+    pub integrity: Option<Arc<IntegrityTarget<Arc<dyn BlockDevice>>>>,
+    /// The header and keyslot of a LUKS volume.
+    pub luks: Option<Unlocked>,
+}
+
+impl Volume {
+    /// The table line of the topmost dm-crypt layer.
+    pub fn crypt_table(&self) -> Option<&CryptTable> {
+        self.layers.iter().rev().find_map(|l| match l {
+            LayerTable::Crypt(t) => Some(t),
+            LayerTable::Integrity(_) => None,
+        })
+    }
+}
+
+/// Assembles `spec` on `storage` (see the module docs). `opts` sets read-only and crypto
+/// placement; the storage was opened (and locked) by the caller.
+pub fn open(spec: Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    match spec {
+        Spec::Luks(l) => open_luks(l, storage, opts),
+        Spec::Plain(p) => {
+            let table = crate::plain::table_on(&storage, &p)?;
+            crypt_volume(storage, table, opts, VolumeKind::Plain, Vec::new(), None)
+        }
+        Spec::Table(t) => crypt_volume(storage, t, opts, VolumeKind::Plain, Vec::new(), None),
+        Spec::Integrity(p) => {
+            let t = crate::integrity::open_on(storage.device, &storage.name, &p)?;
+            let layer = crate::integrity::layer_table(&t, &storage.name, &p);
+            Ok(Volume {
+                device: t.clone(),
+                kind: VolumeKind::Integrity,
+                layers: vec![LayerTable::Integrity(layer)],
+                integrity: Some(t),
+                luks: None,
+            })
+        }
+        Spec::Layers(layers) => open_layers(layers, storage, opts),
+    }
+}
+
+fn crypt_volume(
+    storage: Storage,
+    table: CryptTable,
+    opts: &OpenOptions,
+    kind: VolumeKind,
+    mut layers: Vec<LayerTable>,
+    luks: Option<Unlocked>,
+) -> Result<Volume, VolumeError> {
+    let target = crypt_over(storage.device, &table, opts)?;
+    layers.push(LayerTable::Crypt(table));
+    Ok(Volume { device: Arc::new(target), kind, layers, integrity: None, luks })
+}
+
+fn open_layers(layers: Vec<Layer>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    if layers.is_empty() {
+        return Err(VolumeError::Stack("no layers"));
+    }
+    let mut below = storage;
+    let mut tables = Vec::new();
+    let mut integrity = None;
+    for layer in layers {
+        match layer {
+            Layer::Integrity(p) => {
+                if !tables.is_empty() {
+                    return Err(VolumeError::Stack("a dm-integrity layer goes directly on the storage"));
+                }
+                let p = IntegrityParams { read_only: p.read_only || opts.read_only, ..p };
+                let t = crate::integrity::open_on(below.device, &below.name, &p)?;
+                tables.push(LayerTable::Integrity(crate::integrity::layer_table(&t, &below.name, &p)));
+                let name = format!("{}@dm-integrity", below.name);
+                below = Storage::new(t.clone(), name);
+                integrity = Some(t);
+            }
+            Layer::Plain(p) => {
+                let table = crate::plain::table_on(&below, &p)?;
+                let target = crypt_over(below.device, &table, opts)?;
+                tables.push(LayerTable::Crypt(table));
+                below = Storage::new(Arc::new(target), "dm-crypt");
+            }
+        }
+    }
+    Ok(Volume { device: below.device, kind: VolumeKind::Layers, layers: tables, integrity, luks: None })
+}
+
+/// Loads the LUKS header on `meta` (repairing a damaged LUKS2 copy unless `read_only`),
+/// checks the version asked for and that it can be opened, then tries the passphrases of
+/// `l` until one opens a keyslot. Nothing is assembled: `open --test-passphrase`, and the
+/// first half of [`open`] for LUKS.
+pub fn unlock_luks(
+    l: &mut LuksSpec<'_>,
+    meta: &Storage,
+    read_only: bool,
+) -> Result<(Unlocked, VolumeKey), VolumeError> {
+    let path = meta.name.as_str();
+    let wrap = |source| VolumeError::Luks { path: path.to_owned(), source };
+    if luks::probe(&*meta.device).map_err(wrap)?.is_none() {
+        let found = crate::probe::probe(&*meta.device, path)?;
+        return Err(VolumeError::NotLuks { path: path.to_owned(), found });
+    }
+    let header = luks::load_checked(&*meta.device, path, l.version, !read_only).map_err(wrap)?;
+    header.check_supported().map_err(wrap)?;
+    let mut last = None;
+    while let Some(pass) = l.passphrase.next_passphrase()? {
+        match header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits) {
+            Ok((keyslot, vk)) => return Ok((Unlocked { luks: header, keyslot }, vk)),
+            Err(LuksError::WrongPassphrase) => {
+                l.passphrase.rejected();
+                last = Some(LuksError::WrongPassphrase);
+            }
+            Err(e) => return Err(wrap(e)),
+        }
+    }
+    Err(wrap(last.unwrap_or(LuksError::WrongPassphrase)))
+}
+
+fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    let header = l.header.take();
+    let meta = header.as_ref().unwrap_or(&storage);
+    let (unlocked, vk) = unlock_luks(&mut l, meta, opts.read_only)?;
+    drop(header);
+    let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
+    let version = unlocked.luks.version();
+    if let Some(spec) = unlocked.luks.aead().map_err(wrap)? {
+        let a = luks::AeadOpen { flags: &l.flags, no_journal: l.integrity_no_journal, open: opts };
+        let (device, layers) =
+            luks::aead::open(&unlocked.luks, &spec, storage.device, &storage.name, &vk, &a).map_err(wrap)?;
+        return Ok(Volume {
+            device,
+            kind: VolumeKind::Luks2Aead,
+            layers,
+            integrity: None,
+            luks: Some(unlocked),
+        });
+    }
+    let table = unlocked.luks.table(&storage.name, storage.size(), &vk, &l.flags).map_err(wrap)?;
+    let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };
+    crypt_volume(storage, table, opts, kind, Vec::new(), Some(unlocked))
+}
+
+/// What to format.
+pub enum FormatSpec<'a> {
+    /// LUKS1 or LUKS2, with `--integrity` in the same call (the dm-integrity area formatted
+    /// and, unless `no_wipe`, wiped through the AEAD layer).
+    Luks {
+        /// Header parameters (see [`luks::FormatParams::for_cipher`] for the key size).
+        params: luks::FormatParams,
+        /// A detached header ([`luks::open_header_for_format`] makes it big enough).
+        header: Option<&'a Storage>,
+        /// The first keyslot's passphrase.
+        passphrase: &'a Passphrase,
+    },
+    /// A standalone dm-integrity volume.
+    Integrity {
+        /// integritysetup's options.
+        params: IntegrityParams,
+        /// The superblock salt.
+        salt: [u8; 16],
+        /// Skip the wipe (unwritten blocks then read as integrity errors).
+        no_wipe: bool,
+    },
+}
+
+/// What a format made.
+#[derive(Debug)]
+pub enum Formatted {
+    /// A LUKS header (and its volume key), and how the data-area wipe of an authenticated
+    /// volume ended (`Done` for other volumes).
+    Luks {
+        /// The header written.
+        luks: Box<Luks>,
+        /// The volume key.
+        key: VolumeKey,
+        /// The wipe's end.
+        wipe: WipeEnd,
+    },
+    /// A dm-integrity superblock and journal, and the wipe.
+    Integrity(crate::integrity::FormatReport),
+}
+
+/// Formats `storage` as `spec` says; `progress(done, total)` is asked during a wipe (an
+/// authenticated LUKS2 volume, or integrity) and may stop it (`Break`), flushed.
+pub fn format(
+    spec: FormatSpec<'_>,
+    storage: &Storage,
+    progress: impl FnMut(u64, u64) -> ControlFlow<()>,
+) -> Result<Formatted, VolumeError> {
+    match spec {
+        FormatSpec::Luks { mut params, header, passphrase } => {
+            if params.data_size.is_none() {
+                params.data_size = Some(storage.size());
+            }
+            params.detached = header.is_some();
+            let meta = header.unwrap_or(storage);
+            let wrap = |path: &str| {
+                let path = path.to_owned();
+                move |source| VolumeError::Luks { path, source }
+            };
+            let (l, key) = luks::format(&*meta.device, &params, passphrase).map_err(wrap(&meta.name))?;
+            let wipe = match &params.integrity {
+                Some(i) => luks::format_integrity_until(storage.device.clone(), &l, &key, i, progress)
+                    .map_err(wrap(&storage.name))?,
+                None => WipeEnd::Done,
+            };
+            Ok(Formatted::Luks { luks: Box::new(l), key, wipe })
+        }
+        FormatSpec::Integrity { params, salt, no_wipe } => crate::integrity::format_on(
+            storage.device.clone(),
+            &storage.name,
+            &params,
+            salt,
+            no_wipe,
+            progress,
+        )
+        .map(Formatted::Integrity)
+        .map_err(VolumeError::from),
+    }
+}
+
+/// Says what is on `storage` (see `probe::probe`).
+pub fn probe(storage: &Storage) -> Result<Format, VolumeError> {
+    crate::probe::probe(&*storage.device, &storage.name)
+}

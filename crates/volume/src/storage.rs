@@ -1,0 +1,155 @@
+//! Storage behind a seam: what a volume is assembled on, opened by *locator*.
+//!
+//! ```text
+//!   locator ──open()──► scheme? ─ none / file:// ──► path ─ regular file ──► FileDevice (image)
+//!                         │                              └ block device  ──► FileDevice (size from
+//!                         │                                                  the device, its logical
+//!                         │                                                  block size, O_DIRECT)
+//!                         └ s3://, nbd://, ... ──► VolumeError::UnsupportedScheme (one match arm
+//!                                                  per backend: the object-storage backend goes here)
+//! ```
+//! Everything above this module sees only [`Storage`]: an `Arc<dyn BlockDevice>` with a
+//! display name and what it is. A caller that builds its own device (a memory device, a
+//! lock wrapper, a test fault injector) wraps it with [`Storage::new`].
+use std::sync::Arc;
+
+use blockdev::{BackingKind, BlockDevice, FileDevice, FileLock, FileOptions};
+
+use crate::VolumeError;
+
+/// How to open storage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StorageOptions {
+    /// Open read-only (writes are refused).
+    pub read_only: bool,
+    /// Bypass the page cache (O_DIRECT) on files and block devices.
+    pub direct: bool,
+    /// The storage lock held while the storage is open (`blockdev::FileLock`).
+    pub lock: FileLock,
+}
+
+/// What a [`Storage`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageKind {
+    /// A regular file (an image).
+    File,
+    /// A block device node (`/dev/sdb1`, `/dev/loop0`).
+    BlockDevice,
+    /// A device the caller built (memory, a wrapper, a test device).
+    Other,
+}
+
+/// Opened storage: the device a volume is assembled on.
+#[derive(Clone)]
+pub struct Storage {
+    /// The device.
+    pub device: Arc<dyn BlockDevice>,
+    /// How it is named in messages and table lines (the path, or the locator).
+    pub name: String,
+    /// What it is.
+    pub kind: StorageKind,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("size", &self.device.geometry().size)
+            .finish()
+    }
+}
+
+impl Storage {
+    /// Storage over a device the caller built.
+    pub fn new(device: Arc<dyn BlockDevice>, name: impl Into<String>) -> Self {
+        Storage { device, name: name.into(), kind: StorageKind::Other }
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.device.geometry().size
+    }
+}
+
+/// The URI scheme of `locator` (`s3` of `s3://bucket/key`), if it has one. A path never has
+/// one: `./s3://x` and `/a://b` are paths.
+pub fn scheme(locator: &str) -> Option<&str> {
+    let (s, _) = locator.split_once("://")?;
+    let mut chars = s.chars();
+    let first = chars.next()?;
+    (first.is_ascii_alphabetic() && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .then_some(s)
+}
+
+/// The local path `locator` names: itself, or the path of a `file://` URI. Other schemes
+/// are [`VolumeError::UnsupportedScheme`].
+pub fn local_path(locator: &str) -> Result<&str, VolumeError> {
+    match scheme(locator) {
+        None => Ok(locator),
+        Some(s) if s.eq_ignore_ascii_case("file") => Ok(&locator[s.len() + 3..]),
+        // Object storage and other backends plug in here, one arm each.
+        Some(s) => Err(VolumeError::UnsupportedScheme { scheme: s.to_owned(), locator: locator.to_owned() }),
+    }
+}
+
+/// Opens the storage `locator` names: a regular file or a block device by path (or
+/// `file://` URI), with the lock `o` asks for. A block device's size and logical block size
+/// come from the device.
+pub fn open(locator: &str, o: &StorageOptions) -> Result<Storage, VolumeError> {
+    let path = local_path(locator)?;
+    let fopts =
+        FileOptions { read_only: o.read_only, direct: o.direct, lock: o.lock, ..FileOptions::default() };
+    let dev = FileDevice::open(path, fopts)
+        .map_err(|source| VolumeError::Device { path: path.to_owned(), source })?;
+    let kind = match dev.backing() {
+        BackingKind::RegularFile => StorageKind::File,
+        BackingKind::BlockDevice => StorageKind::BlockDevice,
+    };
+    Ok(Storage { device: Arc::new(dev), name: path.to_owned(), kind })
+}
+
+/// Makes sure `locator` can hold `size` bytes: a missing file is created, a shorter regular
+/// file grown (sparse); a block device or a longer file is left alone. Used for detached
+/// header files, which cryptsetup creates and extends the same way.
+pub fn ensure_size(locator: &str, size: u64) -> Result<(), VolumeError> {
+    let path = local_path(locator)?;
+    let err = |source| VolumeError::Create { path: path.to_owned(), source };
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(err)?;
+    let meta = f.metadata().map_err(err)?;
+    if meta.file_type().is_file() && meta.len() < size {
+        f.set_len(size).map_err(err)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_and_paths() {
+        assert_eq!(scheme("s3://bucket/key"), Some("s3"));
+        assert_eq!(scheme("/dev/loop0"), None);
+        assert_eq!(scheme("./s3://x"), None);
+        assert_eq!(scheme("1x://y"), None);
+        assert_eq!(local_path("file:///tmp/a.img").unwrap(), "/tmp/a.img");
+        let e = open("s3://bucket/disk.img", &StorageOptions::default()).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
+        assert!(e.to_string().contains("s3"), "{e}");
+    }
+
+    #[test]
+    fn files_open_and_grow() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("h.img");
+        let p = p.to_str().unwrap();
+        ensure_size(p, 1 << 20).unwrap();
+        let s = open(&format!("file://{p}"), &StorageOptions::default()).unwrap();
+        assert_eq!((s.size(), s.kind, s.name.as_str()), (1 << 20, StorageKind::File, p));
+        ensure_size(p, 4096).unwrap();
+        assert_eq!(std::fs::metadata(p).unwrap().len(), 1 << 20, "never shrunk");
+        let e = open(&format!("{p}.missing"), &StorageOptions::default()).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Io);
+    }
+}

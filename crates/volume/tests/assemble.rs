@@ -1,0 +1,171 @@
+//! The one assembly path: every volume kind formatted and opened through `volume::format`
+//! and `volume::open` on storage the test builds (memory), as the CLI and bench do on files.
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, MemDevice, WriteFlags};
+use sector_crypto::kdf::Passphrase;
+use sector_crypto::VolumeKey;
+use volume::integrity::IntegrityParams;
+use volume::luks::{FormatParams, LuksIntegrity, LuksVersion, PbkdfParams, PbkdfType};
+use volume::plain::PlainParams;
+use volume::{
+    ErrorKind, Format, FormatSpec, Formatted, Layer, LayerTable, LuksSpec, OpenOptions, PassphraseSource,
+    Spec, Storage, VolumeError, VolumeKind,
+};
+
+fn mem(bytes: u64) -> Storage {
+    Storage::new(Arc::new(MemDevice::new(bytes, 512)), "mem0")
+}
+
+fn fast(mut p: FormatParams) -> FormatParams {
+    p.pbkdf = PbkdfParams {
+        kind: Some(PbkdfType::Pbkdf2),
+        force_iterations: Some(sector_crypto::kdf::PBKDF2_MIN_ITERATIONS),
+        ..PbkdfParams::default()
+    };
+    p
+}
+
+fn go(_: u64, _: u64) -> ControlFlow<()> {
+    ControlFlow::Continue(())
+}
+
+/// Passphrases in order; counts the rejections.
+struct Tries(Vec<&'static [u8]>, u32);
+
+impl PassphraseSource for Tries {
+    fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError> {
+        Ok((!self.0.is_empty()).then(|| Passphrase::new(self.0.remove(0).to_vec())))
+    }
+    fn rejected(&mut self) {
+        self.1 += 1;
+    }
+}
+
+fn round_trip(dev: &dyn BlockDevice) {
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
+    dev.write_at(4096, &data, WriteFlags::empty()).unwrap();
+    let mut r = vec![0u8; 8192];
+    dev.read_at(4096, &mut r).unwrap();
+    assert_eq!(r, data);
+}
+
+fn format_luks(s: &Storage, params: FormatParams) {
+    let pass = Passphrase::new(b"right".to_vec());
+    let f = volume::format(FormatSpec::Luks { params: fast(params), header: None, passphrase: &pass }, s, go)
+        .unwrap();
+    assert!(matches!(f, Formatted::Luks { wipe: volume::luks::WipeEnd::Done, .. }));
+}
+
+#[test]
+fn luks_volumes_open_through_one_call_with_retried_passphrases() {
+    for version in [LuksVersion::V1, LuksVersion::V2] {
+        let s = mem(20 << 20);
+        format_luks(&s, FormatParams::for_cipher(version, "aes-xts-plain64", None, None).unwrap());
+        let want = if version == LuksVersion::V1 { Format::Luks1 } else { Format::Luks2 { aead: false } };
+        assert_eq!(volume::probe(&s).unwrap(), want);
+        let mut tries = Tries(vec![b"wrong", b"right"], 0);
+        let v =
+            volume::open(Spec::Luks(LuksSpec::new(&mut tries)), s.clone(), &OpenOptions::default()).unwrap();
+        assert_eq!(tries.1, 1, "one rejection before the right passphrase");
+        let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };
+        assert_eq!(v.kind, kind);
+        assert_eq!(v.crypt_table().unwrap().key.len(), 64, "default XTS key is 512 bits");
+        assert_eq!(v.luks.as_ref().unwrap().keyslot, 0);
+        round_trip(&*v.device);
+        drop(v);
+        let mut wrong = Tries(vec![b"no", b"nope"], 0);
+        let e = volume::open(Spec::Luks(LuksSpec::new(&mut wrong)), s, &OpenOptions::default()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WrongKey, "{e:?}");
+        assert_eq!(wrong.1, 2);
+    }
+}
+
+#[test]
+fn authenticated_luks2_formats_in_one_call_and_opens_as_two_layers() {
+    let s = mem(24 << 20);
+    let spec = sector_crypto::AeadSpec::from_luks2("aes-xts-plain64", "hmac-sha256").unwrap();
+    let i = LuksIntegrity { spec, no_wipe: false, no_journal: true };
+    let p = FormatParams::for_cipher(LuksVersion::V2, "aes-xts-plain64", None, Some(i)).unwrap();
+    assert_eq!(p.key_bytes, 64 + 32, "the HMAC key is added to the volume key");
+    format_luks(&s, p);
+    assert_eq!(volume::probe(&s).unwrap(), Format::Luks2 { aead: true });
+    let pass = Passphrase::new(b"right".to_vec());
+    let mut one = volume::OnePassphrase::new(&pass);
+    let v = volume::open(Spec::Luks(LuksSpec::new(&mut one)), s, &OpenOptions::default()).unwrap();
+    assert_eq!(v.kind, VolumeKind::Luks2Aead);
+    assert!(
+        matches!(&v.layers[..], [LayerTable::Integrity(i), LayerTable::Crypt(_)] if i.internal_hash.is_none())
+    );
+    let mut r = vec![1u8; 4096];
+    v.device.read_at(v.device.geometry().size - 4096, &mut r).unwrap();
+    assert!(r.iter().all(|&b| b == 0), "the format wiped the whole volume with valid tags");
+    round_trip(&*v.device);
+}
+
+#[test]
+fn plain_crypt_over_integrity_is_a_stack_of_layers() {
+    let s = mem(16 << 20);
+    let ip = IntegrityParams { integrity: "sha256".into(), sector_size: 4096, ..IntegrityParams::default() };
+    let f =
+        volume::format(FormatSpec::Integrity { params: ip.clone(), salt: [3; 16], no_wipe: true }, &s, go)
+            .unwrap();
+    assert!(matches!(f, Formatted::Integrity(_)));
+    assert_eq!(volume::probe(&s).unwrap(), Format::Integrity);
+    let plain = PlainParams {
+        cipher: "aes-xts-plain64".into(),
+        key: VolumeKey::new(vec![7; 64]),
+        offset: 0,
+        skip: 0,
+        size: None,
+        options: Default::default(),
+    };
+    let v = volume::open(
+        Spec::Layers(vec![Layer::Integrity(ip.clone()), Layer::Plain(plain.clone())]),
+        s.clone(),
+        &OpenOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(v.kind, VolumeKind::Layers);
+    assert_eq!(v.layers.len(), 2);
+    let LayerTable::Integrity(il) = &v.layers[0] else { panic!("integrity first") };
+    assert_eq!((il.mode, il.block_size, il.tag_size), ('J', 4096, 32));
+    assert!(il.to_string().starts_with("0 "), "{il}");
+    round_trip(&*v.device);
+    assert_eq!(v.integrity.as_ref().unwrap().status().mismatches, 0);
+    drop(v);
+    // A LUKS open of it names what is there.
+    let pass = Passphrase::new(b"x".to_vec());
+    let mut one = volume::OnePassphrase::new(&pass);
+    let e =
+        volume::open(Spec::Luks(LuksSpec::new(&mut one)), s.clone(), &OpenOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Usage);
+    assert_eq!(e.to_string(), "Device mem0 is not a valid LUKS device: it holds a dm-integrity superblock.");
+    // Integrity alone, then an empty stack.
+    let v = volume::open(Spec::Integrity(ip), s.clone(), &OpenOptions::default()).unwrap();
+    assert_eq!(v.kind, VolumeKind::Integrity);
+    drop(v);
+    let e = volume::open(Spec::Layers(vec![]), s, &OpenOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Usage);
+}
+
+#[test]
+fn plain_errors_are_typed() {
+    let s = mem(1 << 20);
+    assert_eq!(volume::probe(&s).unwrap(), Format::Unknown);
+    let p = PlainParams {
+        cipher: "aes-xts-plain64".into(),
+        key: VolumeKey::new(vec![7; 64]),
+        offset: 4096,
+        skip: 0,
+        size: None,
+        options: Default::default(),
+    };
+    let e = volume::open(Spec::Plain(p.clone()), s.clone(), &OpenOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Usage);
+    assert_eq!(e.to_string(), "device mem0 (2048 sectors) is smaller than the offset (4096 sectors)");
+    let bad = PlainParams { cipher: "nonsense-xts".into(), offset: 0, ..p };
+    let e = volume::open(Spec::Plain(bad), s, &OpenOptions::default()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e:?}");
+}
