@@ -296,6 +296,14 @@ fn serve_fuse(
                 if let Some(sig) = signals.next() {
                     log::info!("signal {sig}: unmounting {}", file.display());
                     unmounter.unmount();
+                    // Still here a moment later: someone (a loop device, say) has the file
+                    // open, and the kernel keeps it until they close it.
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    eprintln!(
+                        "sealdisk: {} unmounted but still open; serving it until it is closed \
+                         (signal again to stop now)",
+                        file.display()
+                    );
                 }
                 if let Some(sig) = signals.next() {
                     // The file is still open somewhere (the first signal's unmount waits for

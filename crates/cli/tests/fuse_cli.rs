@@ -504,3 +504,66 @@ fn bad_mount_directories_are_refused_before_the_key_derivation() {
     assert!(!is_mounted(&empty));
     assert_eq!(sha_hex(&read_all(Path::new(&img))), before, "a refused open changed the image");
 }
+
+/// A server that dies (SIGKILL) leaves no mount behind: fusermount3's auto_unmount. One
+/// stopped by SIGTERM while a loop device holds the file keeps serving it until the loop
+/// device lets go, then exits cleanly.
+#[test]
+fn mount_goes_away_when_server_dies_or_its_last_user_closes() {
+    if !fuse_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("plain.img");
+    std::fs::File::create(&img).unwrap().set_len(4 << 20).unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, pattern(64, 1)).unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let args = [
+        "open",
+        "--type",
+        "plain",
+        "--cipher",
+        "aes-xts-plain64",
+        "--key-size",
+        "512",
+        "--key-file",
+        key.to_str().unwrap(),
+        img.to_str().unwrap(),
+        "k",
+    ];
+    let mut s = FuseServed::start(&args, &mnt, "k");
+    let child = s.child.take().unwrap();
+    let _ = Command::new("kill").arg("-KILL").arg(child.id().to_string()).status();
+    let _ = child.wait_with_output();
+    let t0 = Instant::now();
+    while is_mounted(&mnt) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "still mounted after the server was killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(s);
+
+    let mut s = FuseServed::start(&args, &mnt, "k");
+    let Some(lm) = LoopMount::attach(&s.file) else { return };
+    let child = s.child.take().unwrap();
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").arg("-TERM").arg(&pid).status();
+    let t0 = Instant::now();
+    while is_mounted(&mnt) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "SIGTERM did not unmount");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The server stays for the loop device, which still reads through it.
+    std::thread::sleep(Duration::from_millis(800));
+    let mut child = child;
+    assert!(child.try_wait().unwrap().is_none(), "the server left while a loop device used the file");
+    let mut dev = std::fs::File::open(&lm.dev).unwrap();
+    let mut buf = vec![0u8; 65536];
+    dev.read_exact(&mut buf).unwrap();
+    drop(dev);
+    s.child = Some(child);
+    drop(lm);
+    let out = s.stop_ok();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("still open"));
+}
