@@ -111,7 +111,7 @@ fn requests_reach_the_device_in_parallel_when_several_are_in_flight() {
             }
         });
         let max = gate.max.load(Ordering::SeqCst);
-        assert_eq!(max, 4, "{} requests in flight at most (write: {write})", max);
+        assert_eq!(max, 4, "{max} requests in flight at most (write: {write})");
     }
 
     // The directory is fixed.
