@@ -119,11 +119,7 @@ pub struct FuseConfig {
 /// `fusermount3`, and `dir` an existing, empty directory this user may write. Cheap, so a
 /// caller runs it before any expensive step (a key derivation).
 pub fn check_mountpoint(dir: &Path) -> Result<(), FuseError> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::metadata("/dev/fuse") {
-        Ok(m) if m.file_type().is_char_device() => {}
-        _ => return Err(FuseError::NoDevice),
-    }
+    check_device(Path::new("/dev/fuse"))?;
     if find_fusermount().is_none() {
         return Err(FuseError::NoFusermount);
     }
@@ -144,6 +140,15 @@ pub fn check_mountpoint(dir: &Path) -> Result<(), FuseError> {
         return Err(FuseError::DirNotWritable(dir.into()));
     }
     Ok(())
+}
+
+/// `path` (`/dev/fuse`) is a character device.
+fn check_device(path: &Path) -> Result<(), FuseError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_char_device() => Ok(()),
+        _ => Err(FuseError::NoDevice),
+    }
 }
 
 /// The `fusermount3` fuser will run: `$FUSERMOUNT_PATH`, else the first on `PATH` (or the
@@ -302,6 +307,16 @@ mod tests {
         for good in ["vol", "my.volume", "..x", "x y"] {
             check_name(good).unwrap();
         }
+    }
+
+    #[test]
+    fn fuse_device_is_refused_when_missing_or_not_a_character_device() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(matches!(check_device(&t.path().join("fuse")), Err(FuseError::NoDevice)));
+        std::fs::write(t.path().join("fuse"), b"").unwrap();
+        assert!(matches!(check_device(&t.path().join("fuse")), Err(FuseError::NoDevice)));
+        check_device(Path::new("/dev/null")).unwrap();
+        assert!(FuseError::NoDevice.to_string().contains("/dev/fuse"));
     }
 
     #[test]
