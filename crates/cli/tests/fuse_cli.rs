@@ -533,6 +533,17 @@ fn mount_goes_away_when_server_dies_or_its_last_user_closes() {
         img.to_str().unwrap(),
         "k",
     ];
+    // --readonly: a 0400 file on a read-only mount.
+    let mut ro = args.to_vec();
+    ro.insert(1, "--readonly");
+    let s = FuseServed::start(&ro, &mnt, "k");
+    assert_eq!(std::fs::metadata(&s.file).unwrap().mode() & 0o777, 0o400);
+    let e = OpenOptions::new().write(true).open(&s.file).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    let mut b = [0u8; 4096];
+    std::fs::File::open(&s.file).unwrap().read_exact_at(&mut b, 4096).unwrap();
+    s.stop_ok();
+
     let mut s = FuseServed::start(&args, &mnt, "k");
     let child = s.child.take().unwrap();
     let _ = Command::new("kill").arg("-KILL").arg(child.id().to_string()).status();
