@@ -332,8 +332,11 @@ fn serve_fuse(
         if read_only { ", read-only" } else { "" },
         file.display()
     );
-    mounted.run().context("FUSE server failed")?;
-    device.flush().with_context(|| format!("flushing {name}"))?;
+    // Flushed also when the session ended with an error: what was written stays written.
+    let ran = mounted.run().context("FUSE server failed");
+    let flushed = device.flush().with_context(|| format!("flushing {name}"));
+    ran?;
+    flushed?;
     eprintln!("sealdisk: {name} flushed and closed");
     Ok(())
 }
