@@ -1,6 +1,7 @@
-//! Serving one device over NBD in the foreground until SIGINT/SIGTERM, then flushing.
+//! Serving one device in the foreground until SIGINT/SIGTERM, then flushing: over NBD
+//! (`--listen`), or as the single file `DIR/NAME` of a FUSE mount (`--fuse DIR`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +16,17 @@ use crate::actions::UsageError;
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Where to listen: unix:PATH or tcp:HOST:PORT (TCP binds 127.0.0.1 unless told).
-    /// Required, except for actions that serve nothing (`open --test-passphrase`).
+    /// This or --fuse is required, except for actions that serve nothing
+    /// (`open --test-passphrase`).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Worker threads per NBD connection (requests in flight per client).
+    /// Instead of NBD, expose the volume as the file DIR/NAME in a FUSE mount on DIR (an
+    /// existing empty directory; needs /dev/fuse and fusermount3, not root). Unmounted on
+    /// SIGINT/SIGTERM, and by fusermount3 if the server dies.
+    #[arg(long, value_name = "DIR", conflicts_with = "listen")]
+    pub fuse: Option<PathBuf>,
+    /// Worker threads per NBD connection (requests in flight per client); with --fuse, the
+    /// FUSE request threads.
     #[arg(long, default_value_t = ServerConfig::default().threads_per_connection)]
     pub threads: usize,
     /// Open the backing file with O_DIRECT.
@@ -158,22 +166,34 @@ fn tls_config(args: &ServeArgs) -> Result<Option<TlsConfig>> {
     Ok(Some(cfg.required(args.tls == TlsMode::Require)))
 }
 
-/// A listening socket and the TLS configuration to serve it with: everything about serving
-/// that can fail cheaply, done before a volume is unlocked ([`listen`]).
+/// Where [`serve`] will serve, with everything about it that can fail cheaply done before
+/// a volume is unlocked ([`listen`]).
 #[derive(Debug)]
-pub struct Listener {
-    socket: nbd::Listening,
-    tls: Option<TlsConfig>,
-    listen: String,
+pub struct Listener(Endpoint);
+
+#[derive(Debug)]
+enum Endpoint {
+    /// A listening socket and the TLS configuration to serve it with.
+    Nbd { socket: nbd::Listening, tls: Option<TlsConfig>, listen: String },
+    /// A checked mount directory (`--fuse`).
+    Fuse { dir: PathBuf },
 }
 
 /// Checks the serving options and binds the socket: a missing `--listen`, an unparsable or
 /// non-loopback address without TLS, unreadable TLS credentials, or an address in use fail
 /// here, before any key derivation. A client connecting before [`serve`] starts waits in
-/// the socket's backlog.
+/// the socket's backlog. With `--fuse DIR`: no /dev/fuse, no fusermount3, and a DIR that is
+/// missing, not a directory or not empty fail here (nothing is mounted yet).
 pub fn listen(args: &ServeArgs) -> Result<Listener> {
+    if let Some(dir) = &args.fuse {
+        if args.tls != TlsMode::Off || args.tls_certificates.is_some() || args.tls_psk.is_some() {
+            anyhow::bail!(UsageError("--tls options apply to --listen, not to --fuse".into()));
+        }
+        fuse::check_mountpoint(dir).with_context(|| format!("cannot mount --fuse {}", dir.display()))?;
+        return Ok(Listener(Endpoint::Fuse { dir: dir.clone() }));
+    }
     let Some(listen) = args.listen.as_deref() else {
-        anyhow::bail!(UsageError("--listen ADDR is required to serve a volume".into()));
+        anyhow::bail!(UsageError("--listen ADDR or --fuse DIR is required to serve a volume".into()));
     };
     let addr: ListenAddr =
         listen.parse().map_err(|e| UsageError(format!("invalid --listen {listen:?}: {e}")))?;
@@ -191,11 +211,11 @@ pub fn listen(args: &ServeArgs) -> Result<Listener> {
     }
     let socket =
         nbd::Listening::bind(&addr, args.socket_mode).with_context(|| format!("listening on {listen}"))?;
-    Ok(Listener { socket, tls, listen: listen.to_owned() })
+    Ok(Listener(Endpoint::Nbd { socket, tls, listen: listen.to_owned() }))
 }
 
-/// Serves `device` as export `name` on `listener` until SIGINT or SIGTERM, then flushes and
-/// returns.
+/// Serves `device` as export `name` on `listener` (or as the file `DIR/name` of a FUSE
+/// mount) until SIGINT or SIGTERM, then flushes and returns.
 pub fn serve(
     name: &str,
     device: Arc<dyn BlockDevice>,
@@ -203,7 +223,10 @@ pub fn serve(
     args: &ServeArgs,
     read_only: bool,
 ) -> Result<()> {
-    let Listener { socket, tls, listen } = listener;
+    let (socket, tls, listen) = match listener.0 {
+        Endpoint::Nbd { socket, tls, listen } => (socket, tls, listen),
+        Endpoint::Fuse { dir } => return serve_fuse(name, device, &dir, args, read_only),
+    };
     log::debug!("serving on {listen}");
     let g = device.geometry();
     let export =
@@ -241,6 +264,79 @@ pub fn serve(
         }
     );
     bound.serve().context("NBD server failed")?;
+    eprintln!("sealdisk: {name} flushed and closed");
+    Ok(())
+}
+
+/// Mounts `device` as `dir/name` and serves it until SIGINT/SIGTERM (which unmounts; a user
+/// that still has the file open, such as a loop device, is served until it closes it; a
+/// second signal stops at once) or an outside unmount, then flushes.
+fn serve_fuse(
+    name: &str,
+    device: Arc<dyn BlockDevice>,
+    dir: &Path,
+    args: &ServeArgs,
+    read_only: bool,
+) -> Result<()> {
+    let cfg = fuse::FuseConfig { name: name.to_owned(), threads: args.threads.max(1), read_only };
+    let mounted =
+        fuse::mount(dir, device.clone(), &cfg).with_context(|| format!("serving {name} with FUSE"))?;
+    let mut unmounter = mounted.unmounter();
+    let mut signals =
+        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+            .context("installing signal handlers")?;
+    crate::hardening::serving();
+    let file = dir.join(name);
+    {
+        let (file, device) = (file.clone(), device.clone());
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let mut signals = signals.forever();
+                if let Some(sig) = signals.next() {
+                    log::info!("signal {sig}: unmounting {}", file.display());
+                    unmounter.unmount();
+                    // Still here a moment later: someone (a loop device, say) has the file
+                    // open, and the kernel keeps it until they close it.
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    eprintln!(
+                        "sealdisk: {} unmounted but still open; serving it until it is closed \
+                         (signal again to stop now)",
+                        file.display()
+                    );
+                }
+                if let Some(sig) = signals.next() {
+                    // The file is still open somewhere (the first signal's unmount waits for
+                    // its last user): stop now; its users get errors from here on.
+                    eprintln!(
+                        "sealdisk: signal {sig} again: stopping while {} is still open",
+                        file.display()
+                    );
+                    let code = match device.flush() {
+                        Ok(()) => 128 + sig,
+                        Err(e) => {
+                            eprintln!("sealdisk: flush failed: {e}");
+                            1
+                        }
+                    };
+                    std::process::exit(code);
+                }
+            })
+            .context("starting the signal thread")?;
+    }
+    let g = device.geometry();
+    eprintln!(
+        "sealdisk: serving {name} ({} bytes, {}-byte blocks{}) as {}",
+        g.size,
+        g.logical_block,
+        if read_only { ", read-only" } else { "" },
+        file.display()
+    );
+    // Flushed also when the session ended with an error: what was written stays written.
+    let ran = mounted.run().context("FUSE server failed");
+    let flushed = device.flush().with_context(|| format!("flushing {name}"));
+    ran?;
+    flushed?;
     eprintln!("sealdisk: {name} flushed and closed");
     Ok(())
 }

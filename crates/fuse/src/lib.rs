@@ -1,0 +1,339 @@
+//! The volume as a single file in a FUSE mount: `DIR/NAME`, what nbdfuse gives an NBD
+//! export, served in-process over an `Arc<dyn BlockDevice>`. Knows nothing of crypto.
+//!
+//! ```text
+//!   mkfs.ext4 / losetup / qemu-img / dd ──► DIR/NAME (a regular file, size = the volume)
+//!                                              │ kernel FUSE, direct I/O
+//!                                    /dev/fuse, one cloned fd per request thread
+//!                                              │
+//!   fuser Session ── N threads ──► VolumeFs (lookup, getattr, open, read, write, fsync,
+//!                                              │  flush, fallocate, statfs)
+//!                                  VolumeIo: bytes → covering blocks, read-modify-write
+//!                                              │  under a RangeLock
+//!                                    Arc<dyn BlockDevice> (crypt, integrity, ...)
+//! ```
+//!
+//! * **Mounting** goes through `fusermount3` (Debian package `fuse3`) with `auto_unmount`:
+//!   no libfuse and no root. When the server dies, fusermount3 unmounts. `fusermount3`
+//!   refuses `auto_unmount` to an unprivileged user unless `/etc/fuse.conf` has
+//!   `user_allow_other` (it verifies the mount as root, which needs `allow_other`); the
+//!   mount then goes ahead without it, with a warning.
+//! * **Direct I/O** (`FOPEN_DIRECT_IO`): no page cache for the file. Its users (a loop
+//!   device's filesystem, a VM, mkfs) cache what they need; a second copy in the FUSE file's
+//!   cache would double the memory and delay errors. Every read and write reaches the device
+//!   with the caller's offsets; `O_DIRECT` users (`losetup --direct-io`, `qemu cache=none`)
+//!   work as well. `FOPEN_PARALLEL_DIRECT_WRITES` lets writes run in parallel (otherwise the
+//!   kernel holds the inode lock across each one), and shared `mmap` is allowed where the
+//!   kernel offers `FUSE_DIRECT_IO_ALLOW_MMAP` (6.6+).
+//! * **Size is fixed**: no create, unlink, rename or truncate (`EPERM`); a write at the end
+//!   gets `ENOSPC`, one crossing it a short write, as with a block device.
+//! * **fallocate**: `PUNCH_HOLE|KEEP_SIZE` discards (when the device offers discard: the
+//!   range then reads back as the device leaves it, as dm-crypt's `allow_discards`;
+//!   otherwise it writes zeroes, which may deallocate); `ZERO_RANGE` writes zeroes; a plain
+//!   allocation inside the file succeeds (every byte already exists); anything else is
+//!   `EOPNOTSUPP`.
+//! * **Errors** map to an errno per request ([`io::errno_of`]): an integrity mismatch is
+//!   `EIO` for the request that met it, nothing else.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod fs;
+pub mod io;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use blockdev::BlockDevice;
+use fuser::{Config, MountOption, Session, SessionACL};
+
+pub use fs::VolumeFs;
+pub use io::VolumeIo;
+
+/// Why the volume could not be mounted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FuseError {
+    /// `/dev/fuse` is missing or not a character device.
+    #[error("/dev/fuse is not available: load the kernel's fuse module (modprobe fuse), or give the container the device")]
+    NoDevice,
+    /// No `fusermount3` on the `PATH`.
+    #[error("fusermount3 was not found on PATH (Debian/Ubuntu package fuse3)")]
+    NoFusermount,
+    /// The mount directory does not exist.
+    #[error("mount directory {0} does not exist")]
+    DirMissing(PathBuf),
+    /// The mount path is not a directory.
+    #[error("{0} is not a directory")]
+    NotDirectory(PathBuf),
+    /// The mount directory has entries (they would be hidden while mounted).
+    #[error("mount directory {0} is not empty")]
+    DirNotEmpty(PathBuf),
+    /// The mount directory cannot be written by this user, so fusermount3 would refuse it.
+    #[error("no write permission on mount directory {0}")]
+    DirNotWritable(PathBuf),
+    /// The file name is not a single path component.
+    #[error("{0:?} cannot be a file name (empty, '.', '..', or contains '/' or NUL)")]
+    BadName(String),
+    /// Reading the mount directory failed.
+    #[error("reading mount directory {path}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The mount itself failed (fusermount3's message is in the source).
+    #[error("mounting FUSE on {path}")]
+    Mount {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request loop failed.
+    #[error("FUSE session on {path} failed")]
+    Session {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How to serve the file.
+#[derive(Debug, Clone)]
+pub struct FuseConfig {
+    /// The file's name inside the mount directory.
+    pub name: String,
+    /// Request threads (requests in flight at once), at least 1.
+    pub threads: usize,
+    /// Mount read-only; the file is 0400 and writes fail with `EROFS`.
+    pub read_only: bool,
+}
+
+/// Checks, without changing anything, what mounting on `dir` needs: `/dev/fuse`,
+/// `fusermount3`, and `dir` an existing, empty directory this user may write. Cheap, so a
+/// caller runs it before any expensive step (a key derivation).
+pub fn check_mountpoint(dir: &Path) -> Result<(), FuseError> {
+    check_device(Path::new("/dev/fuse"))?;
+    if find_fusermount().is_none() {
+        return Err(FuseError::NoFusermount);
+    }
+    let meta = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FuseError::DirMissing(dir.into())),
+        Err(source) => return Err(FuseError::Dir { path: dir.into(), source }),
+    };
+    if !meta.is_dir() {
+        return Err(FuseError::NotDirectory(dir.into()));
+    }
+    let mut entries = std::fs::read_dir(dir).map_err(|source| FuseError::Dir { path: dir.into(), source })?;
+    if entries.next().is_some() {
+        return Err(FuseError::DirNotEmpty(dir.into()));
+    }
+    if !rustix::process::geteuid().is_root() && rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_err()
+    {
+        return Err(FuseError::DirNotWritable(dir.into()));
+    }
+    Ok(())
+}
+
+/// `path` (`/dev/fuse`) is a character device.
+fn check_device(path: &Path) -> Result<(), FuseError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_char_device() => Ok(()),
+        _ => Err(FuseError::NoDevice),
+    }
+}
+
+/// The `fusermount3` fuser will run: `$FUSERMOUNT_PATH`, else the first on `PATH` (or the
+/// usual system directories).
+fn find_fusermount() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FUSERMOUNT_PATH") {
+        let p = PathBuf::from(p);
+        return rustix::fs::access(&p, rustix::fs::Access::EXEC_OK).is_ok().then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    std::env::split_paths(&path)
+        .chain(["/usr/bin", "/bin", "/sbin", "/usr/sbin"].map(PathBuf::from))
+        .map(|d| d.join("fusermount3"))
+        .find(|p| rustix::fs::access(p, rustix::fs::Access::EXEC_OK).is_ok())
+}
+
+fn check_name(name: &str) -> Result<(), FuseError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(FuseError::BadName(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// A mounted volume file, not yet serving: [`Mounted::unmounter`] for the signal handler,
+/// then [`Mounted::run`].
+pub struct Mounted {
+    session: Session<VolumeFs>,
+    dir: PathBuf,
+    threads: usize,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted")
+            .field("dir", &self.dir)
+            .field("threads", &self.threads)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Unmounts a [`Mounted`] from another thread (a signal handler's).
+#[derive(Debug)]
+pub struct Unmounter {
+    dir: PathBuf,
+}
+
+impl Unmounter {
+    /// Unmounts, detached (`fusermount3 -u -z`): the name disappears at once, and a user
+    /// that still has the file open (a loop device, say) keeps it until it closes it; the
+    /// server serves it until then. (fuser's own unmounter cannot be used with
+    /// `auto_unmount`: it only closes fusermount3's socket, and fusermount3 leaves a file
+    /// system that still answers mounted.)
+    pub fn unmount(&mut self) {
+        let Some(fusermount) = find_fusermount() else {
+            log::warn!("cannot unmount {}: fusermount3 is gone", self.dir.display());
+            return;
+        };
+        match std::process::Command::new(&fusermount)
+            .args(["-u", "-z", "--"])
+            .arg(&self.dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => log::warn!(
+                "unmounting {}: {} {}",
+                self.dir.display(),
+                fusermount.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => log::warn!("unmounting {}: running {}: {e}", self.dir.display(), fusermount.display()),
+        }
+    }
+}
+
+/// Mounts `device` as the file `dir/name` (checking everything [`check_mountpoint`]
+/// checks first). The kernel may send requests as soon as this returns; they wait until
+/// [`Mounted::run`].
+pub fn mount(dir: &Path, device: Arc<dyn BlockDevice>, cfg: &FuseConfig) -> Result<Mounted, FuseError> {
+    check_name(&cfg.name)?;
+    check_mountpoint(dir)?;
+    let threads = cfg.threads.max(1);
+    let uid = rustix::process::geteuid().as_raw();
+    let gid = rustix::process::getegid().as_raw();
+    let mut options = vec![
+        MountOption::FSName(format!("sealdisk:{}", cfg.name)),
+        MountOption::Subtype("sealdisk".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoExec,
+        MountOption::NoAtime,
+    ];
+    options.push(if cfg.read_only { MountOption::RO } else { MountOption::RW });
+    let fs = || VolumeFs::new(device.clone(), &cfg.name, uid, gid, cfg.read_only);
+    // auto_unmount: fusermount3 stays behind and unmounts when this process dies. It must
+    // be able to check the mount as root, hence allow_other at the kernel, with fuser
+    // turning away everyone but this user and root (SessionACL::RootAndOwner); the file's
+    // 0600 mode (default_permissions) keeps others out as well.
+    let mut config = Config::default();
+    config.mount_options = options.clone();
+    config.mount_options.push(MountOption::AutoUnmount);
+    config.acl = SessionACL::RootAndOwner;
+    config.n_threads = Some(threads);
+    config.clone_fd = true;
+    let session = match Session::new(fs(), dir, &config) {
+        Ok(s) => s,
+        Err(e)
+            if e.kind() == std::io::ErrorKind::PermissionDenied && !rustix::process::geteuid().is_root() =>
+        {
+            log::warn!(
+                "fusermount3 refused auto_unmount ({e}); mounting without it: if this process is killed, \
+                 run `fusermount3 -u {}` (or set user_allow_other in /etc/fuse.conf)",
+                dir.display()
+            );
+            config.mount_options = options;
+            config.acl = SessionACL::Owner;
+            Session::new(fs(), dir, &config)
+                .map_err(|source| FuseError::Mount { path: dir.into(), source })?
+        }
+        Err(source) => return Err(FuseError::Mount { path: dir.into(), source }),
+    };
+    Ok(Mounted { session, dir: dir.into(), threads })
+}
+
+impl Mounted {
+    /// A handle that unmounts from another thread; [`Mounted::run`] then returns once the
+    /// last user has closed the file.
+    pub fn unmounter(&self) -> Unmounter {
+        Unmounter { dir: self.dir.clone() }
+    }
+
+    /// The mount directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Serves requests on the configured number of threads until the file system is
+    /// unmounted (by [`Unmounter::unmount`], `fusermount3 -u`, or `umount`).
+    pub fn run(self) -> Result<(), FuseError> {
+        let Mounted { session, dir, threads } = self;
+        log::debug!("serving FUSE on {} with {threads} threads", dir.display());
+        session.run().map_err(|source| FuseError::Session { path: dir, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_single_components() {
+        for bad in ["", ".", "..", "a/b", "/x", "a\0b"] {
+            assert!(matches!(check_name(bad), Err(FuseError::BadName(_))), "{bad:?}");
+        }
+        for good in ["vol", "my.volume", "..x", "x y"] {
+            check_name(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn fuse_device_is_refused_when_missing_or_not_a_character_device() {
+        let t = tempfile::tempdir().unwrap();
+        assert!(matches!(check_device(&t.path().join("fuse")), Err(FuseError::NoDevice)));
+        std::fs::write(t.path().join("fuse"), b"").unwrap();
+        assert!(matches!(check_device(&t.path().join("fuse")), Err(FuseError::NoDevice)));
+        check_device(Path::new("/dev/null")).unwrap();
+        assert!(FuseError::NoDevice.to_string().contains("/dev/fuse"));
+    }
+
+    #[test]
+    fn mountpoint_is_refused_when_missing_a_file_or_not_empty() {
+        if find_fusermount().is_none() || std::fs::metadata("/dev/fuse").is_err() {
+            eprintln!("SKIPPED mountpoint checks: no fusermount3 or /dev/fuse (Debian package fuse3)");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let missing = t.path().join("missing");
+        assert!(matches!(check_mountpoint(&missing), Err(FuseError::DirMissing(_))));
+        let file = t.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(check_mountpoint(&file), Err(FuseError::NotDirectory(_))));
+        assert!(matches!(check_mountpoint(t.path()), Err(FuseError::DirNotEmpty(_))));
+        let empty = t.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        check_mountpoint(&empty).unwrap();
+    }
+}
