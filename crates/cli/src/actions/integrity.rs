@@ -448,7 +448,7 @@ fn open(a: OpenArgs) -> Result<()> {
             .context("starting the status thread")?
     };
     let dev: Arc<dyn BlockDevice> = target.clone();
-    let r = serve(&a.name, dev, listener, &a.serve, p.read_only);
+    let r = serve(&a.name, dev, &a.device, listener, &a.serve, p.read_only);
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
     if let Some(path) = &a.status_file {

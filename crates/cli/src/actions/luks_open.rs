@@ -106,5 +106,5 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         }
     }
     let name = name.unwrap_or_default();
-    serve(&name, opened.volume.device, listener, &a.serve, a.readonly)
+    serve(&name, opened.volume.device, &device, listener, &a.serve, a.readonly)
 }

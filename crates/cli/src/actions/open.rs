@@ -194,7 +194,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
             println!("{}", masked(&table));
         }
     }
-    serve(&name, vol.device, listener, &a.serve, a.readonly)
+    serve(&name, vol.device, &table.device, listener, &a.serve, a.readonly)
 }
 
 /// The plain-mode option checks that need no file.
