@@ -103,7 +103,8 @@
 //!   metadata context.
 //! * Not in the memory budget: per connection a 64 KiB read buffer, at most 64 KiB of
 //!   handshake option data, at most 256 KiB of queued small replies, and its threads'
-//!   stacks — bounded by `max_connections` and `threads_per_connection`, not by the budget.
+//!   stacks, and per worker a BLOCK_STATUS reply being built (at most 1024 extents, 8 KiB)
+//!   — bounded by `max_connections` and `threads_per_connection`, not by the budget.
 //!   Nor is what a device allocates for a TRIM/WRITE_ZEROES piece.
 //! * Enough clients that do not read their replies (`memory_budget / connection_budget`,
 //!   16 with the defaults) exhaust the budget and stall everyone else until `idle_timeout`
