@@ -25,7 +25,8 @@ impl Drop for Served {
 
 fn serve(dev: Arc<dyn BlockDevice>, read_only: bool, tcp: bool) -> Served {
     let dir = tempfile::tempdir().unwrap();
-    let export = Export { name: "disk".into(), description: String::new(), device: dev, read_only };
+    let export =
+        Export { name: "disk".into(), description: String::new(), device: dev, read_only, rotational: false };
     let server = Server::new(vec![export], ServerConfig::default());
     let addr =
         if tcp { ListenAddr::Tcp("127.0.0.1:0".into()) } else { ListenAddr::Unix(dir.path().join("s")) };

@@ -17,7 +17,9 @@
 //! caller's violation is answered with the contract's error and never reaches the device, and a
 //! device's violation becomes an `Io` error.
 
-use crate::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags, ZeroFlags};
+use crate::{
+    BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Extent, Geometry, WriteFlags, ZeroFlags,
+};
 
 /// What [`Checked`] does with a request that breaks the contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +48,7 @@ enum Op {
     Write,
     Discard,
     WriteZeroes,
+    Allocation,
 }
 
 impl Op {
@@ -55,11 +58,12 @@ impl Op {
             Op::Write => "write_at",
             Op::Discard => "discard",
             Op::WriteZeroes => "write_zeroes",
+            Op::Allocation => "allocation",
         }
     }
 
     fn modifies(self) -> bool {
-        self != Op::Read
+        !matches!(self, Op::Read | Op::Allocation)
     }
 }
 
@@ -226,6 +230,33 @@ impl<D: BlockDevice> BlockDevice for Checked<D> {
 
     fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
         self.checked(Op::WriteZeroes, off, len, || self.inner.write_zeroes(off, len, flags))
+    }
+
+    /// Also checks the answer: at most `max_extents` (at least one unless `len` is 0)
+    /// extents of nonzero block-multiple lengths that add up to at most `len`.
+    fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+        let mut answer = Vec::new();
+        self.checked(Op::Allocation, off, len, || {
+            answer = self.inner.allocation(off, len, max_extents)?;
+            Ok(())
+        })?;
+        let bs = u64::from(self.geometry.logical_block);
+        let total = answer.iter().try_fold(0u64, |sum, e| sum.checked_add(e.len));
+        let bad = if len == 0 {
+            !answer.is_empty()
+        } else {
+            answer.is_empty()
+                || answer.len() > max_extents.max(1)
+                || answer.iter().any(|e| e.len == 0 || e.len % bs != 0)
+                || total.is_none_or(|t| t > len)
+        };
+        if bad {
+            violation(format!(
+                "device broke the contract: allocation at {off} length {len} (at most {max_extents} extents) \
+                 answered {answer:?}"
+            ))?;
+        }
+        Ok(answer)
     }
 }
 

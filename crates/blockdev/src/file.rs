@@ -85,7 +85,10 @@ use rustix::io::Errno;
 
 use crate::aligned::{is_aligned, AlignedBuf, DIRECT_IO_ALIGN};
 use crate::latch::WritebackLatch;
-use crate::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags, ZeroFlags};
+use crate::{
+    BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Extent, ExtentFlags, Geometry, WriteFlags,
+    ZeroFlags,
+};
 
 /// Largest piece copied through the bounce buffer (and written per zero-filling `pwrite`).
 const BOUNCE_CHUNK: usize = 1 << 20;
@@ -548,5 +551,37 @@ impl BlockDevice for FileDevice {
             self.sync("FUA write-zeroes", off, len)?;
         }
         Ok(())
+    }
+
+    /// A regular file's holes (`lseek` `SEEK_DATA`/`SEEK_HOLE`) are `HOLE | ZERO`: they read
+    /// as zeroes and take space once written. A block device, or a filesystem without hole
+    /// reporting (`EINVAL`/`EOPNOTSUPP`), is all data. `lseek` moves the descriptor's file
+    /// position, which no I/O here uses.
+    fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+        self.geometry.check_range(off, len)?;
+        let all_data =
+            || Ok(if len == 0 { Vec::new() } else { vec![Extent { len, flags: ExtentFlags::empty() }] });
+        if len == 0 || self.backing == BackingKind::BlockDevice {
+            return all_data();
+        }
+        let seek = |whence: rustix::fs::SeekFrom| match rustix::fs::seek(&self.file, whence) {
+            Ok(at) => Ok(Some(at)),
+            Err(Errno::NXIO) => Ok(None),
+            Err(e) => Err(io::Error::from(e)),
+        };
+        let walked = crate::extents::walk(
+            off,
+            len,
+            u64::from(self.geometry.logical_block),
+            max_extents,
+            |pos| seek(rustix::fs::SeekFrom::Data(pos)),
+            // Past the end of the file (it shrank) there is no hole to find: stop there.
+            |pos| seek(rustix::fs::SeekFrom::Hole(pos)).map(|h| h.unwrap_or(off + len)),
+        );
+        match walked {
+            Ok(list) => Ok(list),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => all_data(),
+            Err(e) => Err(self.op_error("lseek(SEEK_DATA/SEEK_HOLE)", off, len, e)),
+        }
     }
 }

@@ -22,6 +22,11 @@
 //! * [`RangeLocked`]: orders overlapping requests with a [`RangeLock`] (disjoint ones never
 //!   wait), for devices that do not keep blocks whole under concurrency by themselves.
 //!
+//! Allocation ([`BlockDevice::allocation`]): `FileDevice` reports a regular file's holes as
+//! `HOLE | ZERO`; `Slice`, `Checked` and `RangeLocked` pass the answer of the device below
+//! through; every other layer keeps the default (all allocated data, contents unknown),
+//! because what a hole below reads as through an encrypting or tagging layer is not zeroes.
+//!
 //! This crate has no `unsafe` code: the aligned buffer over-allocates instead, and the
 //! system calls go through `rustix`'s safe wrappers.
 #![forbid(unsafe_code)]
@@ -30,6 +35,7 @@
 pub mod aligned;
 mod checked;
 mod error;
+mod extents;
 #[cfg(feature = "test-utils")]
 pub mod fault_hook;
 mod file;
@@ -37,6 +43,7 @@ mod latch;
 mod mem;
 mod range_lock;
 mod slice;
+mod sysfs;
 
 pub use aligned::AlignedBuf;
 pub use checked::{CheckMode, Checked};
@@ -46,6 +53,7 @@ pub use latch::WritebackLatch;
 pub use mem::MemDevice;
 pub use range_lock::{RangeGuard, RangeLock, RangeLocked};
 pub use slice::Slice;
+pub use sysfs::is_rotational;
 
 use std::fmt::Debug;
 
@@ -88,6 +96,28 @@ bitflags::bitflags! {
         /// the range reads back as zeroes.
         const MAY_UNMAP = 1 << 1;
     }
+}
+
+bitflags::bitflags! {
+    /// What is known of a run of blocks ([`BlockDevice::allocation`]). The empty set is
+    /// always true: "allocated data, contents unknown".
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct ExtentFlags: u32 {
+        /// Not allocated in this layer's storage: a later write may have to allocate (and may
+        /// then fail with `NoSpace`). Says nothing about what a read returns.
+        const HOLE = 1 << 0;
+        /// Reads return zeroes.
+        const ZERO = 1 << 1;
+    }
+}
+
+/// A run of blocks with one [`ExtentFlags`] state, as [`BlockDevice::allocation`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Extent {
+    /// Length in bytes: nonzero, a multiple of the device's logical block size.
+    pub len: u64,
+    /// What is known of these blocks.
+    pub flags: ExtentFlags,
 }
 
 /// Size and block sizes of a device.
@@ -186,6 +216,27 @@ pub trait BlockDevice: Send + Sync + Debug {
         Err(BlockError::unsupported("discard"))
     }
 
+    /// Which blocks of `[off, off+len)` are holes or read as zeroes, as consecutive extents
+    /// starting at `off`.
+    ///
+    /// * Returns at most `max_extents` extents (at least one when `len > 0`, none when
+    ///   `len == 0`; a `max_extents` of 0 counts as 1). Each has a nonzero length that is a
+    ///   multiple of the logical block size; their sum is at most `len`. When it is less, the
+    ///   rest of the range was not examined (too many extents, or too costly): ask again
+    ///   from where the answer ended.
+    /// * Every flag must be **true of this layer's contents**: a layer that transforms data
+    ///   (encryption, integrity tags) must not pass up its device's `ZERO` (a hole below
+    ///   decrypts to garbage), and reports `HOLE` only if writing there may allocate.
+    ///   "Unknown" (no flags) is always correct, which is why layers do not inherit this.
+    /// * The answer describes the moment of the call; a concurrent write may change it.
+    ///
+    /// The default reports the whole range as one extent of allocated data.
+    fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+        let _ = max_extents;
+        self.geometry().check_range(off, len)?;
+        Ok(if len == 0 { Vec::new() } else { vec![Extent { len, flags: ExtentFlags::empty() }] })
+    }
+
     /// Makes `[off, off+len)` read as zeroes.
     ///
     /// The default writes zero buffers through `write_at` in chunks of at most 1 MiB.
@@ -220,6 +271,9 @@ macro_rules! forward_block_device {
             fn discard(&self, off: u64, len: u64) -> BlockResult<()> { (**self).discard(off, len) }
             fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
                 (**self).write_zeroes(off, len, flags)
+            }
+            fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+                (**self).allocation(off, len, max_extents)
             }
         }
     )*};

@@ -20,7 +20,7 @@
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::{BlockDevice, BlockResult, Caps, Geometry, WriteFlags, ZeroFlags};
+use crate::{BlockDevice, BlockResult, Caps, Extent, Geometry, WriteFlags, ZeroFlags};
 
 #[derive(Debug, Clone, Copy)]
 struct Range {
@@ -183,6 +183,11 @@ impl<D: BlockDevice> BlockDevice for RangeLocked<D> {
         self.inner.geometry().check_range(off, len)?;
         let _g = self.locks.write(off, len);
         self.inner.write_zeroes(off, len, flags)
+    }
+
+    /// Not ordered against writes: an allocation answer describes one moment anyway.
+    fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+        self.inner.allocation(off, len, max_extents)
     }
 }
 

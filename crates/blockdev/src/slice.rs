@@ -10,7 +10,9 @@
 //! `start length` pair. Every request is checked against the window first, so a request past
 //! the slice's end fails with `OutOfRange` even when the device below could serve it.
 
-use crate::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags, ZeroFlags};
+use crate::{
+    BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Extent, Geometry, WriteFlags, ZeroFlags,
+};
 
 /// An offset/length window over a device, forwarding every operation with translated offsets.
 ///
@@ -118,6 +120,11 @@ impl<D: BlockDevice> BlockDevice for Slice<D> {
     fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
         self.geometry.check_range(off, len)?;
         self.inner.write_zeroes(self.offset + off, len, flags)
+    }
+
+    fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+        self.geometry.check_range(off, len)?;
+        self.inner.allocation(self.offset + off, len, max_extents)
     }
 }
 

@@ -215,10 +215,12 @@ pub fn listen(args: &ServeArgs) -> Result<Listener> {
 }
 
 /// Serves `device` as export `name` on `listener` (or as the file `DIR/name` of a FUSE
-/// mount) until SIGINT or SIGTERM, then flushes and returns.
+/// mount) until SIGINT or SIGTERM, then flushes and returns. `storage` is the path of the
+/// device's backing storage: on rotational media the export says so (`NBD_FLAG_ROTATIONAL`).
 pub fn serve(
     name: &str,
     device: Arc<dyn BlockDevice>,
+    storage: &str,
     listener: Listener,
     args: &ServeArgs,
     read_only: bool,
@@ -229,8 +231,14 @@ pub fn serve(
     };
     log::debug!("serving on {listen}");
     let g = device.geometry();
-    let export =
-        Export { name: name.to_string(), description: format!("sealdisk {name}"), device, read_only };
+    let rotational = blockdev::is_rotational(std::path::Path::new(storage));
+    let export = Export {
+        name: name.to_string(),
+        description: format!("sealdisk {name}"),
+        device,
+        read_only,
+        rotational,
+    };
     let config = args.server_config();
     let server = match tls {
         Some(tls) => Server::new_with_tls(vec![export], config, tls),

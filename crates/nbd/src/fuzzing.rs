@@ -102,7 +102,7 @@ pub fn run_session_with(server: &Server, input: &[u8]) -> io::Result<Vec<u8>> {
 /// on its first bytes), each checked to re-encode to the bytes it decoded. Panics on a
 /// mismatch, which is what a fuzz target reports.
 pub fn decode_all(input: &[u8]) {
-    use crate::wire::{ChunkHeader, InfoRequest, OptionHeader, Request};
+    use crate::wire::{ChunkHeader, InfoRequest, MetaContextRequest, OptionHeader, Request};
 
     if let Some(b) = input.first_chunk::<{ OptionHeader::SIZE }>() {
         if let Ok(h) = OptionHeader::decode(b) {
@@ -122,5 +122,9 @@ pub fn decode_all(input: &[u8]) {
     // NBD_OPT_GO / NBD_OPT_INFO data: the whole input.
     if let Ok(req) = InfoRequest::decode(input) {
         assert_eq!(req.encode(), input, "InfoRequest does not round-trip");
+    }
+    // NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT data: the whole input.
+    if let Ok(req) = MetaContextRequest::decode(input) {
+        assert_eq!(req.encode(), input, "MetaContextRequest does not round-trip");
     }
 }

@@ -8,7 +8,7 @@ use log::{debug, warn};
 use crate::server::{ExportParams, Shared, READ_BUFFER};
 use crate::stream::Stream;
 use crate::tls::{self, Pump};
-use crate::wire::{self, handshake_flag, info, opt, rep, InfoRequest, OptionHeader};
+use crate::wire::{self, handshake_flag, info, opt, rep, InfoRequest, MetaContextRequest, OptionHeader};
 
 /// The outcome of a successful negotiation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +17,13 @@ pub(crate) struct Session {
     pub(crate) export: usize,
     /// `NBD_OPT_STRUCTURED_REPLY` was acknowledged.
     pub(crate) structured: bool,
+    /// `base:allocation` was selected for this export: `NBD_CMD_BLOCK_STATUS` is allowed and
+    /// answers with [`BASE_ALLOCATION_ID`].
+    pub(crate) base_allocation: bool,
 }
+
+/// The context id of `base:allocation` in `NBD_REP_META_CONTEXT` and block status replies.
+pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
 
 /// Option data the server reads and parses; names are at most 4 KiB by the spec, so this
 /// leaves ample room.
@@ -52,6 +58,8 @@ pub(crate) fn negotiate(
     let no_zeroes = client_flags & u32::from(handshake_flag::NO_ZEROES) != 0;
 
     let mut structured = false;
+    // The export for which the last NBD_OPT_SET_META_CONTEXT selected base:allocation.
+    let mut meta: Option<usize> = None;
     let mut data = Vec::new();
     let mut out = Vec::new();
     loop {
@@ -103,7 +111,7 @@ pub(crate) fn negotiate(
                 };
                 let p = ExportParams::new(&shared.exports[i], &shared.config);
                 w.write_all(&wire::encode_export_name_reply(p.size, p.tflags(structured), no_zeroes))?;
-                return Ok(Some(Session { export: i, structured }));
+                return Ok(Some(Session { export: i, structured, base_allocation: meta == Some(i) }));
             }
             opt::ABORT => {
                 wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
@@ -146,7 +154,8 @@ pub(crate) fn negotiate(
                         info_replies(&mut out, hdr.option, shared, i, &req.requests, structured);
                         if hdr.option == opt::GO {
                             w.write_all(&out)?;
-                            return Ok(Some(Session { export: i, structured }));
+                            let base_allocation = meta == Some(i);
+                            return Ok(Some(Session { export: i, structured, base_allocation }));
                         }
                     }
                 },
@@ -180,14 +189,63 @@ pub(crate) fn negotiate(
                     *r = BufReader::with_capacity(READ_BUFFER, Stream::Unix(plain));
                     // The spec: options negotiated before TLS are forgotten.
                     structured = false;
+                    meta = None;
                     continue;
                 }
             },
-            // Meta contexts, extended headers and anything newer.
+            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                let set = hdr.option == opt::SET_META_CONTEXT;
+                if set {
+                    // A SET replaces the selection even when it fails.
+                    meta = None;
+                }
+                match meta_contexts(&data, shared, structured, set) {
+                    Err((reply_type, message)) => error_reply(&mut out, hdr.option, reply_type, message),
+                    Ok((export, base_allocation)) => {
+                        if base_allocation {
+                            // Ids in LIST replies are reserved (zero).
+                            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+                            let d = wire::encode_rep_meta_context(id, wire::BASE_ALLOCATION);
+                            wire::encode_option_reply(&mut out, hdr.option, rep::META_CONTEXT, &d);
+                            if set {
+                                meta = Some(export);
+                            }
+                        }
+                        wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
+                    }
+                }
+            }
+            // Extended headers and anything newer.
             _ => error_reply(&mut out, hdr.option, rep::ERR_UNSUP, "option not supported"),
         }
         w.write_all(&out)?;
     }
+}
+
+/// Answers `NBD_OPT_LIST_META_CONTEXT` (`set` false) or `NBD_OPT_SET_META_CONTEXT`: the
+/// export the data names and whether `base:allocation` is listed/selected, or the error
+/// reply. The spec's rules: both need structured replies first; LIST without queries lists
+/// everything, and `base:` is a wildcard for LIST but selects nothing in SET; queries of other
+/// namespaces, and unknown leaves of `base:`, are ignored; a query without a colon is invalid.
+fn meta_contexts(
+    data: &[u8],
+    shared: &Shared,
+    structured: bool,
+    set: bool,
+) -> Result<(usize, bool), (u32, &'static str)> {
+    if !structured {
+        return Err((rep::ERR_INVALID, "metadata contexts need structured replies first"));
+    }
+    let req = MetaContextRequest::decode(data).map_err(|_| (rep::ERR_INVALID, "malformed option data"))?;
+    let export = shared.find_export(req.name).ok_or((rep::ERR_UNKNOWN, "no such export"))?;
+    let mut base_allocation = !set && req.queries.is_empty();
+    for q in &req.queries {
+        if !q.contains(&b':') {
+            return Err((rep::ERR_INVALID, "a metadata context query must be namespace:leaf"));
+        }
+        base_allocation |= *q == wire::BASE_ALLOCATION.as_bytes() || (!set && *q == b"base:");
+    }
+    Ok((export, base_allocation))
 }
 
 fn error_reply(out: &mut Vec<u8>, option: u32, reply_type: u32, message: &str) {

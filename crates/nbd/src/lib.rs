@@ -84,19 +84,27 @@
 //! `ABORT`, `STRUCTURED_REPLY`, and `STARTTLS` when the server was built with a
 //! [`TlsConfig`] ([`Server::new_with_tls`]: x509 or PSK, TLS offered or required; see the
 //! [`tls`] module for the policy and the per-connection pump thread that carries a TLS
-//! session); anything else gets `NBD_REP_ERR_UNSUP`. Commands: `READ`,
+//! session), `LIST_META_CONTEXT` and `SET_META_CONTEXT` (after `STRUCTURED_REPLY`; the one
+//! context is `base:allocation`); anything else gets `NBD_REP_ERR_UNSUP`. Commands: `READ`,
 //! `WRITE` (FUA), `FLUSH`, `TRIM` (with `Caps::DISCARD`), `WRITE_ZEROES` (`NO_HOLE`, FUA),
-//! `DISC`. Invalid requests are answered with the error the spec names and the connection
+//! `BLOCK_STATUS` (`REQ_ONE`; with `base:allocation` selected for the export), `DISC`.
+//!
+//! `BLOCK_STATUS` answers from [`blockdev::BlockDevice::allocation`], at most 1024 extents
+//! per reply: `NBD_STATE_HOLE` and `NBD_STATE_ZERO` are exactly the device's `HOLE` and
+//! `ZERO`. Only a raw file export (a `FileDevice` or a `Slice` of one) reports holes
+//! (`HOLE | ZERO`, so nbdcopy and qemu-img skip them); an encrypting or integrity layer
+//! reports all data, since a hole below it does not read as zeroes through it. Invalid requests are answered with the error the spec names and the connection
 //! goes on; only a request that cannot be resynchronised (bad magic, a broken socket)
 //! closes its own connection. See [`wire`] for the byte layouts.
 //!
 //! # Known gaps
 //!
-//! * No `NBD_CMD_BLOCK_STATUS` / meta contexts, no extended headers, no `NBD_CMD_CACHE`, no
-//!   fast zero.
+//! * No extended headers, no `NBD_CMD_CACHE`, no fast zero; `base:allocation` is the only
+//!   metadata context.
 //! * Not in the memory budget: per connection a 64 KiB read buffer, at most 64 KiB of
 //!   handshake option data, at most 256 KiB of queued small replies, and its threads'
-//!   stacks — bounded by `max_connections` and `threads_per_connection`, not by the budget.
+//!   stacks, and per worker a BLOCK_STATUS reply being built (at most 1024 extents, 8 KiB)
+//!   — bounded by `max_connections` and `threads_per_connection`, not by the budget.
 //!   Nor is what a device allocates for a TRIM/WRITE_ZEROES piece.
 //! * Enough clients that do not read their replies (`memory_budget / connection_budget`,
 //!   16 with the defaults) exhaust the budget and stall everyone else until `idle_timeout`

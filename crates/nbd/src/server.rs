@@ -35,12 +35,16 @@ pub struct Export {
     pub device: Arc<dyn BlockDevice>,
     /// Refuse writes, trims and zeroing with `EPERM` (also implied by `Caps::READ_ONLY`).
     pub read_only: bool,
+    /// The storage is rotational media: advertised as `NBD_FLAG_ROTATIONAL`, so that the
+    /// kernel client marks its queue rotational and its I/O scheduler sorts requests (see
+    /// `blockdev::is_rotational`).
+    pub rotational: bool,
 }
 
 impl Export {
     /// A writable export without description.
     pub fn new(name: impl Into<String>, device: Arc<dyn BlockDevice>) -> Self {
-        Export { name: name.into(), description: String::new(), device, read_only: false }
+        Export { name: name.into(), description: String::new(), device, read_only: false, rotational: false }
     }
 }
 
@@ -162,6 +166,7 @@ pub(crate) struct ExportParams {
     pub(crate) size: u64,
     pub(crate) caps: Caps,
     pub(crate) read_only: bool,
+    pub(crate) rotational: bool,
     /// Every offset and length must be a multiple of this (the device's logical block).
     pub(crate) min_block: u32,
     pub(crate) preferred_block: u32,
@@ -183,6 +188,7 @@ impl ExportParams {
             size: geometry.size,
             caps,
             read_only: export.read_only || caps.contains(Caps::READ_ONLY),
+            rotational: export.rotational,
             min_block,
             preferred_block,
             max_request,
@@ -195,9 +201,15 @@ impl ExportParams {
         // CAN_MULTI_CONN promises that a FLUSH on one connection covers writes completed on
         // every connection, and that all connections see one consistent device. That holds
         // because all connections share one `Arc<dyn BlockDevice>` (no per-connection
-        // cache here) and the `BlockDevice::flush` contract is global: it makes durable
-        // every write that completed before it, whichever thread issued it.
+        // cache here), a write is answered only after it returned (visible to every later
+        // read, by the trait's contract), and the `BlockDevice::flush` contract is global:
+        // it makes durable every write that completed before it, whichever thread issued it
+        // (an integrity journal commits all of it; FileDevice's group commit covers every
+        // write numbered before the fdatasync).
         let mut f = tflag::HAS_FLAGS | tflag::CAN_MULTI_CONN;
+        if self.rotational {
+            f |= tflag::ROTATIONAL;
+        }
         if self.caps.contains(Caps::FLUSH) {
             f |= tflag::SEND_FLUSH;
         }

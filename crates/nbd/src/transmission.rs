@@ -31,19 +31,23 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread::{self, Scope};
 
-use blockdev::{BlockDevice, BlockError, BlockErrorKind, Caps, WriteFlags, ZeroFlags};
+use blockdev::{BlockDevice, BlockError, BlockErrorKind, Caps, ExtentFlags, WriteFlags, ZeroFlags};
 use log::{debug, info, warn};
 
 use crate::budget::{Budget, ConnBudget};
-use crate::handshake::Session;
+use crate::handshake::{Session, BASE_ALLOCATION_ID};
 use crate::server::{Export, ExportParams, ServerConfig};
 use crate::stream::{write_all_vectored, Stream};
-use crate::wire::{self, cmd, cmd_flag, errno, tflag, Request};
+use crate::wire::{self, cmd, cmd_flag, errno, state, tflag, Request};
 
 /// TRIM and WRITE_ZEROES are passed to the device in pieces of at most this many bytes, so
 /// that a 4 GiB request neither makes a device allocate in proportion nor holds up shutdown
 /// for its whole length.
 pub(crate) const ZERO_CHUNK: u64 = 64 << 20;
+
+/// Most extents in one `NBD_REPLY_TYPE_BLOCK_STATUS` chunk (8 KiB of descriptors; the spec
+/// asks for at most 2^20). A client asks again from where a shorter answer ended.
+pub(crate) const MAX_EXTENTS: usize = 1024;
 
 /// What the server imposes on every connection.
 pub(crate) struct Limits<'a> {
@@ -75,6 +79,7 @@ pub(crate) fn serve(
         tflags: params.tflags(session.structured),
         params,
         structured: session.structured,
+        base_allocation: session.base_allocation,
         reader: Mutex::new(reader),
         writer: Mutex::new(writer),
         pending: Mutex::new(Pending::default()),
@@ -101,6 +106,8 @@ struct Conn<'a> {
     params: ExportParams,
     tflags: u16,
     structured: bool,
+    /// `base:allocation` was selected: BLOCK_STATUS is allowed.
+    base_allocation: bool,
     reader: Mutex<BufReader<Stream>>,
     writer: Mutex<Stream>,
     /// Replies waiting for the worker that is sending (see `send`).
@@ -357,7 +364,8 @@ impl<'a> Conn<'a> {
     /// Checks a request against the protocol and the export, as the NBD spec asks: EINVAL
     /// for bad flags, unknown commands, misalignment and reads/trims past the end; ENOSPC
     /// for writes past the end; EPERM for writes to a read-only export; EOVERFLOW for reads
-    /// too big to send in one chunk (only when structured replies make DF meaningful).
+    /// too big to send in one chunk (only when structured replies make DF meaningful);
+    /// EINVAL for BLOCK_STATUS without a selected metadata context or of length 0.
     fn validate(&self, req: &Request) -> Result<(), (u32, &'static str)> {
         let p = &self.params;
         let (allowed_flags, writes) = match req.typ {
@@ -366,6 +374,7 @@ impl<'a> Conn<'a> {
             cmd::FLUSH => (0, false),
             cmd::TRIM => (cmd_flag::FUA, true),
             cmd::WRITE_ZEROES => (cmd_flag::FUA | cmd_flag::NO_HOLE, true),
+            cmd::BLOCK_STATUS => (cmd_flag::REQ_ONE, false),
             _ => return Err((errno::EINVAL, "unknown or unsupported command")),
         };
         if req.flags & !allowed_flags != 0 {
@@ -397,6 +406,12 @@ impl<'a> Conn<'a> {
             cmd::WRITE if req.length > p.max_request => {
                 return Err((errno::EINVAL, "write larger than the maximum block size"));
             }
+            cmd::BLOCK_STATUS if !self.base_allocation => {
+                return Err((errno::EINVAL, "no metadata context was selected"));
+            }
+            cmd::BLOCK_STATUS if req.length == 0 => {
+                return Err((errno::EINVAL, "block status of length zero"));
+            }
             _ => {}
         }
         let in_range = req.offset.checked_add(u64::from(req.length)).is_some_and(|end| end <= p.size);
@@ -421,7 +436,8 @@ impl<'a> Conn<'a> {
             None => &mut [],
         };
         match catch_unwind(AssertUnwindSafe(|| self.execute(req, payload))) {
-            Ok(Ok(())) => {
+            Ok(Ok(Some(chunk))) => self.send(&mut [IoSlice::new(&chunk)]),
+            Ok(Ok(None)) => {
                 let data = if req.typ == cmd::READ { &payload[..] } else { &[][..] };
                 self.send_ok(req, data);
             }
@@ -449,7 +465,9 @@ impl<'a> Conn<'a> {
         }
     }
 
-    fn execute(&self, req: &Request, buf: &mut [u8]) -> Result<(), Failure> {
+    /// Executes a request; `Some` is a reply of its own (a block status chunk), `None` asks
+    /// for the ordinary success reply.
+    fn execute(&self, req: &Request, buf: &mut [u8]) -> Result<Option<Vec<u8>>, Failure> {
         let dev = self.device;
         let (off, len) = (req.offset, req.length);
         let fua = req.flags & cmd_flag::FUA != 0;
@@ -501,15 +519,49 @@ impl<'a> Conn<'a> {
                 if fua && !fua_native_zero {
                     dev.flush()?;
                 }
-                return Ok(());
+                return Ok(None);
             }
+            cmd::BLOCK_STATUS => return Ok(Some(self.block_status(req)?)),
             // `validate` lets nothing else through.
             _ => return Err(BlockError::unsupported(cmd_name(req.typ)).into()),
         }
         if flush_after && len > 0 {
             dev.flush()?;
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// The `base:allocation` chunk for a valid BLOCK_STATUS: the device's extents (one with
+    /// `REQ_ONE`), as a complete final chunk. The device's answer is held to what the spec
+    /// lets a server send: nonzero lengths adding up to at most the request's, at least one.
+    fn block_status(&self, req: &Request) -> Result<Vec<u8>, Failure> {
+        let max = if req.flags & cmd_flag::REQ_ONE != 0 { 1 } else { MAX_EXTENTS };
+        let len = u64::from(req.length);
+        let extents = self.device.allocation(req.offset, len, max)?;
+        let mut descriptors = Vec::with_capacity(extents.len().min(max));
+        let mut covered = 0u64;
+        for e in extents.iter().take(max) {
+            let n = e.len.min(len - covered);
+            if n == 0 {
+                break;
+            }
+            let mut flags = 0;
+            if e.flags.contains(ExtentFlags::HOLE) {
+                flags |= state::HOLE;
+            }
+            if e.flags.contains(ExtentFlags::ZERO) {
+                flags |= state::ZERO;
+            }
+            // n <= len, which came from a u32.
+            descriptors.push((n as u32, flags));
+            covered += n;
+        }
+        if descriptors.is_empty() {
+            return Err(BlockError::new(BlockErrorKind::Io, "the device reported no extent").into());
+        }
+        let mut chunk = Vec::new();
+        wire::encode_block_status_chunk(&mut chunk, req.cookie, BASE_ALLOCATION_ID, &descriptors);
+        Ok(chunk)
     }
 
     /// Answers success; `data` is a READ's payload.

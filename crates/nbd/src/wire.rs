@@ -69,9 +69,9 @@ pub mod opt {
     pub const GO: u32 = 7;
     /// Use structured replies in transmission.
     pub const STRUCTURED_REPLY: u32 = 8;
-    /// List metadata contexts (unsupported here).
+    /// List metadata contexts (`base:allocation` is the only one here).
     pub const LIST_META_CONTEXT: u32 = 9;
-    /// Select metadata contexts (unsupported here).
+    /// Select metadata contexts for `NBD_CMD_BLOCK_STATUS`.
     pub const SET_META_CONTEXT: u32 = 10;
     /// 64-bit request headers (unsupported here).
     pub const EXTENDED_HEADERS: u32 = 11;
@@ -85,6 +85,8 @@ pub mod rep {
     pub const SERVER: u32 = 2;
     /// One piece of export information (`NBD_OPT_INFO`/`NBD_OPT_GO`).
     pub const INFO: u32 = 3;
+    /// One metadata context (`NBD_OPT_LIST_META_CONTEXT`/`NBD_OPT_SET_META_CONTEXT`).
+    pub const META_CONTEXT: u32 = 4;
     /// Bit set in every error reply type.
     pub const ERR_BIT: u32 = 1 << 31;
     /// The option is unknown to this server.
@@ -157,7 +159,7 @@ pub mod cmd {
     pub const CACHE: u16 = 5;
     /// Zero a range without a payload.
     pub const WRITE_ZEROES: u16 = 6;
-    /// Metadata query (unsupported here).
+    /// Metadata query: the status of a range in each selected metadata context.
     pub const BLOCK_STATUS: u16 = 7;
 }
 
@@ -193,6 +195,17 @@ pub mod reply {
     pub const TYPE_ERROR: u16 = (1 << 15) | 1;
     /// Type: u32 error, u16 message length, message, u64 offset.
     pub const TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
+}
+
+/// The one metadata context this server offers: allocation, with the `state` flags.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+
+/// Status flags of `base:allocation` (`NBD_STATE_*`).
+pub mod state {
+    /// The extent is not allocated in the storage: writing there may need space.
+    pub const HOLE: u32 = 1 << 0;
+    /// The extent reads as zeroes.
+    pub const ZERO: u32 = 1 << 1;
 }
 
 /// The only error numbers NBD knows (`NBD_E*`).
@@ -367,6 +380,105 @@ impl<'a> InfoRequest<'a> {
             b.extend_from_slice(&r.to_be_bytes());
         }
         b
+    }
+}
+
+/// The data of `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: an export name
+/// and the queries.
+///
+/// ```text
+///   0  u32      name length N
+///   4  N bytes  name
+/// 4+N  u32      number of queries Q
+/// 8+N  Q ×      u32 query length L, then L bytes of query ("namespace:leaf")
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaContextRequest<'a> {
+    /// Export name (compared as bytes).
+    pub name: &'a [u8],
+    /// The queries, in the client's order.
+    pub queries: Vec<&'a [u8]>,
+}
+
+impl<'a> MetaContextRequest<'a> {
+    /// Parses the option data, which must be exactly as long as its fields say. The query
+    /// count is checked against the bytes present before anything is allocated for it.
+    pub fn decode(data: &'a [u8]) -> Result<Self, WireError> {
+        if data.len() < 4 {
+            return Err(WireError::Truncated("name length"));
+        }
+        let name_len = be32(data, 0) as usize;
+        let rest = &data[4..];
+        if rest.len() < name_len {
+            return Err(WireError::Truncated("name"));
+        }
+        let (name, rest) = rest.split_at(name_len);
+        if rest.len() < 4 {
+            return Err(WireError::Truncated("number of queries"));
+        }
+        let n = be32(rest, 0) as usize;
+        let mut rest = &rest[4..];
+        // Each query takes at least its 4-byte length.
+        if rest.len() / 4 < n {
+            return Err(WireError::Truncated("queries"));
+        }
+        let mut queries = Vec::with_capacity(n);
+        for _ in 0..n {
+            if rest.len() < 4 {
+                return Err(WireError::Truncated("query length"));
+            }
+            let len = be32(rest, 0) as usize;
+            if rest.len() - 4 < len {
+                return Err(WireError::Truncated("query"));
+            }
+            queries.push(&rest[4..4 + len]);
+            rest = &rest[4 + len..];
+        }
+        if !rest.is_empty() {
+            return Err(WireError::TrailingBytes(rest.len()));
+        }
+        Ok(MetaContextRequest { name, queries })
+    }
+
+    /// Encodes (used by clients and tests).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + self.name.len());
+        b.extend_from_slice(&(self.name.len() as u32).to_be_bytes());
+        b.extend_from_slice(self.name);
+        b.extend_from_slice(&(self.queries.len() as u32).to_be_bytes());
+        for q in &self.queries {
+            b.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            b.extend_from_slice(q);
+        }
+        b
+    }
+}
+
+/// `NBD_REP_META_CONTEXT` data: u32 context id, then the context's name.
+pub fn encode_rep_meta_context(id: u32, name: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + name.len());
+    b.extend_from_slice(&id.to_be_bytes());
+    b.extend_from_slice(name.as_bytes());
+    b
+}
+
+/// Appends a complete final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk to `out`: the context id,
+/// then one (u32 length, u32 status flags) descriptor per entry of `extents`.
+///
+/// ```text
+///   0  chunk header (flags DONE, type 5, length 4 + 8 × n)
+///  20  u32  metadata context id
+///  24  n × (u32 extent length, u32 status flags)
+/// ```
+pub fn encode_block_status_chunk(out: &mut Vec<u8>, cookie: u64, context_id: u32, extents: &[(u32, u32)]) {
+    let length = 4 + 8 * extents.len() as u32;
+    let hdr = ChunkHeader { flags: reply::FLAG_DONE, typ: reply::TYPE_BLOCK_STATUS, cookie, length };
+    out.reserve(ChunkHeader::SIZE + length as usize);
+    out.extend_from_slice(&hdr.encode());
+    out.extend_from_slice(&context_id.to_be_bytes());
+    for &(len, flags) in extents {
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
     }
 }
 
@@ -626,6 +738,46 @@ mod tests {
     }
 
     #[test]
+    fn meta_context_request_decodes_and_rejects_malformations() {
+        let data = [
+            0, 0, 0, 1, b'd', // name "d"
+            0, 0, 0, 2, // two queries
+            0, 0, 0, 5, b'b', b'a', b's', b'e', b':', // "base:"
+            0, 0, 0, 0, // ""
+        ];
+        let r = MetaContextRequest::decode(&data).unwrap();
+        assert_eq!(r.name, b"d");
+        assert_eq!(r.queries, vec![&b"base:"[..], &b""[..]]);
+        assert_eq!(r.encode(), data);
+
+        let d = MetaContextRequest::decode;
+        assert_eq!(d(&[0, 0]), Err(WireError::Truncated("name length")));
+        assert_eq!(d(&[0, 0, 0, 2, b'a']), Err(WireError::Truncated("name")));
+        assert_eq!(d(&[0, 0, 0, 0, 0, 0]), Err(WireError::Truncated("number of queries")));
+        // A huge count with few bytes is refused before anything is allocated for it.
+        assert_eq!(
+            d(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]),
+            Err(WireError::Truncated("queries"))
+        );
+        assert_eq!(d(&[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9, b'x']), Err(WireError::Truncated("query")));
+        assert_eq!(d(&[0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]), Err(WireError::Truncated("query")));
+        assert_eq!(d(&[0, 0, 0, 0, 0, 0, 0, 0, 7]), Err(WireError::TrailingBytes(1)));
+    }
+
+    #[test]
+    fn block_status_chunk_layout() {
+        let mut out = Vec::new();
+        encode_block_status_chunk(&mut out, 5, 1, &[(4096, state::HOLE | state::ZERO), (512, 0)]);
+        let h = ChunkHeader::decode(out[..20].try_into().unwrap()).unwrap();
+        assert_eq!(
+            h,
+            ChunkHeader { flags: reply::FLAG_DONE, typ: reply::TYPE_BLOCK_STATUS, cookie: 5, length: 20 }
+        );
+        assert_eq!(&out[20..], &[0, 0, 0, 1, 0, 0, 0x10, 0, 0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0]);
+        assert_eq!(encode_rep_meta_context(1, "base:allocation")[..5], [0, 0, 0, 1, b'b']);
+    }
+
+    #[test]
     fn option_reply_layout() {
         let mut out = Vec::new();
         encode_option_reply(&mut out, opt::INFO, rep::INFO, &encode_info_export(1 << 20, 0x0143));
@@ -753,6 +905,14 @@ mod proptests {
         #[test]
         fn info_request_decode_is_total_and_exact(data in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(r) = InfoRequest::decode(&data) {
+                prop_assert_eq!(r.encode(), data);
+            }
+        }
+
+        /// Whatever the bytes, decoding returns; and whatever it accepts re-encodes to them.
+        #[test]
+        fn meta_context_request_decode_is_total_and_exact(data in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(r) = MetaContextRequest::decode(&data) {
                 prop_assert_eq!(r.encode(), data);
             }
         }

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use nbd::fuzzing::{run_session, DISK_SIZE, MAX_REQUEST};
 use nbd::wire::{
-    self, cmd, cmd_flag, handshake_flag, info, opt, ChunkHeader, InfoRequest, OptionHeader, Request,
-    IHAVEOPT, NBDMAGIC, OPT_REPLY_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
+    self, cmd, cmd_flag, handshake_flag, info, opt, ChunkHeader, InfoRequest, MetaContextRequest,
+    OptionHeader, Request, IHAVEOPT, NBDMAGIC, OPT_REPLY_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
 };
 
 fn fuzz_dir() -> PathBuf {
@@ -152,6 +152,28 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 .raw(&[0; 24])
                 .0,
         ),
+        (
+            "block-status-meta-contexts",
+            T::new(FIXED | NO_ZEROES)
+                .opt(opt::STRUCTURED_REPLY, &[])
+                .opt(opt::LIST_META_CONTEXT, &meta("disk", &[]))
+                .opt(opt::LIST_META_CONTEXT, &meta("disk", &["base:", "x-unknown:leaf"]))
+                .opt(opt::SET_META_CONTEXT, &meta("nope", &[wire::BASE_ALLOCATION]))
+                .opt(opt::SET_META_CONTEXT, &[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff])
+                .opt(opt::SET_META_CONTEXT, &meta("disk", &["nocolon"]))
+                .opt(opt::SET_META_CONTEXT, &meta("disk", &["base:", wire::BASE_ALLOCATION]))
+                .go("disk", &[])
+                .req(0, cmd::BLOCK_STATUS, 0, DISK_SIZE as u32)
+                .req(cmd_flag::REQ_ONE, cmd::BLOCK_STATUS, 4096, 512)
+                .req(0, cmd::BLOCK_STATUS, 0, 0)
+                .req(0, cmd::BLOCK_STATUS, DISK_SIZE - 512, 1024)
+                .req(0, cmd::BLOCK_STATUS, u64::MAX - 511, 1024)
+                .req(0, cmd::BLOCK_STATUS, 0, u32::MAX)
+                .req(0, cmd::BLOCK_STATUS, 1, 512)
+                .req(cmd_flag::FUA, cmd::BLOCK_STATUS, 0, 512)
+                .req(0, cmd::DISC, 0, 0)
+                .0,
+        ),
         ("handshake-abort", T::new(FIXED | NO_ZEROES).opt(opt::LIST, &[]).opt(opt::ABORT, &[]).0),
         (
             "handshake-oversized-option",
@@ -167,6 +189,12 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("handshake-bad-option-magic", T::new(FIXED).raw(&NBDMAGIC.to_be_bytes()).raw(&[0; 8]).0),
         ("handshake-unknown-export-name", T::new(FIXED).opt(opt::EXPORT_NAME, b"missing").0),
     ]
+}
+
+/// `NBD_OPT_{LIST,SET}_META_CONTEXT` data.
+fn meta(export: &str, queries: &[&str]) -> Vec<u8> {
+    MetaContextRequest { name: export.as_bytes(), queries: queries.iter().map(|q| q.as_bytes()).collect() }
+        .encode()
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -224,6 +252,7 @@ fn wire_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("chunk-header", chunk.encode().to_vec()),
         ("info-request", info.encode()),
+        ("meta-context-request", meta("disk", &["base:allocation", "base:"])),
     ]
 }
 
@@ -300,6 +329,23 @@ fn seed_transcripts_reach_what_they_were_written_for() {
     let (_, at) = option_replies(&out, None);
     let errs: Vec<u32> = simple_replies(&out, at).iter().map(|r| r.0).collect();
     assert_eq!(errs, [22, 22, 22, 22, 22, 22, 22, 22, 28, 22, 0]);
+
+    // Meta contexts: two LISTs and one SET answered with a context, three SETs refused; then
+    // two block status chunks and six EINVAL errors.
+    let out = run("block-status-meta-contexts");
+    let (opts, mut at) = option_replies(&out, None);
+    let count = |t: u32| opts.iter().filter(|&&(_, typ)| typ == t).count();
+    assert_eq!(count(wire::rep::META_CONTEXT), 3, "{opts:x?}");
+    assert_eq!(opts.iter().filter(|(_, t)| t & wire::rep::ERR_BIT != 0).count(), 3, "{opts:x?}");
+    let mut chunks = Vec::new();
+    while at < out.len() {
+        assert_eq!(be32(&out, at), STRUCTURED_REPLY_MAGIC);
+        let typ = u16::from_be_bytes([out[at + 6], out[at + 7]]);
+        let len = be32(&out, at + 16) as usize;
+        chunks.push(if typ & 0x8000 != 0 { be32(&out, at + 20) } else { u32::from(typ) });
+        at += 20 + len;
+    }
+    assert_eq!(chunks, [5, 5, 22, 22, 22, 22, 22, 22], "block status chunks, then EINVAL");
 
     for name in ["handshake-abort", "handshake-oversized-option"] {
         let out = run(name);

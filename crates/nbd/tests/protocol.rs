@@ -51,6 +51,25 @@ fn go_reports_size_flags_and_block_sizes() {
 }
 
 #[test]
+fn rotational_exports_advertise_the_rotational_flag() {
+    const NBD_FLAG_ROTATIONAL: u16 = 1 << 4;
+    let (mut e, _) = mem_export("spinning", MIB, 512);
+    e.rotational = true;
+    let (flat, _) = mem_export("flat", MIB, 512);
+    let srv = TestServer::start(vec![e, flat]);
+    let mut c = srv.connect();
+    assert_ne!(c.go("spinning", false).flags & NBD_FLAG_ROTATIONAL, 0);
+    let mut c = srv.connect();
+    assert_eq!(c.go("flat", false).flags & NBD_FLAG_ROTATIONAL, 0);
+    // The old-style EXPORT_NAME reply carries the same flags.
+    let mut c = srv.connect();
+    c.greet(3);
+    c.send_option(NBD_OPT_EXPORT_NAME, b"spinning");
+    let reply = c.read_exact(10);
+    assert_ne!(u16::from_be_bytes([reply[8], reply[9]]) & NBD_FLAG_ROTATIONAL, 0);
+}
+
+#[test]
 fn block_sizes_follow_the_device_geometry() {
     let dev = Arc::new(MemDevice::new(4 * MIB, 4096));
     let cfg = ServerConfig { max_request: MIB as u32, ..Default::default() };
@@ -134,7 +153,8 @@ fn unsupported_options_get_err_unsup_and_negotiation_goes_on() {
     let (srv, _) = one_disk();
     let mut c = srv.connect();
     c.greet(3);
-    for opt in [99u32, NBD_OPT_STARTTLS, NBD_OPT_SET_META_CONTEXT, 0xffff_ffff] {
+    // (NBD_OPT_EXTENDED_HEADERS = 11 is not supported either.)
+    for opt in [99u32, NBD_OPT_STARTTLS, 11, 0xffff_ffff] {
         c.send_option(opt, b"some data");
         let (o, typ, _) = c.read_option_reply();
         assert_eq!((o, typ), (opt, NBD_REP_ERR_UNSUP));

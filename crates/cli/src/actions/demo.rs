@@ -73,6 +73,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             description: "sealdisk demo".into(),
             device: Arc::clone(&vol.device),
             read_only: false,
+            rotational: false,
         }],
         ServerConfig::default(),
     );

@@ -531,6 +531,12 @@ fn read_reply(s: &mut Sock, pending: &mut HashMap<u64, (u16, u64, u32)>) -> Repl
                         assert_eq!(payload.len() - 8, rlen as usize);
                         reply.data = payload[8..].to_vec();
                     }
+                    5 => {
+                        // BLOCK_STATUS: the payload (context id, descriptors) as the data.
+                        assert_eq!(rtyp, NBD_CMD_BLOCK_STATUS);
+                        assert!(len >= 12 && (len - 4) % 8 == 0, "block status chunk of {len} bytes");
+                        reply.data = payload;
+                    }
                     0x8001 | 0x8002 => {
                         reply.error = be32(&payload);
                         let mlen = usize::from(be16(&payload[4..]));
