@@ -427,8 +427,14 @@ impl CipherSpec {
 
     /// A one-line description of the valid key sizes in bits, for error messages.
     pub fn key_sizes_text(&self) -> String {
-        let v: Vec<String> = self.valid_key_sizes().iter().map(|b| (b * 8).to_string()).collect();
-        format!("{} bits", v.join(" or "))
+        let sizes = self.valid_key_sizes();
+        match (sizes.first(), sizes.last()) {
+            (Some(lo), Some(hi)) if sizes.len() > 4 => format!("{} to {} bits", lo * 8, hi * 8),
+            _ => {
+                let v: Vec<String> = sizes.iter().map(|b| (b * 8).to_string()).collect();
+                format!("{} bits", v.join(" or "))
+            }
+        }
     }
 
     /// cryptsetup's default key size in bits: 512 for XTS (two 256-bit keys), 384 for LRW
