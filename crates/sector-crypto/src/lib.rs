@@ -88,6 +88,7 @@ pub(crate) use secret_bytes;
 
 pub mod aead;
 pub mod af;
+pub mod hash;
 pub mod interrupt;
 mod iv;
 pub mod kdf;
