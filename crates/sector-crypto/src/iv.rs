@@ -4,11 +4,10 @@
 //! the kernel's `crypt_iv_*_gen` (drivers/md/dm-crypt.c). Batching lets ESSIV encrypt all
 //! IVs of a request with one pipelined `encrypt_blocks` call.
 
-use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::provider::{self, Block, BlockEncrypt, SectorMode};
-use crate::spec::{EssivHash, IvMode};
+use crate::spec::IvMode;
 use crate::CryptoError;
 
 /// A keyed IV generator.
@@ -40,12 +39,17 @@ impl IvGen {
             Some(IvMode::Benbi) => IvGen::Benbi,
             Some(IvMode::Null) => IvGen::Null,
             Some(IvMode::Eboiv) => IvGen::Eboiv { sector_size: u64::from(sector_size) },
-            Some(IvMode::Essiv(EssivHash::Sha256)) => {
-                let salt = Zeroizing::new(<[u8; 32]>::from(Sha256::digest(key)));
-                IvGen::Essiv(
-                    provider::aes_blocks(&salt[..])
-                        .ok_or(CryptoError::Provider { op: "keying the ESSIV cipher" })?,
-                )
+            Some(IvMode::Essiv(h)) => {
+                let mut salt = Zeroizing::new([0u8; 64]);
+                let salt = &mut salt[..h.digest_len()];
+                h.hash().digest_into(&[key], salt);
+                IvGen::Essiv(provider::aes_blocks(salt).ok_or_else(|| {
+                    CryptoError::InvalidParams(format!(
+                        "ESSIV hash {} gives a {}-byte key, which aes does not take",
+                        h.name(),
+                        h.digest_len()
+                    ))
+                })?)
             }
         })
     }

@@ -97,6 +97,7 @@ mod provider;
 pub mod secure;
 mod spec;
 pub mod tag;
+mod wide;
 
 pub use aead::{AeadAlgorithm, AeadIv, AeadSectorCipher, AeadSpec, HmacHash};
 pub use provider::Provider;
@@ -261,6 +262,17 @@ impl SectorCipher {
             (Cipher::Aes, ChainMode::Xts) => provider::aes_xts(provider, key_bytes),
             (Cipher::Aes, ChainMode::Cbc) => provider::aes_cbc(provider, key_bytes),
             (Cipher::Aes, ChainMode::Ecb) => provider::aes_ecb(provider, key_bytes),
+            (Cipher::XChaCha12Aes, ChainMode::Adiantum) => {
+                wide::adiantum(provider, wide::XChaCha::R12, key_bytes)
+            }
+            (Cipher::XChaCha20Aes, ChainMode::Adiantum) => {
+                wide::adiantum(provider, wide::XChaCha::R20, key_bytes)
+            }
+            (Cipher::Aes, ChainMode::Hctr2) => wide::hctr2(provider, key_bytes),
+            (c, m) => Err(CryptoError::Unsupported {
+                spec: spec.to_string(),
+                part: format!("{} with {} is not implemented", m.name(), c.name()),
+            }),
         }
         .map_err(|e| match e {
             CryptoError::Unsupported { part, .. } => {

@@ -30,6 +30,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::hash::HashAlg;
 use crate::CryptoError;
 
 /// The block cipher of a specification.
@@ -40,6 +41,10 @@ pub enum Cipher {
     Aes,
     /// The kernel's `cipher_null`: identity, no key (only with ECB).
     CipherNull,
+    /// `xchacha12,aes`: Adiantum's stream and block ciphers (only with `adiantum`).
+    XChaCha12Aes,
+    /// `xchacha20,aes`: likewise, with XChaCha20.
+    XChaCha20Aes,
 }
 
 impl Cipher {
@@ -48,6 +53,8 @@ impl Cipher {
         match self {
             Cipher::Aes => "aes",
             Cipher::CipherNull => "cipher_null",
+            Cipher::XChaCha12Aes => "xchacha12,aes",
+            Cipher::XChaCha20Aes => "xchacha20,aes",
         }
     }
 }
@@ -62,6 +69,10 @@ pub enum ChainMode {
     Xts,
     /// Electronic codebook: no IV.
     Ecb,
+    /// Adiantum: a whole sector is one block (32-byte tweak); see `wide.rs`.
+    Adiantum,
+    /// HCTR2 (kernel 6.0+): likewise, over AES.
+    Hctr2,
 }
 
 impl ChainMode {
@@ -71,25 +82,158 @@ impl ChainMode {
             ChainMode::Cbc => "cbc",
             ChainMode::Xts => "xts",
             ChainMode::Ecb => "ecb",
+            ChainMode::Adiantum => "adiantum",
+            ChainMode::Hctr2 => "hctr2",
         }
     }
 }
 
-/// The hash of an ESSIV IV generator (`essiv:<hash>`).
+/// The hash of an ESSIV IV generator (`essiv:<hash>`), by its kernel crypto API name (the
+/// kernel's names differ from cryptsetup's `--hash` names for Whirlpool, `wp256`/`wp384`/
+/// `wp512`, Streebog, `streebog256`/`streebog512`, and RIPEMD-160, `rmd160`). The IV cipher
+/// is keyed with the digest of the volume key, so the digest length must be a key size of
+/// the cipher: for AES 16 or 32 bytes here (md4, md5; sha256, sha3-256, sm3, blake2b-256,
+/// streebog256, wp256); the kernel refuses the others with AES, and so does [`CipherSpec`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EssivHash {
-    /// SHA-256: the only hash whose digest is an AES key size, so the only one the kernel's
-    /// `essiv(...)` template accepts with AES.
+    /// `sha256` (cryptsetup's plain-mode default, `aes-cbc-essiv:sha256`).
     Sha256,
+    /// `sha1`.
+    Sha1,
+    /// `sha224`.
+    Sha224,
+    /// `sha384`.
+    Sha384,
+    /// `sha512`.
+    Sha512,
+    /// `sha3-224`.
+    Sha3_224,
+    /// `sha3-256`.
+    Sha3_256,
+    /// `sha3-384`.
+    Sha3_384,
+    /// `sha3-512`.
+    Sha3_512,
+    /// `md4`.
+    Md4,
+    /// `md5`.
+    Md5,
+    /// `rmd160`.
+    Rmd160,
+    /// `wp256`: Whirlpool truncated to 32 bytes.
+    Wp256,
+    /// `wp384`: Whirlpool truncated to 48 bytes.
+    Wp384,
+    /// `wp512`: Whirlpool.
+    Wp512,
+    /// `sm3`.
+    Sm3,
+    /// `blake2b-160`.
+    Blake2b160,
+    /// `blake2b-256`.
+    Blake2b256,
+    /// `blake2b-384`.
+    Blake2b384,
+    /// `blake2b-512`.
+    Blake2b512,
+    /// `streebog256`.
+    Streebog256,
+    /// `streebog512`.
+    Streebog512,
 }
 
 impl EssivHash {
+    const ALL: &'static [EssivHash] = &[
+        Self::Sha256,
+        Self::Sha1,
+        Self::Sha224,
+        Self::Sha384,
+        Self::Sha512,
+        Self::Sha3_224,
+        Self::Sha3_256,
+        Self::Sha3_384,
+        Self::Sha3_512,
+        Self::Md4,
+        Self::Md5,
+        Self::Rmd160,
+        Self::Wp256,
+        Self::Wp384,
+        Self::Wp512,
+        Self::Sm3,
+        Self::Blake2b160,
+        Self::Blake2b256,
+        Self::Blake2b384,
+        Self::Blake2b512,
+        Self::Streebog256,
+        Self::Streebog512,
+    ];
+
     /// The kernel crypto API name.
     pub fn name(self) -> &'static str {
         match self {
-            EssivHash::Sha256 => "sha256",
+            Self::Sha256 => "sha256",
+            Self::Sha1 => "sha1",
+            Self::Sha224 => "sha224",
+            Self::Sha384 => "sha384",
+            Self::Sha512 => "sha512",
+            Self::Sha3_224 => "sha3-224",
+            Self::Sha3_256 => "sha3-256",
+            Self::Sha3_384 => "sha3-384",
+            Self::Sha3_512 => "sha3-512",
+            Self::Md4 => "md4",
+            Self::Md5 => "md5",
+            Self::Rmd160 => "rmd160",
+            Self::Wp256 => "wp256",
+            Self::Wp384 => "wp384",
+            Self::Wp512 => "wp512",
+            Self::Sm3 => "sm3",
+            Self::Blake2b160 => "blake2b-160",
+            Self::Blake2b256 => "blake2b-256",
+            Self::Blake2b384 => "blake2b-384",
+            Self::Blake2b512 => "blake2b-512",
+            Self::Streebog256 => "streebog256",
+            Self::Streebog512 => "streebog512",
         }
+    }
+
+    /// The hash computing it (truncated to [`digest_len`](Self::digest_len) for `wp256`/`wp384`).
+    pub fn hash(self) -> HashAlg {
+        match self {
+            Self::Sha256 => HashAlg::Sha256,
+            Self::Sha1 => HashAlg::Sha1,
+            Self::Sha224 => HashAlg::Sha224,
+            Self::Sha384 => HashAlg::Sha384,
+            Self::Sha512 => HashAlg::Sha512,
+            Self::Sha3_224 => HashAlg::Sha3_224,
+            Self::Sha3_256 => HashAlg::Sha3_256,
+            Self::Sha3_384 => HashAlg::Sha3_384,
+            Self::Sha3_512 => HashAlg::Sha3_512,
+            Self::Md4 => HashAlg::Md4,
+            Self::Md5 => HashAlg::Md5,
+            Self::Rmd160 => HashAlg::Ripemd160,
+            Self::Wp256 | Self::Wp384 | Self::Wp512 => HashAlg::Whirlpool,
+            Self::Sm3 => HashAlg::Sm3,
+            Self::Blake2b160 => HashAlg::Blake2b160,
+            Self::Blake2b256 => HashAlg::Blake2b256,
+            Self::Blake2b384 => HashAlg::Blake2b384,
+            Self::Blake2b512 => HashAlg::Blake2b512,
+            Self::Streebog256 => HashAlg::Stribog256,
+            Self::Streebog512 => HashAlg::Stribog512,
+        }
+    }
+
+    /// Digest (= ESSIV key) length in bytes.
+    pub fn digest_len(self) -> usize {
+        match self {
+            Self::Wp256 => 32,
+            Self::Wp384 => 48,
+            h => h.hash().output_len(),
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|h| h.name() == name)
     }
 }
 
@@ -196,6 +340,7 @@ impl CipherSpec {
     pub fn iv_size(&self) -> usize {
         match self.mode {
             ChainMode::Cbc | ChainMode::Xts => 16,
+            ChainMode::Adiantum | ChainMode::Hctr2 => crate::wide::TWEAK_LEN,
             ChainMode::Ecb => 0,
         }
     }
@@ -205,7 +350,10 @@ impl CipherSpec {
         match (self.cipher, self.mode) {
             (Cipher::CipherNull, _) => &[0],
             (Cipher::Aes, ChainMode::Xts) => &[32, 48, 64],
-            (Cipher::Aes, ChainMode::Cbc | ChainMode::Ecb) => &[16, 24, 32],
+            (Cipher::Aes, ChainMode::Cbc | ChainMode::Ecb | ChainMode::Hctr2) => &[16, 24, 32],
+            (Cipher::XChaCha12Aes | Cipher::XChaCha20Aes, _) => &[32],
+            // Refused by `finish`; no key fits.
+            (Cipher::Aes, ChainMode::Adiantum) => &[],
         }
     }
 
@@ -215,7 +363,7 @@ impl CipherSpec {
         match (self.cipher, self.mode) {
             (Cipher::CipherNull, _) => 0,
             (Cipher::Aes, ChainMode::Xts) => 512,
-            (Cipher::Aes, _) => 256,
+            (Cipher::Aes, _) | (Cipher::XChaCha12Aes | Cipher::XChaCha20Aes, _) => 256,
         }
     }
 
@@ -310,6 +458,7 @@ impl CipherSpec {
         syntax: Syntax,
         explicit_keycount: bool,
     ) -> Result<Self, CryptoError> {
+        check_wide(s, cipher, mode, ivmode)?;
         if cipher == Cipher::CipherNull && mode != ChainMode::Ecb {
             return Err(unsupported(
                 s,
@@ -323,11 +472,71 @@ impl CipherSpec {
             None => None,
             Some(name) => Some(parse_ivmode(s, name, ivopts)?),
         };
+        if let (Cipher::Aes, Some(IvMode::Essiv(h))) = (cipher, iv) {
+            // The kernel keys the IV cipher with the digest: it must be an AES key size.
+            if ![16, 24, 32].contains(&h.digest_len()) {
+                return Err(invalid(
+                    s,
+                    &format!(
+                        "ESSIV hash '{}' gives a {}-byte key, not an aes key size (16, 24 or 32 bytes)",
+                        h.name(),
+                        h.digest_len()
+                    ),
+                ));
+            }
+        }
         if mode == ChainMode::Ecb && matches!(iv, Some(IvMode::Essiv(_))) {
             // The kernel would allocate essiv(ecb(aes),sha256), which does not exist.
             return Err(invalid(s, "ESSIV needs a mode with an IV (ecb has none)"));
         }
         Ok(CipherSpec { cipher, mode, iv, syntax, explicit_keycount })
+    }
+}
+
+/// Adiantum goes only with `xchacha12,aes`/`xchacha20,aes` and they only with it; HCTR2
+/// only with AES. Their IV is 32 bytes: of the generators this crate has, those that fill
+/// only its first 16 bytes work (`plain`, `plain64`, `null`); the kernel refuses `essiv`
+/// and `eboiv` with them (IV size differs from the block size), and `plain64be` and
+/// `benbi`, which fill the end of the 32-byte IV, are not implemented for them.
+fn check_wide(s: &str, cipher: Cipher, mode: ChainMode, ivmode: Option<&str>) -> Result<(), CryptoError> {
+    let adiantum_cipher = matches!(cipher, Cipher::XChaCha12Aes | Cipher::XChaCha20Aes);
+    match mode {
+        ChainMode::Adiantum if !adiantum_cipher => {
+            return Err(invalid(
+                s,
+                &format!("adiantum needs xchacha12,aes or xchacha20,aes, not '{}'", cipher.name()),
+            ))
+        }
+        ChainMode::Hctr2 if cipher != Cipher::Aes => {
+            return Err(invalid(s, &format!("hctr2 needs aes, not '{}'", cipher.name())))
+        }
+        ChainMode::Adiantum | ChainMode::Hctr2 => {}
+        _ if adiantum_cipher => {
+            return Err(invalid(
+                s,
+                &format!(
+                    "'{}' is only Adiantum's cipher pair (use {}-adiantum-plain64)",
+                    cipher.name(),
+                    cipher.name()
+                ),
+            ))
+        }
+        _ => return Ok(()),
+    }
+    match ivmode {
+        Some("plain" | "plain64" | "null") => Ok(()),
+        Some(iv @ ("essiv" | "eboiv")) => Err(invalid(
+            s,
+            &format!(
+                "IV generator '{iv}' needs the IV size to equal the block size ({} has a 32-byte IV)",
+                mode.name()
+            ),
+        )),
+        Some(iv) => Err(unsupported(
+            s,
+            &format!("IV generator '{iv}' with {} is not supported (plain64 is)", mode.name()),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -350,6 +559,8 @@ fn invalid(spec: &str, reason: &str) -> CryptoError {
 fn parse_cipher(spec: &str, name: &str) -> Result<Cipher, CryptoError> {
     match name {
         "aes" => Ok(Cipher::Aes),
+        "xchacha12,aes" => Ok(Cipher::XChaCha12Aes),
+        "xchacha20,aes" => Ok(Cipher::XChaCha20Aes),
         "cipher_null" => Ok(Cipher::CipherNull),
         "" => Err(invalid(spec, "empty cipher name")),
         other => Err(unsupported(spec, &format!("cipher '{other}' is not supported"))),
@@ -361,6 +572,8 @@ fn parse_chainmode(spec: &str, name: &str) -> Result<ChainMode, CryptoError> {
         "cbc" => Ok(ChainMode::Cbc),
         "xts" => Ok(ChainMode::Xts),
         "ecb" => Ok(ChainMode::Ecb),
+        "adiantum" => Ok(ChainMode::Adiantum),
+        "hctr2" => Ok(ChainMode::Hctr2),
         "" => Err(invalid(spec, "empty chain mode")),
         other if AEAD_TEMPLATES.contains(&other) => Err(invalid(
             spec,
@@ -396,6 +609,8 @@ fn parse_capi_name(spec: &str, api: &str) -> Result<(ChainMode, Cipher), CryptoE
         "cbc" => ChainMode::Cbc,
         "xts" => ChainMode::Xts,
         "ecb" => ChainMode::Ecb,
+        "adiantum" => ChainMode::Adiantum,
+        "hctr2" => ChainMode::Hctr2,
         _ => {
             return Err(unsupported(
                 spec,
@@ -418,13 +633,9 @@ fn parse_ivmode(spec: &str, name: &str, opts: Option<&str>) -> Result<IvMode, Cr
         "essiv" => {
             let hash = match opts {
                 None | Some("") => return Err(invalid(spec, "digest algorithm missing for ESSIV mode")),
-                Some("sha256") => EssivHash::Sha256,
-                Some(h) => {
-                    return Err(unsupported(
-                        spec,
-                        &format!("ESSIV hash '{h}' is not supported (only sha256)"),
-                    ))
-                }
+                Some(h) => EssivHash::from_name(h).ok_or_else(|| {
+                    unsupported(spec, &format!("ESSIV hash '{h}' is not supported (kernel crypto API names: sha256, md5, sha3-256, wp256, ...)"))
+                })?,
             };
             return Ok(IvMode::Essiv(hash));
         }
