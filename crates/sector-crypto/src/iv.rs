@@ -13,11 +13,10 @@
 //!   tcw      IV = seed ⊕ sector → encrypt → whiten      unwhiten → IV = seed ⊕ sector → decrypt
 //! ```
 
-use sha2::{Digest, Sha256};
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::provider::{self, Block, BlockEncrypt, SectorMode};
-use crate::spec::{Cipher, CipherSpec, EssivHash, IvMode, KeyLayout, LMK_SEED, TCW_WHITENING};
+use crate::spec::{Cipher, CipherSpec, IvMode, KeyLayout, LMK_SEED, TCW_WHITENING};
 use crate::CryptoError;
 
 /// What an IV generator needs to know about the cipher it serves.
@@ -120,7 +119,7 @@ impl IvGen {
             }
             Some(IvMode::Null) => Kind::Null,
             Some(IvMode::Eboiv) => Kind::Eboiv { sector_size: u64::from(s.sector_size) },
-            Some(IvMode::Essiv(EssivHash::Sha256)) => {
+            Some(IvMode::Essiv(h)) => {
                 let subkeys: Vec<&[u8]> = match layout {
                     Some(l) if l.keycount > 1 => {
                         key[..l.keycount * l.subkey].chunks_exact(l.subkey).collect()
@@ -129,12 +128,18 @@ impl IvGen {
                 };
                 let mut encs = Vec::with_capacity(subkeys.len());
                 for subkey in subkeys {
-                    let salt = Zeroizing::new(<[u8; 32]>::from(Sha256::digest(subkey)));
-                    encs.push(provider::block_encryptor(s.cipher, &salt[..]).ok_or_else(|| {
+                    // The salt is hash(subkey) (at most 64 bytes), truncated for wp256/wp384 as
+                    // the kernel's shash of that name is; it keys another instance of the
+                    // data cipher.
+                    let mut buf = Zeroizing::new([0u8; 64]);
+                    let salt = &mut buf[..h.digest_len()];
+                    h.hash().digest_into(&[subkey], salt);
+                    encs.push(provider::block_encryptor(s.cipher, salt).ok_or_else(|| {
                         CryptoError::InvalidParams(format!(
-                            "ESSIV: {} does not take a {}-bit key (the sha256 digest)",
+                            "ESSIV: {} does not take a {}-bit key (the {} digest)",
                             s.cipher.name(),
-                            salt.len() * 8
+                            h.digest_len() * 8,
+                            h.name()
                         ))
                     })?);
                 }

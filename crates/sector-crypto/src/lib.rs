@@ -93,6 +93,7 @@ pub(crate) use secret_bytes;
 
 pub mod aead;
 pub mod af;
+pub mod hash;
 pub mod interrupt;
 mod iv;
 pub mod kdf;
@@ -101,6 +102,7 @@ mod provider;
 pub mod secure;
 mod spec;
 pub mod tag;
+mod wide;
 
 pub use aead::{AeadAlgorithm, AeadIv, AeadSectorCipher, AeadSpec, HmacHash};
 pub use provider::Provider;
@@ -231,7 +233,7 @@ impl SectorCipher {
     }
 
     /// Keys `spec` with `key` using the given provider for the data path (ESSIV's IV cipher is
-    /// always RustCrypto's AES). A provider lacking the primitive gives
+    /// always RustCrypto's). A provider lacking the primitive gives
     /// [`CryptoError::Unsupported`].
     pub fn with_provider(
         spec: &CipherSpec,

@@ -23,8 +23,10 @@
 //!   ciphers     aes serpent twofish camellia cast6 sm4      (128-bit blocks)
 //!               cast5 blowfish des3_ede                     (64-bit blocks: no xts, no lrw)
 //!               cipher_null                                 (ecb only)
+//!               xchacha12,aes xchacha20,aes                 (adiantum only)
 //!   chain modes cbc xts ecb lrw ctr pcbc
-//!   IVs         plain plain64 plain64be essiv:sha256 benbi null eboiv lmk tcw
+//!               adiantum hctr2                              (wide-block: a sector is one block)
+//!   IVs         plain plain64 plain64be essiv:<hash> benbi null eboiv lmk tcw
 //!   keycount    cipher:N with N a power of 2 (N subkeys, sector s uses subkey s mod N)
 //! ```
 //!
@@ -40,6 +42,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::hash::HashAlg;
 use crate::CryptoError;
 
 /// The block cipher of a specification.
@@ -66,6 +69,10 @@ pub enum Cipher {
     Sm4,
     /// The kernel's `cipher_null`: identity, no key (only with ECB).
     CipherNull,
+    /// `xchacha12,aes`: Adiantum's stream and block ciphers (only with `adiantum`).
+    XChaCha12Aes,
+    /// `xchacha20,aes`: likewise, with XChaCha20.
+    XChaCha20Aes,
 }
 
 impl Cipher {
@@ -95,6 +102,8 @@ impl Cipher {
             Cipher::Des3Ede => "des3_ede",
             Cipher::Sm4 => "sm4",
             Cipher::CipherNull => "cipher_null",
+            Cipher::XChaCha12Aes => "xchacha12,aes",
+            Cipher::XChaCha20Aes => "xchacha20,aes",
         }
     }
 
@@ -120,6 +129,8 @@ impl Cipher {
             Cipher::Des3Ede => len == 24,
             Cipher::Sm4 => len == 16,
             Cipher::CipherNull => len == 0,
+            // Adiantum's one key: the XChaCha key, from which the AES and hash keys derive.
+            Cipher::XChaCha12Aes | Cipher::XChaCha20Aes => len == 32,
         }
     }
 
@@ -148,6 +159,10 @@ pub enum ChainMode {
     Ctr,
     /// Propagating CBC: `Cᵢ = E(Pᵢ ⊕ Pᵢ₋₁ ⊕ Cᵢ₋₁)`, with `P₋₁ ⊕ C₋₁ = IV`.
     Pcbc,
+    /// Adiantum: a whole sector is one block (32-byte tweak); see `wide.rs`.
+    Adiantum,
+    /// HCTR2 (kernel 6.0+): likewise, over AES.
+    Hctr2,
 }
 
 impl ChainMode {
@@ -160,6 +175,8 @@ impl ChainMode {
             ChainMode::Lrw => "lrw",
             ChainMode::Ctr => "ctr",
             ChainMode::Pcbc => "pcbc",
+            ChainMode::Adiantum => "adiantum",
+            ChainMode::Hctr2 => "hctr2",
         }
     }
 
@@ -196,21 +213,153 @@ pub(crate) const LMK_SEED: usize = 64;
 /// The largest keycount accepted (loop-AES uses 64).
 const MAX_KEYCOUNT: u32 = 64;
 
-/// The hash of an ESSIV IV generator (`essiv:<hash>`).
+/// The hash of an ESSIV IV generator (`essiv:<hash>`), by its kernel crypto API name (the
+/// kernel's names differ from cryptsetup's `--hash` names for Whirlpool, `wp256`/`wp384`/
+/// `wp512`, Streebog, `streebog256`/`streebog512`, and RIPEMD-160, `rmd160`). The IV cipher
+/// is keyed with the digest of the volume key, so the digest length must be a key size of
+/// the cipher (for AES 16 or 32 bytes: md4, md5; sha256, sha3-256, sm3, blake2b-256,
+/// streebog256, wp256); the kernel refuses the others when it sets the key, and
+/// [`CipherSpec`] already when it parses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum EssivHash {
-    /// SHA-256: the only hash whose digest is an AES key size, so the only one the kernel's
-    /// `essiv(...)` template accepts with AES.
+    /// `sha256` (cryptsetup's plain-mode default, `aes-cbc-essiv:sha256`).
     Sha256,
+    /// `sha1`.
+    Sha1,
+    /// `sha224`.
+    Sha224,
+    /// `sha384`.
+    Sha384,
+    /// `sha512`.
+    Sha512,
+    /// `sha3-224`.
+    Sha3_224,
+    /// `sha3-256`.
+    Sha3_256,
+    /// `sha3-384`.
+    Sha3_384,
+    /// `sha3-512`.
+    Sha3_512,
+    /// `md4`.
+    Md4,
+    /// `md5`.
+    Md5,
+    /// `rmd160`.
+    Rmd160,
+    /// `wp256`: Whirlpool truncated to 32 bytes.
+    Wp256,
+    /// `wp384`: Whirlpool truncated to 48 bytes.
+    Wp384,
+    /// `wp512`: Whirlpool.
+    Wp512,
+    /// `sm3`.
+    Sm3,
+    /// `blake2b-160`.
+    Blake2b160,
+    /// `blake2b-256`.
+    Blake2b256,
+    /// `blake2b-384`.
+    Blake2b384,
+    /// `blake2b-512`.
+    Blake2b512,
+    /// `streebog256`.
+    Streebog256,
+    /// `streebog512`.
+    Streebog512,
 }
 
 impl EssivHash {
+    const ALL: &'static [EssivHash] = &[
+        Self::Sha256,
+        Self::Sha1,
+        Self::Sha224,
+        Self::Sha384,
+        Self::Sha512,
+        Self::Sha3_224,
+        Self::Sha3_256,
+        Self::Sha3_384,
+        Self::Sha3_512,
+        Self::Md4,
+        Self::Md5,
+        Self::Rmd160,
+        Self::Wp256,
+        Self::Wp384,
+        Self::Wp512,
+        Self::Sm3,
+        Self::Blake2b160,
+        Self::Blake2b256,
+        Self::Blake2b384,
+        Self::Blake2b512,
+        Self::Streebog256,
+        Self::Streebog512,
+    ];
+
     /// The kernel crypto API name.
     pub fn name(self) -> &'static str {
         match self {
-            EssivHash::Sha256 => "sha256",
+            Self::Sha256 => "sha256",
+            Self::Sha1 => "sha1",
+            Self::Sha224 => "sha224",
+            Self::Sha384 => "sha384",
+            Self::Sha512 => "sha512",
+            Self::Sha3_224 => "sha3-224",
+            Self::Sha3_256 => "sha3-256",
+            Self::Sha3_384 => "sha3-384",
+            Self::Sha3_512 => "sha3-512",
+            Self::Md4 => "md4",
+            Self::Md5 => "md5",
+            Self::Rmd160 => "rmd160",
+            Self::Wp256 => "wp256",
+            Self::Wp384 => "wp384",
+            Self::Wp512 => "wp512",
+            Self::Sm3 => "sm3",
+            Self::Blake2b160 => "blake2b-160",
+            Self::Blake2b256 => "blake2b-256",
+            Self::Blake2b384 => "blake2b-384",
+            Self::Blake2b512 => "blake2b-512",
+            Self::Streebog256 => "streebog256",
+            Self::Streebog512 => "streebog512",
         }
+    }
+
+    /// The hash computing it (truncated to [`digest_len`](Self::digest_len) for `wp256`/`wp384`).
+    pub fn hash(self) -> HashAlg {
+        match self {
+            Self::Sha256 => HashAlg::Sha256,
+            Self::Sha1 => HashAlg::Sha1,
+            Self::Sha224 => HashAlg::Sha224,
+            Self::Sha384 => HashAlg::Sha384,
+            Self::Sha512 => HashAlg::Sha512,
+            Self::Sha3_224 => HashAlg::Sha3_224,
+            Self::Sha3_256 => HashAlg::Sha3_256,
+            Self::Sha3_384 => HashAlg::Sha3_384,
+            Self::Sha3_512 => HashAlg::Sha3_512,
+            Self::Md4 => HashAlg::Md4,
+            Self::Md5 => HashAlg::Md5,
+            Self::Rmd160 => HashAlg::Ripemd160,
+            Self::Wp256 | Self::Wp384 | Self::Wp512 => HashAlg::Whirlpool,
+            Self::Sm3 => HashAlg::Sm3,
+            Self::Blake2b160 => HashAlg::Blake2b160,
+            Self::Blake2b256 => HashAlg::Blake2b256,
+            Self::Blake2b384 => HashAlg::Blake2b384,
+            Self::Blake2b512 => HashAlg::Blake2b512,
+            Self::Streebog256 => HashAlg::Stribog256,
+            Self::Streebog512 => HashAlg::Stribog512,
+        }
+    }
+
+    /// Digest (= ESSIV key) length in bytes.
+    pub fn digest_len(self) -> usize {
+        match self {
+            Self::Wp256 => 32,
+            Self::Wp384 => 48,
+            h => h.hash().output_len(),
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|h| h.name() == name)
     }
 }
 
@@ -224,8 +373,8 @@ pub enum IvMode {
     Plain64,
     /// `be64(iv_sector)` in the **last** 8 bytes of the IV, zeros before.
     Plain64Be,
-    /// `E_salt(le64(iv_sector) ‖ 0⁸)` with `salt = hash(volume key)` keying the same block
-    /// cipher (AES-256 for SHA-256, whatever the data key size).
+    /// `E_salt(le64(iv_sector) ‖ 0⁸)` with `salt = hash(subkey)` keying another instance of
+    /// the data cipher (AES-256 for SHA-256, whatever the data key size).
     Essiv(EssivHash),
     /// `be64((iv_sector << 5) + 1)` in the last 8 bytes: the narrow-block count from 1.
     Benbi,
@@ -350,6 +499,7 @@ impl CipherSpec {
         match self.mode {
             ChainMode::Xts | ChainMode::Lrw => 16,
             ChainMode::Cbc | ChainMode::Pcbc | ChainMode::Ctr => self.cipher.block_size().max(8),
+            ChainMode::Adiantum | ChainMode::Hctr2 => crate::wide::TWEAK_LEN,
             ChainMode::Ecb => 0,
         }
     }
@@ -545,6 +695,7 @@ impl CipherSpec {
         syntax: Syntax,
         keycount: Option<u32>,
     ) -> Result<Self, CryptoError> {
+        check_wide(s, cipher, mode, ivmode, keycount)?;
         if cipher == Cipher::CipherNull && mode != ChainMode::Ecb {
             return Err(unsupported(
                 s,
@@ -558,6 +709,21 @@ impl CipherSpec {
             None => None,
             Some(name) => Some(parse_ivmode(s, name, ivopts)?),
         };
+        if let Some(IvMode::Essiv(h)) = iv {
+            // The kernel keys the IV cipher (the data cipher) with the digest: it must be a
+            // key size of that cipher, or the table load fails in essiv_aead/skcipher_setkey.
+            if cipher != Cipher::CipherNull && !cipher.accepts_key_len(h.digest_len()) {
+                return Err(invalid(
+                    s,
+                    &format!(
+                        "ESSIV hash '{}' gives a {}-bit key, which {} does not take",
+                        h.name(),
+                        h.digest_len() * 8,
+                        cipher.name()
+                    ),
+                ));
+            }
+        }
         if mode == ChainMode::Ecb && matches!(iv, Some(IvMode::Essiv(_))) {
             // The kernel would allocate essiv(ecb(aes),sha256), which does not exist.
             return Err(invalid(s, "ESSIV needs a mode with an IV (ecb has none)"));
@@ -598,6 +764,70 @@ impl CipherSpec {
     }
 }
 
+/// Adiantum goes only with `xchacha12,aes`/`xchacha20,aes` and they only with it; HCTR2
+/// only with AES here (the kernel's takes any 128-bit block cipher). Their IV is 32 bytes: of the generators this crate has, those that fill
+/// only its first 16 bytes work (`plain`, `plain64`, `null`); the kernel refuses `essiv`
+/// and `eboiv` with them (IV size differs from the block size), and `plain64be` and
+/// `benbi`, which fill the end of the 32-byte IV, are not implemented for them. Their key
+/// is one key (keycount 1).
+fn check_wide(
+    s: &str,
+    cipher: Cipher,
+    mode: ChainMode,
+    ivmode: Option<&str>,
+    keycount: Option<u32>,
+) -> Result<(), CryptoError> {
+    let adiantum_cipher = matches!(cipher, Cipher::XChaCha12Aes | Cipher::XChaCha20Aes);
+    match mode {
+        ChainMode::Adiantum if !adiantum_cipher => {
+            return Err(invalid(
+                s,
+                &format!("adiantum needs xchacha12,aes or xchacha20,aes, not '{}'", cipher.name()),
+            ))
+        }
+        // The kernel's template takes any 128-bit block cipher; only AES is implemented here.
+        ChainMode::Hctr2 if cipher != Cipher::Aes && cipher.block_size() == 16 && !adiantum_cipher => {
+            return Err(unsupported(s, &format!("hctr2 with {} is not supported (only aes)", cipher.name())))
+        }
+        ChainMode::Hctr2 if cipher != Cipher::Aes => {
+            return Err(invalid(s, &format!("hctr2 needs a 128-bit block cipher, not '{}'", cipher.name())))
+        }
+        ChainMode::Adiantum | ChainMode::Hctr2 if keycount.is_some_and(|n| n > 1) => {
+            return Err(unsupported(
+                s,
+                &format!("a keycount with {} is not supported (it takes one key)", mode.name()),
+            ))
+        }
+        ChainMode::Adiantum | ChainMode::Hctr2 => {}
+        _ if adiantum_cipher => {
+            return Err(invalid(
+                s,
+                &format!(
+                    "'{}' is only Adiantum's cipher pair (use {}-adiantum-plain64)",
+                    cipher.name(),
+                    cipher.name()
+                ),
+            ))
+        }
+        _ => return Ok(()),
+    }
+    match ivmode {
+        Some("plain" | "plain64" | "null") => Ok(()),
+        Some(iv @ ("essiv" | "eboiv")) => Err(invalid(
+            s,
+            &format!(
+                "IV generator '{iv}' needs the IV size to equal the block size ({} has a 32-byte IV)",
+                mode.name()
+            ),
+        )),
+        Some(iv) => Err(unsupported(
+            s,
+            &format!("IV generator '{iv}' with {} is not supported (plain64 is)", mode.name()),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `strsep` on one character: the part before it, and the rest if the character was found.
 fn split_first(s: &str, c: char) -> (&str, Option<&str>) {
     match s.split_once(c) {
@@ -625,6 +855,8 @@ fn parse_cipher(spec: &str, name: &str) -> Result<Cipher, CryptoError> {
         "blowfish" => Ok(Cipher::Blowfish),
         "des3_ede" => Ok(Cipher::Des3Ede),
         "sm4" => Ok(Cipher::Sm4),
+        "xchacha12,aes" => Ok(Cipher::XChaCha12Aes),
+        "xchacha20,aes" => Ok(Cipher::XChaCha20Aes),
         "cipher_null" => Ok(Cipher::CipherNull),
         "" => Err(invalid(spec, "empty cipher name")),
         other => Err(unsupported(spec, &format!("cipher '{other}' is not supported"))),
@@ -689,6 +921,8 @@ fn chainmode_by_name(name: &str) -> Option<ChainMode> {
         "lrw" => ChainMode::Lrw,
         "ctr" => ChainMode::Ctr,
         "pcbc" => ChainMode::Pcbc,
+        "adiantum" => ChainMode::Adiantum,
+        "hctr2" => ChainMode::Hctr2,
         _ => return None,
     })
 }
@@ -706,13 +940,9 @@ fn parse_ivmode(spec: &str, name: &str, opts: Option<&str>) -> Result<IvMode, Cr
         "essiv" => {
             let hash = match opts {
                 None | Some("") => return Err(invalid(spec, "digest algorithm missing for ESSIV mode")),
-                Some("sha256") => EssivHash::Sha256,
-                Some(h) => {
-                    return Err(unsupported(
-                        spec,
-                        &format!("ESSIV hash '{h}' is not supported (only sha256)"),
-                    ))
-                }
+                Some(h) => EssivHash::from_name(h).ok_or_else(|| {
+                    unsupported(spec, &format!("ESSIV hash '{h}' is not supported (kernel crypto API names: sha256, md5, sha3-256, wp256, ...)"))
+                })?,
             };
             return Ok(IvMode::Essiv(hash));
         }

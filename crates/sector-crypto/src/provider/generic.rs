@@ -161,8 +161,8 @@ impl<C: AnyCipher> Generic<C> {
                     }
                     t.zeroize();
                 }
-                (ChainMode::Xts, _) => {
-                    return Err(CryptoError::Provider { op: "xts is not a generic block-by-block mode" })
+                (ChainMode::Xts | ChainMode::Adiantum | ChainMode::Hctr2, _) => {
+                    return Err(CryptoError::Provider { op: "not a generic block-by-block mode" })
                 }
             }
         }
@@ -183,7 +183,7 @@ impl<C: AnyCipher> SectorMode for Generic<C> {
 }
 
 /// `mode` over `cipher` keyed with `key` (for LRW, cipher key ‖ 16-byte tweak key); `None`
-/// for XTS, for LRW with a 64-bit block cipher, or a key the cipher does not take.
+/// for XTS and the wide-block modes, for LRW with a 64-bit block cipher, or a key the cipher does not take.
 pub(crate) fn mode(cipher: Cipher, mode: ChainMode, key: &[u8]) -> Option<Box<dyn SectorMode>> {
     fn make<C: AnyCipher>(key: &[u8], mode: ChainMode) -> Option<Box<dyn SectorMode>> {
         let (ck, lrw) = if mode == ChainMode::Lrw {
@@ -198,7 +198,7 @@ pub(crate) fn mode(cipher: Cipher, mode: ChainMode, key: &[u8]) -> Option<Box<dy
         let name = format!("rustcrypto {}({})", mode.name(), C::NAME);
         Some(Box::new(Generic::<C> { cipher: key_of(ck)?, mode, lrw, name }))
     }
-    if mode == ChainMode::Xts {
+    if matches!(mode, ChainMode::Xts | ChainMode::Adiantum | ChainMode::Hctr2) {
         return None;
     }
     let ck = if mode == ChainMode::Lrw { key.len().checked_sub(LRW_TWEAK_KEY)? } else { key.len() };

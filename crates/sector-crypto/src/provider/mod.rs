@@ -150,7 +150,7 @@ pub(crate) fn null_mode() -> Box<dyn SectorMode> {
 
 /// `chain` over `cipher` with one subkey `key` (a whole mode key: both XTS keys, LRW's
 /// cipher and tweak key). AES in XTS, CBC and ECB goes through [`aes_xts`], [`aes_cbc`] and
-/// [`aes_ecb`]; everything else is RustCrypto's.
+/// [`aes_ecb`]; Adiantum and HCTR2 through `crate::wide`; everything else is RustCrypto's.
 pub(crate) fn mode(
     provider: Provider,
     cipher: Cipher,
@@ -163,6 +163,13 @@ pub(crate) fn mode(
         (Cipher::Aes, ChainMode::Xts) => return aes_xts(provider, key),
         (Cipher::Aes, ChainMode::Cbc) => return aes_cbc(provider, key),
         (Cipher::Aes, ChainMode::Ecb) => return aes_ecb(provider, key),
+        (Cipher::XChaCha12Aes, ChainMode::Adiantum) => {
+            return crate::wide::adiantum(provider, crate::wide::XChaCha::R12, key)
+        }
+        (Cipher::XChaCha20Aes, ChainMode::Adiantum) => {
+            return crate::wide::adiantum(provider, crate::wide::XChaCha::R20, key)
+        }
+        (Cipher::Aes, ChainMode::Hctr2) => return crate::wide::hctr2(provider, key),
         _ => {}
     }
     if provider == Provider::AwsLc {

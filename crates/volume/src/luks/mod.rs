@@ -881,7 +881,8 @@ impl SlotKey {
 }
 
 pub(crate) fn parse_hash(name: &str) -> Result<HashAlg, LuksError> {
-    name.parse().map_err(|e| LuksError::Unsupported(format!("hash {name:?} is not supported ({e})")))
+    // cryptsetup: "Requested hash X is not supported."
+    name.parse().map_err(|_| LuksError::Unsupported(format!("Requested hash {name:?} is not supported.")))
 }
 
 /// What `open --type luks` needs besides the passphrase.
