@@ -55,6 +55,10 @@ pub const MORE_CIPHERS: &[(&str, u32)] = &[
     ("cast5-cbc", 128),
     ("blowfish-cbc", 256),
     ("des3_ede-cbc", 192),
+    // Wide-block modes (a sector is one block): one 256-bit key each.
+    ("xchacha12,aes-adiantum", 256),
+    ("xchacha20,aes-adiantum", 256),
+    ("aes-hctr2", 256),
 ];
 
 /// The default cipher rows: [`CRYPTSETUP_CIPHERS`] then [`MORE_CIPHERS`].
@@ -316,5 +320,7 @@ mod tests {
             assert!(t.contains(&row), "no row {row:?} in\n{t}");
         }
         assert!(t.contains("des3_ede-cbc") && t.contains("rustcrypto cbc(des3_ede)"), "{t}");
+        assert!(t.contains("rustcrypto adiantum(xchacha12,aes)"), "{t}");
+        assert!(t.contains("rustcrypto hctr2(aes256)"), "{t}");
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! * plain dm-crypt: sealdisk's `SectorCipher` (the code `CryptTarget` runs) encrypts a
 //!   pattern for each spec (serpent, twofish, camellia, cast5, cast6, blowfish, des3_ede in
-//!   xts, cbc, ecb, lrw, ctr, pcbc, with essiv, benbi, plain64be, eboiv, lmk, tcw and
+//!   xts, cbc, ecb, lrw, ctr, pcbc, with essiv (several hashes), benbi, plain64be, eboiv, lmk, tcw and
 //!   keycounts, legacy and capi forms); the kernel maps each with the same table and must
 //!   read the pattern back;
 //! * LUKS1/LUKS2 volumes `sealdisk luksFormat` made with those ciphers: the kernel's
@@ -62,6 +62,11 @@ const PLAIN: &[(&str, usize, u32, bool, u64)] = &[
     ("serpent:2-xts-plain64", 1024, 512, false, 8),
     ("twofish:2-cbc-essiv:sha256", 512, 4096, false, 0),
     ("capi:xts(camellia)-plain64", 512, 512, false, 0),
+    // ESSIV with other hashes: the salt hash(subkey) keys the data cipher at the digest size.
+    ("twofish:2-cbc-essiv:md5", 256, 512, false, 0),
+    ("serpent-xts-essiv:sha3-256", 512, 512, false, 0),
+    ("cast5-cbc-essiv:md4", 128, 512, false, 0),
+    ("blowfish-cbc-essiv:wp384", 256, 512, false, 0),
 ];
 
 /// Bytes of each plain case.
