@@ -180,7 +180,29 @@ fn benchmark_reports_ciphers_hashes_and_pbkdf2() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["micro"]["pbkdf2_sha256_iterations_per_s"].as_f64().unwrap() > 0.0);
-    assert_eq!(v["micro"]["ciphers"].as_array().unwrap().len(), 8);
+    // cryptsetup's 12 rows, then every other cipher and mode sealdisk has.
+    assert_eq!(v["micro"]["ciphers"].as_array().unwrap().len(), 30);
     let out = sealdisk(&["benchmark", "--time-per-test", "2"], dir.path());
-    assert!(text(&out.stdout).contains("PBKDF2-sha256"));
+    let t = text(&out.stdout);
+    assert!(t.contains("PBKDF2-sha256"));
+    assert!(t.contains("#     Algorithm |       Key |      Encryption |      Decryption"), "{t}");
+    for row in [
+        "    serpent-xts        512b ",
+        "    twofish-cbc        128b ",
+        "   des3_ede-cbc        192b ",
+        "xchacha20,aes-adiantum        256b ",
+        "      aes-hctr2        256b ",
+    ] {
+        assert!(t.contains(row), "no {row:?} in\n{t}");
+    }
+    // One cipher, as `cryptsetup benchmark -c serpent-xts -s 256`.
+    let out = sealdisk(&["benchmark", "--time-per-test", "2", "-c", "serpent-xts", "-s", "256"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert!(t.contains("    serpent-xts        256b ") && !t.contains("aes-xts"), "{t}");
+    // What the kernel refuses is refused with cryptsetup's words and exit 1.
+    let out = sealdisk(&["benchmark", "-c", "blowfish-xts"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("Cipher blowfish-xts is not available."), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("128-bit block cipher"), "{}", text(&out.stderr));
 }

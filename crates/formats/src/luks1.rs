@@ -295,29 +295,53 @@ impl fmt::Debug for Luks1Header {
     }
 }
 
-/// Hashes cryptsetup's crypto backends accept for LUKS1 (HMAC output of at least 20 bytes).
-/// Matched case-insensitively, as libgcrypt and OpenSSL do.
-const KNOWN_HASHES: &[&str] = &[
+/// Hash names cryptsetup's crypto backends accept for LUKS1 (digest of at least 20 bytes),
+/// matched case-insensitively, as libgcrypt and OpenSSL do: the canonical names and the
+/// aliases OpenSSL resolves (cryptsetup writes the name as given, lower-cased). The same set
+/// as `sector_crypto::hash::HashAlg` minus its LUKS2-only hashes (a `volume` test checks).
+pub const LUKS1_HASHES: &[&str] = &[
     "sha1",
+    "sha-1",
+    "ssl3-sha1",
     "sha224",
+    "sha-224",
+    "sha2-224",
     "sha256",
+    "sha-256",
+    "sha2-256",
     "sha384",
+    "sha-384",
+    "sha2-384",
     "sha512",
-    "ripemd160",
-    "whirlpool",
+    "sha-512",
+    "sha2-512",
+    "sha512-224",
+    "sha-512/224",
+    "sha2-512/224",
+    "sha512-256",
+    "sha-512/256",
+    "sha2-512/256",
     "sha3-224",
     "sha3-256",
     "sha3-384",
     "sha3-512",
-    "stribog256",
-    "stribog512",
+    "ripemd160",
+    "ripemd-160",
+    "ripemd",
+    "rmd160",
+    "whirlpool",
     "sm3",
     "blake2b-160",
     "blake2b-256",
     "blake2b-384",
     "blake2b-512",
+    "blake2b512",
     "blake2s-160",
+    "blake2s-224",
     "blake2s-256",
+    "blake2s256",
+    "stribog256",
+    "stribog512",
 ];
 
 fn be16(b: &[u8], off: usize) -> u16 {
@@ -396,7 +420,7 @@ impl Luks1Header {
             return Err(Luks1Error::BadVersion(version));
         }
         let hash_spec = text(b, HASHSPEC_OFF, HASHSPEC_L, "hashSpec")?;
-        if !KNOWN_HASHES.iter().any(|h| h.eq_ignore_ascii_case(&hash_spec)) {
+        if !LUKS1_HASHES.iter().any(|h| h.eq_ignore_ascii_case(&hash_spec)) {
             return Err(Luks1Error::UnsupportedHash(hash_spec));
         }
         let keyslots = std::array::from_fn(|i| {

@@ -9,7 +9,8 @@
 //! Semantics are cryptsetup's (`lib/crypto_backend/pbkdf_check.c`, `argon2_generic.c`):
 //! PBKDF2 is RFC 8018 with HMAC over the named hash; Argon2 is RFC 9106 version 0x13 with no
 //! secret and no associated data, `memory` in KiB and `cpus` lanes. The hash names are
-//! cryptsetup's (`sha1`, `sha256`, `sha512`, ...), matched case-insensitively.
+//! cryptsetup's (`sha1`, `sha256`, `whirlpool`, ...), matched case-insensitively; the hashes
+//! themselves are [`crate::hash`]'s.
 //!
 //! Implementations: RustCrypto `pbkdf2`/`hmac`/`sha1`/`sha2` (runtime CPU feature detection
 //! only; `target-cpu=native` makes SHA-NI PBKDF2 many times slower, llvm#142368) and
@@ -22,14 +23,11 @@
 //! [`benchmark_pbkdf2`] and [`benchmark_argon2`] turn cryptsetup's `--iter-time` into
 //! parameters the way `crypt_benchmark_pbkdf` does: time a run, scale to the target.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use sha1::Sha1;
-use sha2::{Digest, Sha224, Sha256, Sha384, Sha512};
 use zeroize::Zeroizing;
 
+pub use crate::hash::HashAlg;
 use crate::secure::SecretBuf;
 
 /// Why a key derivation could not run.
@@ -58,87 +56,6 @@ crate::secret_bytes! {
     Passphrase, "passphrase", "True if empty."
 }
 
-/// A hash usable for PBKDF2, the AF splitter and LUKS digests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum HashAlg {
-    /// `sha1`.
-    Sha1,
-    /// `sha224`.
-    Sha224,
-    /// `sha256` (cryptsetup's default).
-    Sha256,
-    /// `sha384`.
-    Sha384,
-    /// `sha512`.
-    Sha512,
-}
-
-impl HashAlg {
-    /// cryptsetup's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Sha1 => "sha1",
-            Self::Sha224 => "sha224",
-            Self::Sha256 => "sha256",
-            Self::Sha384 => "sha384",
-            Self::Sha512 => "sha512",
-        }
-    }
-
-    /// Digest length in bytes.
-    pub fn output_len(self) -> usize {
-        match self {
-            Self::Sha1 => 20,
-            Self::Sha224 => 28,
-            Self::Sha256 => 32,
-            Self::Sha384 => 48,
-            Self::Sha512 => 64,
-        }
-    }
-
-    /// `H(parts[0] ‖ parts[1] ‖ ...)`, truncated to `out.len()` (at most
-    /// [`output_len`](Self::output_len)).
-    pub fn digest_into(self, parts: &[&[u8]], out: &mut [u8]) {
-        fn run<D: Digest>(parts: &[&[u8]], out: &mut [u8]) {
-            let mut h = D::new();
-            for p in parts {
-                h.update(p);
-            }
-            let d = h.finalize();
-            let n = out.len().min(d.len());
-            out[..n].copy_from_slice(&d[..n]);
-        }
-        match self {
-            Self::Sha1 => run::<Sha1>(parts, out),
-            Self::Sha224 => run::<Sha224>(parts, out),
-            Self::Sha256 => run::<Sha256>(parts, out),
-            Self::Sha384 => run::<Sha384>(parts, out),
-            Self::Sha512 => run::<Sha512>(parts, out),
-        }
-    }
-}
-
-impl FromStr for HashAlg {
-    type Err = KdfError;
-    fn from_str(s: &str) -> Result<Self, KdfError> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "sha1" => Self::Sha1,
-            "sha224" => Self::Sha224,
-            "sha256" => Self::Sha256,
-            "sha384" => Self::Sha384,
-            "sha512" => Self::Sha512,
-            _ => return Err(KdfError::UnsupportedHash(s.to_owned())),
-        })
-    }
-}
-
-impl fmt::Display for HashAlg {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// PBKDF2-HMAC-`hash` of `password` and `salt` with `iterations`, filling `out`.
 pub fn pbkdf2(
     hash: HashAlg,
@@ -147,25 +64,7 @@ pub fn pbkdf2(
     iterations: u32,
     out: &mut [u8],
 ) -> Result<(), KdfError> {
-    if iterations == 0 {
-        return Err(KdfError::InvalidParams {
-            kdf: "pbkdf2",
-            reason: "iterations must be at least 1".into(),
-        });
-    }
-    if out.is_empty() {
-        return Err(KdfError::InvalidParams { kdf: "pbkdf2", reason: "empty output".into() });
-    }
-    use pbkdf2::pbkdf2_hmac;
-    let _deriving = crate::interrupt::Deriving::enter();
-    match hash {
-        HashAlg::Sha1 => pbkdf2_hmac::<Sha1>(password, salt, iterations, out),
-        HashAlg::Sha224 => pbkdf2_hmac::<Sha224>(password, salt, iterations, out),
-        HashAlg::Sha256 => pbkdf2_hmac::<Sha256>(password, salt, iterations, out),
-        HashAlg::Sha384 => pbkdf2_hmac::<Sha384>(password, salt, iterations, out),
-        HashAlg::Sha512 => pbkdf2_hmac::<Sha512>(password, salt, iterations, out),
-    }
-    Ok(())
+    hash.pbkdf2(password, salt, iterations, out)
 }
 
 /// Argon2 variant.
@@ -446,7 +345,7 @@ mod tests {
 
     #[test]
     fn hash_names_round_trip_case_insensitively() {
-        for h in [HashAlg::Sha1, HashAlg::Sha224, HashAlg::Sha256, HashAlg::Sha384, HashAlg::Sha512] {
+        for &h in HashAlg::ALL {
             assert_eq!(h.name().parse::<HashAlg>().unwrap(), h);
             assert_eq!(h.name().to_uppercase().parse::<HashAlg>().unwrap(), h);
             let mut d = vec![0u8; 64];
@@ -455,7 +354,7 @@ mod tests {
             h.digest_into(&[b"abc"], &mut e[..h.output_len()]);
             assert_eq!(d, e);
         }
-        assert_eq!("whirlpool".parse::<HashAlg>(), Err(KdfError::UnsupportedHash("whirlpool".into())));
+        assert_eq!("shake256".parse::<HashAlg>(), Err(KdfError::UnsupportedHash("shake256".into())));
     }
 
     #[test]

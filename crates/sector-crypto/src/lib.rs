@@ -37,6 +37,11 @@
 //!   number is multiplied by the sector size, as the kernel does.
 //! * XTS keys with equal halves are accepted (the kernel refuses them only in FIPS mode).
 //! * With ECB an IV generator is accepted and ignored, as the kernel does.
+//! * `cipher:N` (keycount) splits the key into N subkeys; the crypto sector at `cc_sector`
+//!   (512-byte units, `iv_offset` included, before the `iv_large_sectors` shift) uses subkey
+//!   `cc_sector mod N` (`crypt_convert_block_skcipher`'s `key_index`).
+//! * `lmk` and `tcw` read or change the data around the cipher (see `iv.rs`) and need
+//!   512-byte sectors.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -88,6 +93,7 @@ pub(crate) use secret_bytes;
 
 pub mod aead;
 pub mod af;
+pub mod hash;
 pub mod interrupt;
 mod iv;
 pub mod kdf;
@@ -96,10 +102,11 @@ mod provider;
 pub mod secure;
 mod spec;
 pub mod tag;
+mod wide;
 
 pub use aead::{AeadAlgorithm, AeadIv, AeadSectorCipher, AeadSpec, HmacHash};
 pub use provider::Provider;
-pub use spec::{ChainMode, Cipher, CipherSpec, EssivHash, IvMode};
+pub use spec::{ChainMode, Cipher, CipherSpec, EssivHash, IvMode, KeyLayout};
 
 use iv::IvGen;
 use provider::{Block, SectorMode};
@@ -204,7 +211,8 @@ pub struct SectorCipher {
     params: SectorParams,
     /// log2(sector_size / 512).
     sector_shift: u32,
-    mode: Box<dyn SectorMode>,
+    /// One keyed mode per subkey (the kernel's `tfms`); never empty.
+    modes: Vec<Box<dyn SectorMode>>,
     iv: IvGen,
 }
 
@@ -213,7 +221,7 @@ impl fmt::Debug for SectorCipher {
         f.debug_struct("SectorCipher")
             .field("spec", &self.spec.to_string())
             .field("params", &self.params)
-            .field("implementation", &self.mode.name())
+            .field("implementation", &self.implementation())
             .finish_non_exhaustive()
     }
 }
@@ -225,7 +233,7 @@ impl SectorCipher {
     }
 
     /// Keys `spec` with `key` using the given provider for the data path (ESSIV's IV cipher is
-    /// always RustCrypto's AES). A provider lacking the primitive gives
+    /// always RustCrypto's). A provider lacking the primitive gives
     /// [`CryptoError::Unsupported`].
     pub fn with_provider(
         spec: &CipherSpec,
@@ -242,33 +250,32 @@ impl SectorCipher {
             )));
         }
         let key_bytes = key.as_bytes();
-        let valid = spec.valid_key_sizes();
-        if !valid.contains(&key_bytes.len()) {
-            let expected: Vec<String> = valid.iter().map(|b| (b * 8).to_string()).collect();
-            let mut expected = format!("{} bits", expected.join(" or "));
+        let layout = spec.key_layout(key_bytes.len()).map_err(|why| {
+            let mut expected = spec.key_sizes_text();
             if spec.cipher() == Cipher::CipherNull {
                 expected.push_str("; cipher_null takes no key (cryptsetup passes '-')");
             }
-            return Err(CryptoError::InvalidKeySize {
-                spec: spec.to_string(),
-                bits: key_bytes.len() * 8,
-                expected,
-            });
-        }
-        let mode = match (spec.cipher(), spec.mode()) {
-            (Cipher::CipherNull, _) => Ok(provider::null_mode()),
-            (Cipher::Aes, ChainMode::Xts) => provider::aes_xts(provider, key_bytes),
-            (Cipher::Aes, ChainMode::Cbc) => provider::aes_cbc(provider, key_bytes),
-            (Cipher::Aes, ChainMode::Ecb) => provider::aes_ecb(provider, key_bytes),
-        }
-        .map_err(|e| match e {
-            CryptoError::Unsupported { part, .. } => {
-                CryptoError::Unsupported { spec: spec.to_string(), part }
+            if !why.is_empty() {
+                expected = format!("{expected}; {why}");
             }
-            e => e,
+            CryptoError::InvalidKeySize { spec: spec.to_string(), bits: key_bytes.len() * 8, expected }
         })?;
-        let iv = IvGen::new(spec.effective_iv_mode(), key_bytes, params.sector_size)?;
-        Ok(SectorCipher { spec: spec.clone(), params, sector_shift, mode, iv })
+        let mut modes = Vec::with_capacity(layout.keycount);
+        for subkey in key_bytes[..layout.keycount * layout.subkey].chunks_exact(layout.subkey.max(1)) {
+            let m = provider::mode(provider, spec.cipher(), spec.mode(), subkey).map_err(|e| match e {
+                CryptoError::Unsupported { part, .. } => {
+                    CryptoError::Unsupported { spec: spec.to_string(), part }
+                }
+                e => e,
+            })?;
+            modes.push(m);
+        }
+        if modes.is_empty() {
+            // cipher_null: no key at all.
+            modes.push(provider::mode(provider, spec.cipher(), spec.mode(), &[])?);
+        }
+        let iv = IvGen::for_spec(spec, key_bytes, layout, params.sector_size)?;
+        Ok(SectorCipher { spec: spec.clone(), params, sector_shift, modes, iv })
     }
 
     /// The encryption sector size in bytes.
@@ -288,8 +295,8 @@ impl SectorCipher {
 
     /// Which implementation runs the data path, e.g. `aws-lc xts(aes256)` (like the kernel's
     /// `cra_driver_name` debug line).
-    pub fn implementation(&self) -> &'static str {
-        self.mode.name()
+    pub fn implementation(&self) -> &str {
+        self.modes[0].name()
     }
 
     /// Encrypts `data` in place. `sector` is the target-relative 512-byte sector of `data[0]`
@@ -316,20 +323,68 @@ impl SectorCipher {
             });
         }
         let mut cc_sector = sector.wrapping_add(self.params.iv_offset);
+        let mut chunk_sector = cc_sector;
         let mut iv_sectors = [0u64; IV_BATCH];
         let mut ivs: [Block; IV_BATCH] = [[0; 16]; IV_BATCH];
+        let mut key_idx = [0usize; IV_BATCH];
         for chunk in data.chunks_mut(sector_size * IV_BATCH) {
             let n = chunk.len() / sector_size;
             for s in &mut iv_sectors[..n] {
                 *s = if self.params.iv_large_sectors { cc_sector >> self.sector_shift } else { cc_sector };
                 cc_sector = cc_sector.wrapping_add(step);
             }
-            self.iv.fill(&iv_sectors[..n], &mut ivs[..n], self.mode.as_ref())?;
-            if encrypt {
-                self.mode.encrypt(chunk, sector_size, &ivs[..n])?;
+            let (iv_sectors, ivs) = (&iv_sectors[..n], &mut ivs[..n]);
+            let first = self.modes[0].as_ref();
+            let keys = if self.modes.len() > 1 {
+                let mask = self.modes.len() as u64 - 1;
+                for (i, k) in key_idx[..n].iter_mut().enumerate() {
+                    *k = (chunk_sector.wrapping_add(i as u64 * step) & mask) as usize;
+                }
+                Some(&key_idx[..n])
             } else {
-                self.mode.decrypt(chunk, sector_size, &ivs[..n])?;
+                None
+            };
+            if encrypt {
+                self.iv.fill_for_encrypt(iv_sectors, keys, ivs, first, chunk, sector_size)?;
+                self.run_modes(chunk_sector, chunk, ivs, true)?;
+                self.iv.after_encrypt(iv_sectors, chunk, sector_size);
+            } else {
+                self.iv.before_decrypt(iv_sectors, chunk, sector_size);
+                self.iv.fill_keyed(iv_sectors, keys, ivs, first)?;
+                self.run_modes(chunk_sector, chunk, ivs, false)?;
+                self.iv.after_decrypt(iv_sectors, chunk, sector_size);
             }
+            chunk_sector = cc_sector;
+        }
+        Ok(())
+    }
+
+    /// Runs the mode over `chunk`, whose first crypto sector is at `cc_sector`: one call when
+    /// there is one key, else one call per sector with key `cc_sector mod keycount`.
+    fn run_modes(
+        &self,
+        cc_sector: u64,
+        chunk: &mut [u8],
+        ivs: &[Block],
+        encrypt: bool,
+    ) -> Result<(), CryptoError> {
+        let sector_size = self.params.sector_size as usize;
+        let run = |m: &dyn SectorMode, data: &mut [u8], ivs: &[Block]| {
+            if encrypt {
+                m.encrypt(data, sector_size, ivs)
+            } else {
+                m.decrypt(data, sector_size, ivs)
+            }
+        };
+        if self.modes.len() == 1 {
+            return run(self.modes[0].as_ref(), chunk, ivs);
+        }
+        let step = 1u64 << self.sector_shift;
+        let mask = self.modes.len() as u64 - 1;
+        let mut s = cc_sector;
+        for (d, iv) in chunk.chunks_exact_mut(sector_size).zip(ivs.chunks(1)) {
+            run(self.modes[(s & mask) as usize].as_ref(), d, iv)?;
+            s = s.wrapping_add(step);
         }
         Ok(())
     }

@@ -1,6 +1,8 @@
-//! Golden images written by the real Linux 6.1 dm-crypt (see `testdata/dm-crypt/README.md`).
+//! Golden images written by the real Linux 6.1 dm-crypt (see `testdata/dm-crypt/README.md`
+//! for AES and its IV generators, `testdata/dm-crypt-ciphers/README.md` for the other
+//! ciphers, chain modes, keycounts, lmk and tcw; those images are xz-compressed).
 //!
-//! For every row of `testdata/dm-crypt/cases.tsv` the image's ciphertext region (after
+//! For every row of each directory's `cases.tsv` the image's ciphertext region (after
 //! `offset` 512-byte sectors) must
 //! * decrypt to the deterministic plaintext with `SectorCipher::decrypt`, whole and in chunks
 //!   that start at nonzero sectors, and
@@ -13,17 +15,38 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
 /// SHA-256 of the plaintext stream's first `PLAINTEXT_LEN` bytes (guards the generator).
 const PLAINTEXT_SHA256: &str = "9df9582519475875aa9b556d8e7b70e2ee61c00b57b715300a26d3f9d8a0b306";
 const PLAINTEXT_LEN: usize = 262_144;
-/// The manifest was generated with this many image rows; fewer means rows were lost.
-const MIN_ROWS: usize = 90;
+/// One directory of golden images.
+#[derive(Debug, Clone, Copy)]
+struct Set {
+    /// Directory under testdata/.
+    dir: &'static str,
+    /// The manifest was generated with this many image rows; fewer means rows were lost.
+    min_rows: usize,
+    /// Images are stored as `<file>.xz`.
+    xz: bool,
+}
 
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/dm-crypt")
+const AES_SET: Set = Set { dir: "dm-crypt", min_rows: 90, xz: false };
+const CIPHERS_SET: Set = Set { dir: "dm-crypt-ciphers", min_rows: 100, xz: true };
+
+fn golden_dir(set: Set) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata").join(set.dir)
+}
+
+/// True (after saying so loudly) when `set` needs `xz` and it cannot run.
+fn skip_without_xz(set: Set) -> bool {
+    if !set.xz || Command::new("xz").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return false;
+    }
+    eprintln!("SKIPPED: testdata/{} needs `xz` (Debian xz-utils) to decompress its images", set.dir);
+    true
 }
 
 // ---------------------------------------------------------------- SHA-256 (FIPS 180-4)
@@ -143,8 +166,8 @@ impl Case {
     }
 }
 
-fn load_manifest() -> Vec<Case> {
-    let path = golden_dir().join("cases.tsv");
+fn load_manifest(set: Set) -> Vec<Case> {
+    let path = golden_dir(set).join("cases.tsv");
     let text = fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read golden manifest {}: {e}", path.display()));
     let mut cases = Vec::new();
@@ -185,22 +208,34 @@ fn load_manifest() -> Vec<Case> {
     }
     assert!(
         !cases.is_empty(),
-        "golden manifest {} has no cases: regenerate with testdata/dm-crypt/make-golden.sh",
-        path.display()
+        "golden manifest {} has no cases: regenerate with testdata/{}/make-golden.sh",
+        path.display(),
+        set.dir
     );
     assert!(
-        cases.len() >= MIN_ROWS,
-        "golden manifest {} has only {} cases (expected at least {MIN_ROWS}): rows were lost",
+        cases.len() >= set.min_rows,
+        "golden manifest {} has only {} cases (expected at least {}): rows were lost",
         path.display(),
-        cases.len()
+        cases.len(),
+        set.min_rows
     );
     cases
 }
 
-fn load_image(case: &Case) -> Vec<u8> {
-    let path = golden_dir().join(&case.file);
-    fs::read(&path)
-        .unwrap_or_else(|e| panic!("golden image {} is missing or unreadable: {e}", path.display()))
+fn load_image(set: Set, case: &Case) -> Vec<u8> {
+    let path = golden_dir(set).join(&case.file);
+    if !set.xz {
+        return fs::read(&path)
+            .unwrap_or_else(|e| panic!("golden image {} is missing or unreadable: {e}", path.display()));
+    }
+    let xz = path.with_extension("img.xz");
+    let out = Command::new("xz")
+        .arg("-dc")
+        .arg(&xz)
+        .output()
+        .unwrap_or_else(|e| panic!("running xz -dc {}: {e}", xz.display()));
+    assert!(out.status.success(), "xz -dc {}: {}", xz.display(), String::from_utf8_lossy(&out.stderr));
+    out.stdout
 }
 
 fn ciphertext(case: &Case, image: &[u8]) -> Vec<u8> {
@@ -296,11 +331,11 @@ enum Outcome {
     Fail(Vec<String>),
 }
 
-fn run_direction(cases: &[Case], decrypt: bool) -> Vec<(String, Outcome)> {
+fn run_direction(set: Set, cases: &[Case], decrypt: bool) -> Vec<(String, Outcome)> {
     let plain = plaintext(PLAINTEXT_LEN);
     let mut results = Vec::new();
     for case in cases {
-        let image = load_image(case);
+        let image = load_image(set, case);
         let ct = ciphertext(case, &image);
         let pt = &plain[..case.payload_len];
         let mut errors = Vec::new();
@@ -385,12 +420,11 @@ fn plaintext_generator_matches_make_golden() {
     );
 }
 
-#[test]
-fn manifest_and_images_are_intact() {
-    let cases = load_manifest();
+fn check_manifest_and_images(set: Set) {
+    let cases = load_manifest(set);
     let mut problems = Vec::new();
     for case in &cases {
-        let image = load_image(case);
+        let image = load_image(set, case);
         let sum = sha256_hex(&image);
         if sum != case.sha256 {
             problems.push(format!("{}: sha256 {sum} != manifest {}", case.file, case.sha256));
@@ -451,8 +485,9 @@ fn manifest_and_images_are_intact() {
     if listed.len() != n {
         problems.push("duplicate file names in cases.tsv".to_string());
     }
-    for entry in fs::read_dir(golden_dir()).expect("read testdata/dm-crypt") {
+    for entry in fs::read_dir(golden_dir(set)).expect("read the golden directory") {
         let name = entry.expect("dir entry").file_name().to_string_lossy().into_owned();
+        let name = name.strip_suffix(".xz").unwrap_or(&name).to_string();
         if name.ends_with(".img") && listed.binary_search(&name.as_str()).is_err() {
             problems.push(format!("{name}: image not listed in cases.tsv"));
         }
@@ -461,15 +496,48 @@ fn manifest_and_images_are_intact() {
 }
 
 #[test]
+fn manifest_and_images_are_intact() {
+    check_manifest_and_images(AES_SET);
+}
+
+#[test]
+fn cipher_manifest_and_images_are_intact() {
+    if !skip_without_xz(CIPHERS_SET) {
+        check_manifest_and_images(CIPHERS_SET);
+    }
+}
+
+#[test]
 fn kernel_golden_decrypt() {
-    let cases = load_manifest();
-    report("decrypt", run_direction(&cases, true));
+    let cases = load_manifest(AES_SET);
+    report("decrypt", run_direction(AES_SET, &cases, true));
 }
 
 #[test]
 fn kernel_golden_encrypt() {
-    let cases = load_manifest();
-    report("encrypt", run_direction(&cases, false));
+    let cases = load_manifest(AES_SET);
+    report("encrypt", run_direction(AES_SET, &cases, false));
+}
+
+/// Serpent, twofish, camellia, cast5, cast6, blowfish, des3_ede; lrw, ctr, pcbc; keycounts;
+/// lmk and tcw: the kernel's images decrypt to the plaintext.
+#[test]
+fn kernel_golden_ciphers_decrypt() {
+    if skip_without_xz(CIPHERS_SET) {
+        return;
+    }
+    let cases = load_manifest(CIPHERS_SET);
+    report("decrypt", run_direction(CIPHERS_SET, &cases, true));
+}
+
+/// ... and encrypting the plaintext gives the kernel's images byte for byte.
+#[test]
+fn kernel_golden_ciphers_encrypt() {
+    if skip_without_xz(CIPHERS_SET) {
+        return;
+    }
+    let cases = load_manifest(CIPHERS_SET);
+    report("encrypt", run_direction(CIPHERS_SET, &cases, false));
 }
 
 /// Ciphertext must actually differ from the plaintext (catches an identity "cipher"),
@@ -477,8 +545,13 @@ fn kernel_golden_encrypt() {
 #[test]
 fn kernel_images_are_really_encrypted() {
     let plain = plaintext(PLAINTEXT_LEN);
-    for case in load_manifest() {
-        let image = load_image(&case);
+    let mut sets = vec![AES_SET];
+    if !skip_without_xz(CIPHERS_SET) {
+        sets.push(CIPHERS_SET);
+    }
+    for (set, case) in sets.into_iter().flat_map(|set| load_manifest(set).into_iter().map(move |c| (set, c)))
+    {
+        let image = load_image(set, &case);
         let ct = ciphertext(&case, &image);
         let is_null = case.cipher.starts_with("cipher_null");
         assert_eq!(ct == plain[..case.payload_len], is_null, "{}: ciphertext vs plaintext", case.file);

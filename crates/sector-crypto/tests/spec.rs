@@ -2,7 +2,8 @@
 //! `SectorCipher::new` (key sizes, sector size, iv_offset, request alignment).
 
 use sector_crypto::{
-    ChainMode, Cipher, CipherSpec, CryptoError, EssivHash, IvMode, SectorCipher, SectorParams, VolumeKey,
+    ChainMode, Cipher, CipherSpec, CryptoError, EssivHash, IvMode, KeyLayout, SectorCipher, SectorParams,
+    VolumeKey,
 };
 
 const CANONICAL: &[&str] = &[
@@ -33,6 +34,22 @@ const CANONICAL: &[&str] = &[
     "capi:cbc(aes)-plain64be",
     "capi:ecb(aes)",
     "capi:ecb(cipher_null)",
+    "serpent-xts-plain64",
+    "twofish-cbc-essiv:sha256",
+    "camellia-lrw-benbi",
+    "cast6-ctr-plain64",
+    "sm4-pcbc-plain64",
+    "cast5-cbc-plain64be",
+    "blowfish-ecb",
+    "des3_ede-cbc-benbi",
+    "aes-cbc-lmk",
+    "aes:64-cbc-lmk",
+    "aes:2-xts-plain64",
+    "aes-cbc-tcw",
+    "serpent:4-cbc-tcw",
+    "capi:lrw(aes)-benbi",
+    "capi:pcbc(blowfish)-plain64",
+    "capi:ctr(twofish)-plain64",
 ];
 
 #[test]
@@ -50,7 +67,7 @@ fn parsed_parts() {
     let p = |s: &str| s.parse::<CipherSpec>().unwrap();
     let x = p("aes-xts-plain64");
     assert_eq!((x.cipher(), x.mode(), x.iv_mode()), (Cipher::Aes, ChainMode::Xts, Some(IvMode::Plain64)));
-    assert_eq!((x.iv_size(), x.default_key_bits(), x.valid_key_sizes()), (16, 512, &[32usize, 48, 64][..]));
+    assert_eq!((x.iv_size(), x.default_key_bits(), x.valid_key_sizes()), (16, 512, vec![32usize, 48, 64]));
     assert_eq!(x.crypto_api_name(), "xts(aes)");
     assert!(!x.is_capi());
     let e = p("capi:cbc(aes)-essiv:sha256");
@@ -67,7 +84,7 @@ fn parsed_parts() {
     let n = p("cipher_null-ecb");
     assert_eq!(
         (n.cipher(), n.iv_size(), n.valid_key_sizes(), n.default_key_bits()),
-        (Cipher::CipherNull, 0, &[0usize][..], 0)
+        (Cipher::CipherNull, 0, vec![0usize], 0)
     );
     // ECB ignores an IV generator, as the kernel does ("Selected cipher does not support IVs").
     let eiv = p("aes-ecb-plain64");
@@ -87,32 +104,88 @@ fn part_of(s: &str) -> String {
 #[test]
 fn unsupported_specs_name_the_part() {
     let cases: &[(&str, &str)] = &[
-        ("serpent-xts-plain64", "cipher 'serpent' is not supported"),
-        ("twofish-cbc-essiv:sha256", "cipher 'twofish'"),
-        ("aes-cbc-lmk", "IV generator 'lmk' is not supported"),
-        ("aes:64-cbc-lmk", "multi-key (keycount) specs are not supported"),
-        ("aes:2-xts-plain64", "multi-key (keycount) specs are not supported"),
-        ("aes-cbc-tcw", "IV generator 'tcw' is not supported"),
+        ("anubis-xts-plain64", "cipher 'anubis' is not supported"),
+        ("aes:128-cbc-lmk", "keycount 128"),
+        ("aes-xts-lmk", "IV generator 'lmk' with chain mode 'xts'"),
         ("aes-xts-random", "IV generator 'random' is not supported"),
         ("aes-cbc-elephant", "IV generator 'elephant' is not supported"),
-        ("aes-lrw-benbi", "chain mode 'lrw' is not supported"),
-        ("aes-ctr-plain64", "chain mode 'ctr' is not supported"),
-        ("aes-cbc-essiv:sha1", "ESSIV hash 'sha1' is not supported"),
+        ("aes-cfb-plain64", "chain mode 'cfb' is not supported"),
+        ("aes-cbc-essiv:sha999", "ESSIV hash 'sha999' is not supported"),
+        ("xchacha12,aes:2-adiantum-plain64", "a keycount with adiantum"),
+        ("aes:4-hctr2-plain64", "a keycount with hctr2"),
         ("aes-cbc-plain64:foo", "IV options 'foo'"),
         ("cipher_null-cbc-plain", "chain mode 'cbc' with cipher_null"),
         ("capi:gcm(aes)-random", "authenticated (AEAD) crypto API algorithm 'gcm(aes)'"),
         ("capi:authenc(hmac(sha256),xts(aes))-random", "authenticated (AEAD)"),
         ("capi:rfc7539(chacha20,poly1305)-random", "authenticated (AEAD)"),
-        ("capi:xts(serpent)-plain64", "cipher 'serpent' is not supported"),
-        ("capi:lrw(aes)-benbi", "crypto API algorithm 'lrw(aes)'"),
+        ("capi:xts(kuznyechik)-plain64", "cipher 'kuznyechik' is not supported"),
+        ("capi:ofb(aes)-plain64", "crypto API algorithm 'ofb(aes)'"),
         ("capi:essiv(cbc(aes),sha256)-plain64", "crypto API template"),
-        ("capi:xts(aes)-lmk", "IV generator 'lmk' is not supported"),
+        ("capi:xts(aes)-lmk", "IV generator 'lmk' with chain mode 'xts'"),
         ("capi:aegis128-random", "crypto API algorithm 'aegis128' is not supported"),
     ];
     for (spec, expect) in cases {
         let part = part_of(spec);
         assert!(part.contains(expect), "{spec}: part {part:?} does not contain {expect:?}");
     }
+}
+
+#[test]
+fn key_layouts_follow_the_kernel() {
+    let p = |s: &str| s.parse::<CipherSpec>().unwrap();
+    // xts: two cipher keys; lrw: cipher key + 16-byte tweak key.
+    assert_eq!(p("serpent-xts-plain64").valid_key_sizes(), (16..=32).map(|k| 2 * k).collect::<Vec<_>>());
+    assert_eq!(p("aes-lrw-benbi").valid_key_sizes(), vec![32, 40, 48]);
+    assert_eq!(p("aes-lrw-benbi").default_key_bits(), 384);
+    assert_eq!(p("cast5-cbc-plain64").valid_key_sizes(), (5..=16).collect::<Vec<_>>());
+    assert_eq!(p("cast5-cbc-plain64").default_key_bits(), 128);
+    assert_eq!(
+        (p("des3_ede-cbc-plain64").iv_size(), p("des3_ede-cbc-plain64").valid_key_sizes()),
+        (8, vec![24])
+    );
+    assert_eq!((p("aes-ctr-benbi").iv_size(), p("aes-ctr-benbi").mode_block_size()), (16, 1));
+    // tcw: subkeys, then an IV seed of iv_size bytes and 16 bytes of whitening key.
+    assert_eq!(p("aes-cbc-tcw").valid_key_sizes(), vec![48, 56, 64]);
+    assert_eq!(p("blowfish-cbc-tcw").key_layout(56), Ok(KeyLayout { keycount: 1, subkey: 32, extra: 24 }));
+    assert!(p("aes-cbc-tcw").key_layout(32).unwrap_err().contains("tcw needs more than 256"));
+    // lmk: keycount keys (v2) or keycount + 1 (v3, the last one the seed).
+    let lmk = p("aes:64-cbc-lmk");
+    assert_eq!(lmk.key_layout(64 * 16), Ok(KeyLayout { keycount: 64, subkey: 16, extra: 0 }));
+    assert_eq!(lmk.key_layout(65 * 32), Ok(KeyLayout { keycount: 64, subkey: 32, extra: 32 }));
+    assert!(lmk.key_layout(64 * 16 + 1).is_err());
+    // capi with lmk means 64 keys, as crypt_ctr_cipher_new does.
+    assert_eq!(p("capi:cbc(aes)-lmk").keycount(), 64);
+    assert_eq!(p("aes:4-cbc-plain64").key_layout(128), Ok(KeyLayout { keycount: 4, subkey: 32, extra: 0 }));
+    assert!(p("aes:4-cbc-plain64").key_layout(100).is_err());
+}
+
+#[test]
+fn unsupported_key_sizes_name_the_valid_ones() {
+    let spec: CipherSpec = "des3_ede-cbc-plain64".parse().unwrap();
+    let params = SectorParams { sector_size: 512, iv_offset: 0, iv_large_sectors: false };
+    let e = SectorCipher::new(&spec, &VolumeKey::new(vec![1; 16]), params).unwrap_err();
+    assert!(e.to_string().contains("expected 192 bits"), "{e}");
+    // ESSIV keys the data cipher with the digest: cast5 takes at most 128 bits (the kernel
+    // fails the table load in setkey; the spec is refused when parsed).
+    let e = "cast5-cbc-essiv:sha256".parse::<CipherSpec>().unwrap_err();
+    assert!(
+        e.to_string().contains("ESSIV hash 'sha256' gives a 256-bit key, which cast5 does not take"),
+        "{e}"
+    );
+    assert!("cast5-cbc-essiv:md5".parse::<CipherSpec>().is_ok());
+    let e = "aes-cbc-essiv:sha512".parse::<CipherSpec>().unwrap_err();
+    assert!(e.to_string().contains("512-bit key, which aes does not take"), "{e}");
+    let e = "des3_ede-cbc-essiv:sha256".parse::<CipherSpec>().unwrap_err();
+    assert!(e.to_string().contains("des3_ede does not take"), "{e}");
+    // Any hash whose digest the cipher takes: sha512 keys blowfish (up to 448 bits: no), sha384 yes.
+    assert!("blowfish-cbc-essiv:sha512".parse::<CipherSpec>().is_err());
+    assert!("blowfish-cbc-essiv:sha384".parse::<CipherSpec>().is_ok());
+    assert!("serpent-xts-essiv:sha1".parse::<CipherSpec>().is_ok());
+    // lmk and tcw need 512-byte sectors.
+    let spec: CipherSpec = "aes-cbc-lmk".parse().unwrap();
+    let big = SectorParams { sector_size: 4096, ..params };
+    let e = SectorCipher::new(&spec, &VolumeKey::new(vec![1; 32]), big).unwrap_err();
+    assert!(e.to_string().contains("Unsupported sector size for LMK"), "{e}");
 }
 
 #[test]
@@ -134,6 +207,12 @@ fn malformed_specs_are_invalid() {
         "aes xts",
         "aes-gcm-random",
         "aes-lrw", // the kernel asks for an IV before it looks up the mode
+        // xts and lrw need 128-bit blocks ("Error allocating crypto tfm" in the kernel)
+        "blowfish-xts-plain64",
+        "cast5-lrw-benbi",
+        "capi:xts(des3_ede)-plain64",
+        "aes:0-cbc-plain64",
+        "aes-ctr-eboiv", // the kernel's "Block size of EBOIV cipher does not match IV size"
     ] {
         match s.parse::<CipherSpec>() {
             Err(CryptoError::InvalidSpec { spec, reason }) => {
@@ -217,4 +296,37 @@ fn key_material_is_never_printed() {
     let err = new("aes-xts-plain64", 63, params(512, 0)).unwrap_err().to_string();
     assert!(!err.contains("5a5a"), "{err}");
     assert!(format!("{c:?}").contains("aes-xts-plain64"));
+}
+
+/// ESSIV with a keycount keys one IV cipher per subkey, each with `hash(subkey)`, for any
+/// hash whose digest the cipher takes: sector `s` of `twofish:2-cbc-essiv:md5` under
+/// `K0 ‖ K1` equals sector `s` of `twofish-cbc-essiv:md5` under `K(s mod 2)`.
+#[test]
+fn essiv_any_hash_keys_each_subkey() {
+    let params = SectorParams { sector_size: 512, iv_offset: 0, iv_large_sectors: false };
+    let k0: Vec<u8> = (0..16).collect();
+    let k1: Vec<u8> = (100..116).collect();
+    let both = [k0.clone(), k1.clone()].concat();
+    let two: CipherSpec = "twofish:2-cbc-essiv:md5".parse().unwrap();
+    let one: CipherSpec = "twofish-cbc-essiv:md5".parse().unwrap();
+    let multi = SectorCipher::new(&two, &VolumeKey::new(both), params).unwrap();
+    let singles = [
+        SectorCipher::new(&one, &VolumeKey::new(k0), params).unwrap(),
+        SectorCipher::new(&one, &VolumeKey::new(k1), params).unwrap(),
+    ];
+    let plain: Vec<u8> = (0..4 * 512).map(|i| (i * 7 % 251) as u8).collect();
+    let mut all = plain.clone();
+    multi.encrypt(10, &mut all).unwrap();
+    for (i, (c, p)) in all.chunks_exact(512).zip(plain.chunks_exact(512)).enumerate() {
+        let s = 10 + i as u64;
+        let mut one = p.to_vec();
+        singles[(s % 2) as usize].encrypt(s, &mut one).unwrap();
+        assert_eq!(c, &one[..], "sector {s}");
+    }
+    // The hash matters: sha256 (a 256-bit twofish key) gives other ciphertext.
+    let sha: CipherSpec = "twofish:2-cbc-essiv:sha256".parse().unwrap();
+    let other = SectorCipher::new(&sha, &VolumeKey::new((0..16).chain(100..116).collect()), params).unwrap();
+    let mut again = plain.clone();
+    other.encrypt(10, &mut again).unwrap();
+    assert_ne!(again, all);
 }

@@ -231,7 +231,7 @@ impl SectorMode for Xts256 {
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
         self.run(data, unit, ivs, false)
     }
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "aws-lc xts(aes256)"
     }
 }
@@ -299,7 +299,7 @@ impl SectorMode for Cbc {
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
         self.run(data, unit, ivs, false)
     }
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         self.name
     }
 }

@@ -3,11 +3,12 @@
 //! ```text
 //!   SectorCipher ──(ivs per sector)──► dyn SectorMode ─┬─ awslc::Xts256   EVP_aes_256_xts, pooled ctxs
 //!        │                                             ├─ awslc::Cbc      AES_cbc_encrypt, immutable AES_KEYs
-//!        │                                             ├─ rustcrypto::Xts  AES-128/192/256, batched tweaks
-//!        │                                             ├─ rustcrypto::Cbc (multi-lane enc) / Ecb
+//!        │                                             ├─ rustcrypto::Xts  any 128-bit block cipher, batched tweaks
+//!        │                                             ├─ rustcrypto::Cbc (multi-lane enc) / Ecb   (128-bit blocks)
+//!        │                                             ├─ generic::Generic lrw, ctr, pcbc; cbc/ecb of 64-bit blocks
 //!        │                                             ├─ Split: one implementation per direction
 //!        │                                             └─ rustcrypto::Null (cipher_null)
-//!        └──(ESSIV salt cipher)──► dyn BlockEncrypt ─── rustcrypto::AesBlocks
+//!        └──(ESSIV salt cipher)──► dyn BlockEncrypt ─── rustcrypto::Blocks (the data cipher)
 //! ```
 //!
 //! A [`SectorMode`] is keyed once and then immutable from the caller's point of view: it is
@@ -17,13 +18,17 @@
 //! [`Provider::Auto`] prefers aws-lc and falls back to RustCrypto where aws-lc lacks the
 //! primitive: AES-128/192-XTS (aws-lc only has `EVP_aes_256_xts`), XTS keys whose two halves
 //! are equal (aws-lc refuses them as FIPS requires; the non-FIPS kernel accepts them), and
-//! ECB. For CBC it uses RustCrypto to encrypt and aws-lc to decrypt (see [`aes_cbc`]).
+//! ECB. For CBC it uses RustCrypto to encrypt and aws-lc to decrypt (see [`aes_cbc`]). Every
+//! cipher but AES, and AES in LRW, CTR and PCBC, is RustCrypto's ([`mode`]).
 
 use crate::CryptoError;
 
 #[allow(unsafe_code)]
 mod awslc;
+mod generic;
 mod rustcrypto;
+
+use crate::spec::{ChainMode, Cipher};
 
 pub(crate) use awslc::{EvpAead, AEAD_NONCE, AEAD_TAG};
 
@@ -41,12 +46,13 @@ pub(crate) trait SectorMode: Send + Sync {
     /// Decrypts every unit of `data` in place.
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError>;
     /// Implementation name, e.g. `aws-lc xts(aes256)`, for logs and benchmarks.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
 }
 
 /// A keyed block cipher encrypting independent blocks (ECB), used for IV generation.
 pub(crate) trait BlockEncrypt: Send + Sync {
-    /// Encrypts each block in place.
+    /// Encrypts the first `block_size` bytes of each block in place (all 16 for a 128-bit
+    /// block cipher; the rest is left alone).
     fn encrypt_blocks(&self, blocks: &mut [Block]);
 }
 
@@ -81,7 +87,7 @@ pub(crate) fn aes_xts(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMo
             return Err(lacks("aws-lc", "xts(aes)"));
         }
     }
-    rustcrypto::xts(key).ok_or_else(|| lacks("rustcrypto", "xts(aes)"))
+    rustcrypto::xts(Cipher::Aes, key).ok_or_else(|| lacks("rustcrypto", "xts(aes)"))
 }
 
 /// AES in CBC mode with a 16, 24 or 32-byte key.
@@ -98,7 +104,7 @@ pub(crate) fn aes_cbc(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMo
         (Provider::AwsLc, Some(m)) => Ok(Box::new(m)),
         (Provider::AwsLc, None) => Err(lacks("aws-lc", "cbc(aes)")),
         (_, Some(dec)) => {
-            let enc = rustcrypto::cbc(key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)"))?;
+            let enc = rustcrypto::cbc(Cipher::Aes, key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)"))?;
             let name = match key.len() {
                 16 => "cbc(aes128): rustcrypto multi-lane enc, aws-lc dec",
                 24 => "cbc(aes192): rustcrypto multi-lane enc, aws-lc dec",
@@ -106,7 +112,7 @@ pub(crate) fn aes_cbc(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMo
             };
             Ok(Box::new(Split { enc, dec: Box::new(dec), name }))
         }
-        (_, None) => rustcrypto::cbc(key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)")),
+        (_, None) => rustcrypto::cbc(Cipher::Aes, key).ok_or_else(|| lacks("rustcrypto", "cbc(aes)")),
     }
 }
 
@@ -124,7 +130,7 @@ impl SectorMode for Split {
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
         self.dec.decrypt(data, unit, ivs)
     }
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         self.name
     }
 }
@@ -134,7 +140,7 @@ pub(crate) fn aes_ecb(provider: Provider, key: &[u8]) -> Result<Box<dyn SectorMo
     if provider == Provider::AwsLc {
         return Err(lacks("aws-lc", "ecb(aes)"));
     }
-    rustcrypto::ecb(key).ok_or_else(|| lacks("rustcrypto", "ecb(aes)"))
+    rustcrypto::ecb(Cipher::Aes, key).ok_or_else(|| lacks("rustcrypto", "ecb(aes)"))
 }
 
 /// The kernel's `ecb(cipher_null)`: identity.
@@ -142,9 +148,50 @@ pub(crate) fn null_mode() -> Box<dyn SectorMode> {
     Box::new(rustcrypto::Null)
 }
 
-/// An AES block encryptor (for ESSIV) with a 16, 24 or 32-byte key.
-pub(crate) fn aes_blocks(key: &[u8]) -> Option<Box<dyn BlockEncrypt>> {
-    rustcrypto::aes_blocks(key)
+/// `chain` over `cipher` with one subkey `key` (a whole mode key: both XTS keys, LRW's
+/// cipher and tweak key). AES in XTS, CBC and ECB goes through [`aes_xts`], [`aes_cbc`] and
+/// [`aes_ecb`]; Adiantum and HCTR2 through `crate::wide`; everything else is RustCrypto's.
+pub(crate) fn mode(
+    provider: Provider,
+    cipher: Cipher,
+    chain: ChainMode,
+    key: &[u8],
+) -> Result<Box<dyn SectorMode>, CryptoError> {
+    let what = format!("{}({})", chain.name(), cipher.name());
+    match (cipher, chain) {
+        (Cipher::CipherNull, _) => return Ok(null_mode()),
+        (Cipher::Aes, ChainMode::Xts) => return aes_xts(provider, key),
+        (Cipher::Aes, ChainMode::Cbc) => return aes_cbc(provider, key),
+        (Cipher::Aes, ChainMode::Ecb) => return aes_ecb(provider, key),
+        (Cipher::XChaCha12Aes, ChainMode::Adiantum) => {
+            return crate::wide::adiantum(provider, crate::wide::XChaCha::R12, key)
+        }
+        (Cipher::XChaCha20Aes, ChainMode::Adiantum) => {
+            return crate::wide::adiantum(provider, crate::wide::XChaCha::R20, key)
+        }
+        (Cipher::Aes, ChainMode::Hctr2) => return crate::wide::hctr2(provider, key),
+        _ => {}
+    }
+    if provider == Provider::AwsLc {
+        return Err(lacks("aws-lc", &what));
+    }
+    let m = match chain {
+        ChainMode::Xts => rustcrypto::xts(cipher, key),
+        ChainMode::Cbc | ChainMode::Ecb if cipher.block_size() == 16 => {
+            if chain == ChainMode::Cbc {
+                rustcrypto::cbc(cipher, key)
+            } else {
+                rustcrypto::ecb(cipher, key)
+            }
+        }
+        _ => generic::mode(cipher, chain, key),
+    };
+    m.ok_or_else(|| lacks("rustcrypto", &what))
+}
+
+/// A block encryptor of `cipher` (for ESSIV); `None` if the cipher does not take the key.
+pub(crate) fn block_encryptor(cipher: Cipher, key: &[u8]) -> Option<Box<dyn BlockEncrypt>> {
+    rustcrypto::blocks(cipher, key)
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-//! Pure-Rust provider over the RustCrypto `aes` crate (AES-NI / VAES detected at run time).
+//! Pure-Rust provider over RustCrypto's block ciphers: the `aes` crate (AES-NI / VAES detected
+//! at run time) and the other 128-bit block ciphers (serpent, twofish, camellia, cast6, sm4)
+//! in XTS, CBC and ECB. Other modes and the 64-bit block ciphers are in `generic.rs`.
 //!
 //! XTS is done here by hand rather than with `xts-mode`, which encrypts one block at a time:
 //! inside the cipher backend (entered once per call, see [`XtsPass`]) the tweaks of a full
@@ -20,32 +22,67 @@ use aes::{Aes128, Aes192, Aes256};
 use super::{Block, BlockEncrypt, SectorMode};
 use crate::CryptoError;
 
-/// The AES implementations this provider instantiates its modes with.
-pub(crate) trait Aes:
-    BlockCipherEncrypt + BlockCipherDecrypt + BlockSizeUser<BlockSize = U16> + KeyInit + Send + Sync + 'static
+/// A RustCrypto block cipher this provider instantiates its modes with.
+pub(crate) trait AnyCipher:
+    BlockCipherEncrypt + BlockCipherDecrypt + KeyInit + Send + Sync + 'static
 {
-    const NAME_XTS: &'static str;
-    const NAME_CBC: &'static str;
-    const NAME_ECB: &'static str;
+    /// Name in implementation strings, e.g. `aes256` or `serpent`.
+    const NAME: &'static str;
 }
 
-impl Aes for Aes128 {
-    const NAME_XTS: &'static str = "rustcrypto xts(aes128)";
-    const NAME_CBC: &'static str = "rustcrypto cbc(aes128)";
-    const NAME_ECB: &'static str = "rustcrypto ecb(aes128)";
+/// A 128-bit block cipher (XTS, and the batched CBC and ECB here).
+pub(crate) trait Aes: AnyCipher + BlockSizeUser<BlockSize = U16> {}
+impl<C: AnyCipher + BlockSizeUser<BlockSize = U16>> Aes for C {}
+
+macro_rules! any_cipher {
+    ($($t:ty => $name:literal),* $(,)?) => {
+        $(impl AnyCipher for $t {
+            const NAME: &'static str = $name;
+        })*
+    };
+}
+any_cipher! {
+    Aes128 => "aes128", Aes192 => "aes192", Aes256 => "aes256",
+    serpent::Serpent => "serpent", twofish::Twofish => "twofish",
+    camellia::Camellia128 => "camellia128", camellia::Camellia192 => "camellia192",
+    camellia::Camellia256 => "camellia256", cast6::Cast6 => "cast6", sm4::Sm4 => "sm4",
+    cast5::Cast5 => "cast5", blowfish::Blowfish => "blowfish", des::TdesEde3 => "des3_ede",
 }
 
-impl Aes for Aes192 {
-    const NAME_XTS: &'static str = "rustcrypto xts(aes192)";
-    const NAME_CBC: &'static str = "rustcrypto cbc(aes192)";
-    const NAME_ECB: &'static str = "rustcrypto ecb(aes192)";
+/// Calls `$f::<C>($args...)` with `C` the implementation of `$cipher` for a key of `$len`
+/// bytes (AES and Camellia have one type per key size). `by_cipher16!` knows the 128-bit
+/// block ciphers, `by_cipher!` every cipher; both give `None` for any other.
+macro_rules! by_cipher16 {
+    ($cipher:expr, $len:expr, $f:ident ( $($arg:expr),* ) $(, $($extra:tt)*)?) => {{
+        use crate::spec::Cipher as K;
+        match ($cipher, $len) {
+            (K::Aes, 16) => $f::<aes::Aes128>($($arg),*),
+            (K::Aes, 24) => $f::<aes::Aes192>($($arg),*),
+            (K::Aes, 32) => $f::<aes::Aes256>($($arg),*),
+            (K::Camellia, 16) => $f::<camellia::Camellia128>($($arg),*),
+            (K::Camellia, 24) => $f::<camellia::Camellia192>($($arg),*),
+            (K::Camellia, 32) => $f::<camellia::Camellia256>($($arg),*),
+            (K::Serpent, _) => $f::<serpent::Serpent>($($arg),*),
+            (K::Twofish, _) => $f::<twofish::Twofish>($($arg),*),
+            (K::Cast6, _) => $f::<cast6::Cast6>($($arg),*),
+            (K::Sm4, _) => $f::<sm4::Sm4>($($arg),*),
+            $($($extra)*)?
+            _ => None,
+        }
+    }};
 }
+pub(crate) use by_cipher16;
 
-impl Aes for Aes256 {
-    const NAME_XTS: &'static str = "rustcrypto xts(aes256)";
-    const NAME_CBC: &'static str = "rustcrypto cbc(aes256)";
-    const NAME_ECB: &'static str = "rustcrypto ecb(aes256)";
+macro_rules! by_cipher {
+    ($cipher:expr, $len:expr, $f:ident ( $($arg:expr),* )) => {
+        crate::provider::rustcrypto::by_cipher16!($cipher, $len, $f($($arg),*),
+            (K::Cast5, _) => $f::<cast5::Cast5>($($arg),*),
+            (K::Blowfish, _) => $f::<blowfish::Blowfish>($($arg),*),
+            (K::Des3Ede, _) => $f::<des::TdesEde3>($($arg),*),
+        )
+    };
 }
+pub(crate) use by_cipher;
 
 type AesBlock = Array<u8, U16>;
 
@@ -74,7 +111,7 @@ fn mul_alpha(t: u128) -> u128 {
     (t << 1) ^ ((t >> 127).wrapping_neg() & 0x87)
 }
 
-fn key_of<C: Aes>(key: &[u8]) -> Option<C> {
+pub(crate) fn key_of<C: KeyInit>(key: &[u8]) -> Option<C> {
     C::new_from_slice(key).ok()
 }
 
@@ -82,6 +119,7 @@ fn key_of<C: Aes>(key: &[u8]) -> Option<C> {
 pub(crate) struct Xts<C: Aes> {
     data: C,
     tweak: C,
+    name: String,
 }
 
 /// Walks the XTS tweaks of consecutive units block by block: `T₀ = E_K2(iv)`, `Tⱼ₊₁ = Tⱼ·α`.
@@ -207,8 +245,8 @@ impl<C: Aes> SectorMode for Xts<C> {
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
         self.run(data, unit, ivs, false)
     }
-    fn name(&self) -> &'static str {
-        C::NAME_XTS
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 
@@ -228,14 +266,19 @@ fn check_blocks(data: &[u8]) -> Result<(), CryptoError> {
 
 /// XTS with `key = data key ‖ tweak key` (the kernel's and IEEE 1619's order). Equal halves are
 /// accepted, as by the non-FIPS kernel.
-pub(crate) fn xts(key: &[u8]) -> Option<Box<dyn SectorMode>> {
-    let (k1, k2) = key.split_at(key.len() / 2);
-    match key.len() {
-        32 => Some(Box::new(Xts::<Aes128> { data: key_of(k1)?, tweak: key_of(k2)? })),
-        48 => Some(Box::new(Xts::<Aes192> { data: key_of(k1)?, tweak: key_of(k2)? })),
-        64 => Some(Box::new(Xts::<Aes256> { data: key_of(k1)?, tweak: key_of(k2)? })),
-        _ => None,
+pub(crate) fn xts(cipher: crate::Cipher, key: &[u8]) -> Option<Box<dyn SectorMode>> {
+    fn make<C: Aes>(key: &[u8]) -> Option<Box<dyn SectorMode>> {
+        let (k1, k2) = key.split_at(key.len() / 2);
+        Some(Box::new(Xts::<C> {
+            data: key_of(k1)?,
+            tweak: key_of(k2)?,
+            name: format!("rustcrypto xts({})", C::NAME),
+        }))
     }
+    if key.len() % 2 != 0 {
+        return None;
+    }
+    by_cipher16!(cipher, key.len() / 2, make(key))
 }
 
 /// CBC encryption of whole units. Serial within a unit, but units are independent: when
@@ -340,7 +383,7 @@ impl BlockCipherDecClosure for CbcDecPass<'_> {
 }
 
 /// CBC with one key schedule per direction (the `aes` crate keeps both).
-pub(crate) struct Cbc<C: Aes>(C);
+pub(crate) struct Cbc<C: Aes>(C, String);
 
 impl<C: Aes> SectorMode for Cbc<C> {
     fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
@@ -355,22 +398,20 @@ impl<C: Aes> SectorMode for Cbc<C> {
         Ok(())
     }
 
-    fn name(&self) -> &'static str {
-        C::NAME_CBC
+    fn name(&self) -> &str {
+        &self.1
     }
 }
 
-pub(crate) fn cbc(key: &[u8]) -> Option<Box<dyn SectorMode>> {
-    match key.len() {
-        16 => Some(Box::new(Cbc::<Aes128>(key_of(key)?))),
-        24 => Some(Box::new(Cbc::<Aes192>(key_of(key)?))),
-        32 => Some(Box::new(Cbc::<Aes256>(key_of(key)?))),
-        _ => None,
+pub(crate) fn cbc(cipher: crate::Cipher, key: &[u8]) -> Option<Box<dyn SectorMode>> {
+    fn make<C: Aes>(key: &[u8]) -> Option<Box<dyn SectorMode>> {
+        Some(Box::new(Cbc::<C>(key_of(key)?, format!("rustcrypto cbc({})", C::NAME))))
     }
+    by_cipher16!(cipher, key.len(), make(key))
 }
 
 /// ECB: no IV.
-pub(crate) struct Ecb<C: Aes>(C);
+pub(crate) struct Ecb<C: Aes>(C, String);
 
 impl<C: Aes> SectorMode for Ecb<C> {
     fn encrypt(&self, data: &mut [u8], unit: usize, _ivs: &[Block]) -> Result<(), CryptoError> {
@@ -385,18 +426,16 @@ impl<C: Aes> SectorMode for Ecb<C> {
         self.0.decrypt_blocks(as_blocks(data));
         Ok(())
     }
-    fn name(&self) -> &'static str {
-        C::NAME_ECB
+    fn name(&self) -> &str {
+        &self.1
     }
 }
 
-pub(crate) fn ecb(key: &[u8]) -> Option<Box<dyn SectorMode>> {
-    match key.len() {
-        16 => Some(Box::new(Ecb::<Aes128>(key_of(key)?))),
-        24 => Some(Box::new(Ecb::<Aes192>(key_of(key)?))),
-        32 => Some(Box::new(Ecb::<Aes256>(key_of(key)?))),
-        _ => None,
+pub(crate) fn ecb(cipher: crate::Cipher, key: &[u8]) -> Option<Box<dyn SectorMode>> {
+    fn make<C: Aes>(key: &[u8]) -> Option<Box<dyn SectorMode>> {
+        Some(Box::new(Ecb::<C>(key_of(key)?, format!("rustcrypto ecb({})", C::NAME))))
     }
+    by_cipher16!(cipher, key.len(), make(key))
 }
 
 /// The kernel's `ecb(cipher_null)`: leaves data as it is.
@@ -409,25 +448,37 @@ impl SectorMode for Null {
     fn decrypt(&self, _data: &mut [u8], _unit: usize, _ivs: &[Block]) -> Result<(), CryptoError> {
         Ok(())
     }
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "ecb(cipher_null)"
     }
 }
 
-/// Independent block encryption, for ESSIV.
-pub(crate) struct AesBlocks<C: Aes>(C);
+/// Independent block encryption of the first `block_size` bytes of each [`Block`], for ESSIV.
+pub(crate) struct Blocks<C: AnyCipher>(C);
 
-impl<C: Aes> BlockEncrypt for AesBlocks<C> {
+impl<C: AnyCipher> BlockEncrypt for Blocks<C> {
     fn encrypt_blocks(&self, blocks: &mut [Block]) {
-        self.0.encrypt_blocks(Array::cast_slice_from_core_mut(blocks));
+        let bs = <C::BlockSize as Unsigned>::USIZE;
+        if bs == 16 {
+            // One cipher block per Block: all at once (pipelined with AES-NI).
+            let (all, _) = Array::<u8, C::BlockSize>::slice_as_chunks_mut(blocks.as_flattened_mut());
+            self.0.encrypt_blocks(all);
+            return;
+        }
+        for b in blocks {
+            let (one, _) = Array::<u8, C::BlockSize>::slice_as_chunks_mut(&mut b[..bs]);
+            self.0.encrypt_blocks(one);
+        }
     }
 }
 
-pub(crate) fn aes_blocks(key: &[u8]) -> Option<Box<dyn BlockEncrypt>> {
-    match key.len() {
-        16 => Some(Box::new(AesBlocks::<Aes128>(key_of(key)?))),
-        24 => Some(Box::new(AesBlocks::<Aes192>(key_of(key)?))),
-        32 => Some(Box::new(AesBlocks::<Aes256>(key_of(key)?))),
-        _ => None,
+/// A block encryptor for `cipher` keyed with `key` (`None` if the cipher does not take it).
+pub(crate) fn blocks(cipher: crate::Cipher, key: &[u8]) -> Option<Box<dyn BlockEncrypt>> {
+    fn make<C: AnyCipher>(key: &[u8]) -> Option<Box<dyn BlockEncrypt>> {
+        Some(Box::new(Blocks::<C>(key_of(key)?)))
     }
+    if !cipher.accepts_key_len(key.len()) {
+        return None;
+    }
+    by_cipher!(cipher, key.len(), make(key))
 }

@@ -221,7 +221,8 @@ impl SlotKey {
 }
 
 pub(crate) fn parse_hash(name: &str) -> Result<HashAlg, LuksError> {
-    name.parse().map_err(|e| LuksError::Unsupported(format!("hash {name:?} is not supported ({e})")))
+    // cryptsetup: "Requested hash X is not supported."
+    name.parse().map_err(|_| LuksError::Unsupported(format!("Requested hash {name:?} is not supported.")))
 }
 
 /// Bytes a detached header file needs for `p` (cryptsetup grows file-backed header devices

@@ -193,6 +193,14 @@ pub(super) fn format(
     if p.label.is_some() || p.subsystem.is_some() {
         return Err(LuksError::Params("labels and subsystems need LUKS2".into()));
     }
+    if !p.pbkdf.hash.luks1_allowed() {
+        // cryptsetup: "Requested LUKS hash md5 is not supported." (digest under 20 bytes).
+        return Err(LuksError::Unsupported(format!(
+            "Requested LUKS hash {} is not supported (LUKS1 needs a digest of at least {} bytes).",
+            p.pbkdf.hash,
+            sector_crypto::hash::LUKS1_MIN_DIGEST
+        )));
+    }
     let (cipher_name, cipher_mode) = p.cipher.split_once('-').ok_or_else(|| {
         LuksError::Params(format!("cipher {:?} has no mode (expected e.g. aes-xts-plain64)", p.cipher))
     })?;
