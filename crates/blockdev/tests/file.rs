@@ -123,12 +123,26 @@ fn storage_lock_is_exclusive_or_shared_and_released_on_drop() {
     }
     // Without a lock nothing is checked (the caller coordinates).
     drop(with(FileLock::None, true).unwrap());
+    // A lock lives as long as its open file description: a process that another test of this
+    // binary forks at the wrong moment holds a copy of the descriptor until its exec closes
+    // it (O_CLOEXEC), so a release is awaited briefly rather than assumed to be instant.
+    let eventually = |lock, read_only| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match with(lock, read_only) {
+                Err(e) if e.kind() == BlockErrorKind::Busy && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                r => return r,
+            }
+        }
+    };
     drop(writer);
-    let r1 = with(FileLock::Shared, true).unwrap();
+    let r1 = eventually(FileLock::Shared, true).unwrap();
     let r2 = with(FileLock::Shared, false).unwrap();
     assert_eq!(with(FileLock::Exclusive, false).unwrap_err().kind(), BlockErrorKind::Busy);
     drop((r1, r2));
-    drop(with(FileLock::Exclusive, false).unwrap());
+    drop(eventually(FileLock::Exclusive, false).unwrap());
     assert_eq!(fs::read(&p).unwrap(), pattern(8192, 3), "a refused open wrote");
 }
 

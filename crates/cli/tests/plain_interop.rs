@@ -159,7 +159,7 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
     };
     let cases: Vec<(Vec<String>, i32, &str)> = vec![
         (base(&plain_args(XTS, "512", sk, &[], &img, "v")), 1, "cannot read 64 bytes"),
-        (base(&plain_args("serpent-xts-plain64", "512", &keyf, &[], &img, "v")), 1, "serpent"),
+        (base(&plain_args("anubis-xts-plain64", "512", &keyf, &[], &img, "v")), 1, "anubis"),
         (base(&plain_args(XTS, "320", &keyf, &[], &img, "v")), 1, "key size"),
         (
             base(&plain_args(XTS, "512", &keyf, &["--offset", "4096"], &img, "v")),

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use blockdev::{BlockDevice, Caps};
+use blockdev::BlockDevice;
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
@@ -349,14 +349,9 @@ fn fallocate(io: &VolumeIo, offset: u64, length: u64, mode: i32) -> Result<(), i
         // Allocation: every byte of the volume already exists; the file cannot grow.
         0 if beyond => Err(libc::EFBIG),
         0 | KEEP_SIZE => Ok(()),
-        m if m == PUNCH_HOLE | KEEP_SIZE => {
-            let how = if io.caps().contains(Caps::DISCARD) {
-                Zeroing::Discard
-            } else {
-                Zeroing::Zeroes { may_unmap: true }
-            };
-            io.zero(offset, length, how)
-        }
+        // fallocate(2) promises zeroes in a punched range; a discard through dm-crypt leaves
+        // garbage, so punching is write-zeroes that may deallocate (a raw file gets a hole).
+        m if m == PUNCH_HOLE | KEEP_SIZE => io.zero(offset, length, Zeroing::Zeroes { may_unmap: true }),
         ZERO_RANGE if beyond => Err(libc::EFBIG),
         m if m == ZERO_RANGE || m == ZERO_RANGE | KEEP_SIZE => {
             io.zero(offset, length, Zeroing::Zeroes { may_unmap: false })

@@ -27,9 +27,10 @@
 //!   kernel offers `FUSE_DIRECT_IO_ALLOW_MMAP` (6.6+).
 //! * **Size is fixed**: no create, unlink, rename or truncate (`EPERM`); a write at the end
 //!   gets `ENOSPC`, one crossing it a short write, as with a block device.
-//! * **fallocate**: `PUNCH_HOLE|KEEP_SIZE` discards (when the device offers discard: the
-//!   range then reads back as the device leaves it, as dm-crypt's `allow_discards`;
-//!   otherwise it writes zeroes, which may deallocate); `ZERO_RANGE` writes zeroes; a plain
+//! * **fallocate**: `PUNCH_HOLE|KEEP_SIZE` writes zeroes that may deallocate (a raw file
+//!   gets a hole; a crypt volume stores encrypted zeroes): `fallocate(2)` promises zeroes
+//!   there, and the loop driver sends a filesystem's write-zeroes as punch-hole, so a
+//!   dm-crypt discard (garbage on read) would lose them; `ZERO_RANGE` writes zeroes; a plain
 //!   allocation inside the file succeeds (every byte already exists); anything else is
 //!   `EOPNOTSUPP`.
 //! * **Errors** map to an errno per request ([`io::errno_of`]): an integrity mismatch is
