@@ -64,6 +64,20 @@ fn check(data: &[u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
     Ok(())
 }
 
+/// Runs `f` on each `unit`-byte sector of `data` with its IV's tweak, after [`check`].
+fn per_unit(
+    data: &mut [u8],
+    unit: usize,
+    ivs: &[Block],
+    mut f: impl FnMut(&mut [u8], &[u8; TWEAK_LEN]),
+) -> Result<(), CryptoError> {
+    check(data, unit, ivs)?;
+    for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
+        f(u, &tweak(iv));
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // Adiantum
 
@@ -195,18 +209,10 @@ fn nh(key: &[u32], msg: &[u8]) -> [u8; 32] {
 
 impl SectorMode for Adiantum {
     fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
-        check(data, unit, ivs)?;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            self.crypt_unit(u, &tweak(iv), true);
-        }
-        Ok(())
+        per_unit(data, unit, ivs, |u, t| self.crypt_unit(u, t, true))
     }
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
-        check(data, unit, ivs)?;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            self.crypt_unit(u, &tweak(iv), false);
-        }
-        Ok(())
+        per_unit(data, unit, ivs, |u, t| self.crypt_unit(u, t, false))
     }
     fn name(&self) -> &'static str {
         match self.rounds {
@@ -350,18 +356,10 @@ impl Hctr2 {
 
 impl SectorMode for Hctr2 {
     fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
-        check(data, unit, ivs)?;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            self.crypt_unit(u, &tweak(iv), true);
-        }
-        Ok(())
+        per_unit(data, unit, ivs, |u, t| self.crypt_unit(u, t, true))
     }
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
-        check(data, unit, ivs)?;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            self.crypt_unit(u, &tweak(iv), false);
-        }
-        Ok(())
+        per_unit(data, unit, ivs, |u, t| self.crypt_unit(u, t, false))
     }
     fn name(&self) -> &'static str {
         match self.aes {
