@@ -346,15 +346,7 @@ pub struct InfoRequest<'a> {
 impl<'a> InfoRequest<'a> {
     /// Parses the option data, which must be exactly as long as its fields say.
     pub fn decode(data: &'a [u8]) -> Result<Self, WireError> {
-        if data.len() < 4 {
-            return Err(WireError::Truncated("name length"));
-        }
-        let name_len = be32(data, 0) as usize;
-        let rest = &data[4..];
-        if rest.len() < name_len {
-            return Err(WireError::Truncated("name"));
-        }
-        let (name, rest) = rest.split_at(name_len);
+        let (name, rest) = split_name(data)?;
         if rest.len() < 2 {
             return Err(WireError::Truncated("number of information requests"));
         }
@@ -383,6 +375,20 @@ impl<'a> InfoRequest<'a> {
     }
 }
 
+/// Splits option data that starts with a u32-length-prefixed export name into the name and
+/// what follows it.
+fn split_name(data: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
+    if data.len() < 4 {
+        return Err(WireError::Truncated("name length"));
+    }
+    let name_len = be32(data, 0) as usize;
+    let rest = &data[4..];
+    if rest.len() < name_len {
+        return Err(WireError::Truncated("name"));
+    }
+    Ok(rest.split_at(name_len))
+}
+
 /// The data of `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: an export name
 /// and the queries.
 ///
@@ -404,15 +410,7 @@ impl<'a> MetaContextRequest<'a> {
     /// Parses the option data, which must be exactly as long as its fields say. The query
     /// count is checked against the bytes present before anything is allocated for it.
     pub fn decode(data: &'a [u8]) -> Result<Self, WireError> {
-        if data.len() < 4 {
-            return Err(WireError::Truncated("name length"));
-        }
-        let name_len = be32(data, 0) as usize;
-        let rest = &data[4..];
-        if rest.len() < name_len {
-            return Err(WireError::Truncated("name"));
-        }
-        let (name, rest) = rest.split_at(name_len);
+        let (name, rest) = split_name(data)?;
         if rest.len() < 4 {
             return Err(WireError::Truncated("number of queries"));
         }
