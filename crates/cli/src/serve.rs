@@ -215,12 +215,12 @@ pub fn listen(args: &ServeArgs) -> Result<Listener> {
 }
 
 /// Serves `device` as export `name` on `listener` (or as the file `DIR/name` of a FUSE
-/// mount) until SIGINT or SIGTERM, then flushes and returns. `storage` is the path of the
-/// device's backing storage: on rotational media the export says so (`NBD_FLAG_ROTATIONAL`).
+/// mount) until SIGINT or SIGTERM, then flushes and returns. With `rotational` (the volume's
+/// storage is on rotational media) the export says so (`NBD_FLAG_ROTATIONAL`).
 pub fn serve(
     name: &str,
     device: Arc<dyn BlockDevice>,
-    storage: &str,
+    rotational: bool,
     listener: Listener,
     args: &ServeArgs,
     read_only: bool,
@@ -231,7 +231,6 @@ pub fn serve(
     };
     log::debug!("serving on {listen}");
     let g = device.geometry();
-    let rotational = blockdev::is_rotational(std::path::Path::new(storage));
     let export = Export {
         name: name.to_string(),
         description: format!("sealdisk {name}"),

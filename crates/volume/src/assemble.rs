@@ -222,6 +222,8 @@ pub struct Volume {
     pub integrity: Option<Arc<IntegrityTarget<Arc<dyn BlockDevice>>>>,
     /// The header and keyslot of a LUKS volume.
     pub luks: Option<Unlocked>,
+    /// Whether its data storage sits on rotational media (what NBD's `ROTATIONAL` flag says).
+    pub rotational: bool,
 }
 
 impl Volume {
@@ -237,7 +239,8 @@ impl Volume {
 /// Assembles `spec` on `storage` (see the module docs). `opts` sets read-only and crypto
 /// placement; the storage was opened (and locked) by the caller.
 pub fn open(spec: Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
-    match spec {
+    let rotational = storage.rotational;
+    let volume = match spec {
         Spec::Luks(l) => open_luks(l, storage, opts),
         Spec::Plain(p) => {
             let table = crate::plain::table_on(&storage, &p)?;
@@ -253,10 +256,12 @@ pub fn open(spec: Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volu
                 layers: vec![LayerTable::Integrity(layer)],
                 integrity: Some(t),
                 luks: None,
+                rotational: false,
             })
         }
         Spec::Layers(layers) => open_layers(layers, storage, opts),
-    }
+    };
+    volume.map(|v| Volume { rotational, ..v })
 }
 
 fn crypt_volume(
@@ -269,7 +274,7 @@ fn crypt_volume(
 ) -> Result<Volume, VolumeError> {
     let target = crypt_over(storage.device, &table, opts)?;
     layers.push(LayerTable::Crypt(table));
-    Ok(Volume { device: Arc::new(target), kind, layers, integrity: None, luks })
+    Ok(Volume { device: Arc::new(target), kind, layers, integrity: None, luks, rotational: false })
 }
 
 fn open_layers(layers: Vec<Layer>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
@@ -300,7 +305,14 @@ fn open_layers(layers: Vec<Layer>, storage: Storage, opts: &OpenOptions) -> Resu
             }
         }
     }
-    Ok(Volume { device: below.device, kind: VolumeKind::Layers, layers: tables, integrity, luks: None })
+    Ok(Volume {
+        device: below.device,
+        kind: VolumeKind::Layers,
+        layers: tables,
+        integrity,
+        luks: None,
+        rotational: false,
+    })
 }
 
 /// Loads the LUKS header on `meta` (repairing a damaged LUKS2 copy unless `read_only`),
@@ -351,6 +363,7 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
             layers,
             integrity: None,
             luks: Some(unlocked),
+            rotational: false,
         });
     }
     let table = unlocked.luks.table(&storage.name, storage.size(), &vk, &l.flags).map_err(wrap)?;

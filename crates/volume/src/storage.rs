@@ -48,6 +48,8 @@ pub struct Storage {
     pub name: String,
     /// What it is.
     pub kind: StorageKind,
+    /// Whether it sits on rotational media (`blockdev::is_rotational`); false when unknown.
+    pub rotational: bool,
 }
 
 impl std::fmt::Debug for Storage {
@@ -63,7 +65,7 @@ impl std::fmt::Debug for Storage {
 impl Storage {
     /// Storage over a device the caller built.
     pub fn new(device: Arc<dyn BlockDevice>, name: impl Into<String>) -> Self {
-        Storage { device, name: name.into(), kind: StorageKind::Other }
+        Storage { device, name: name.into(), kind: StorageKind::Other, rotational: false }
     }
 
     /// Size in bytes.
@@ -106,7 +108,8 @@ pub fn open(locator: &str, o: &StorageOptions) -> Result<Storage, VolumeError> {
         BackingKind::RegularFile => StorageKind::File,
         BackingKind::BlockDevice => StorageKind::BlockDevice,
     };
-    Ok(Storage { device: Arc::new(dev), name: path.to_owned(), kind })
+    let rotational = blockdev::is_rotational(std::path::Path::new(path));
+    Ok(Storage { device: Arc::new(dev), name: path.to_owned(), kind, rotational })
 }
 
 /// Makes sure `locator` can hold `size` bytes: a missing file is created, a shorter regular

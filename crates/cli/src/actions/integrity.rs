@@ -461,7 +461,7 @@ fn open(a: OpenArgs) -> Result<()> {
             })
             .context("starting the status thread")?
     };
-    let r = serve(&a.name, vol.device, &a.device, listener, &a.serve, p.read_only);
+    let r = serve(&a.name, vol.device, vol.rotational, listener, &a.serve, p.read_only);
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
     if let Some(path) = &a.status_file {

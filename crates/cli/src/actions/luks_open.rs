@@ -103,5 +103,5 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         }
     }
     let name = name.unwrap_or_default();
-    serve(&name, vol.device, &device, listener, &a.serve, a.readonly)
+    serve(&name, vol.device, vol.rotational, listener, &a.serve, a.readonly)
 }

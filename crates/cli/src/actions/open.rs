@@ -196,7 +196,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
             println!("{}", masked(table));
         }
     }
-    serve(&name, opened.device, &device, listener, &a.serve, a.readonly)
+    serve(&name, opened.device, opened.rotational, listener, &a.serve, a.readonly)
 }
 
 /// The plain-mode option checks that need no file.
