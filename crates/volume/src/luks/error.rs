@@ -82,6 +82,19 @@ pub enum LuksError {
     /// A feature this implementation does not have (the message says which).
     #[error("{0}")]
     Unsupported(String),
+    /// The LUKS2 segment's authenticated-encryption pair is not one this implementation has.
+    #[error(
+        "LUKS2 authenticated encryption {encryption} with integrity {integrity} is not supported ({source})"
+    )]
+    UnsupportedAead {
+        /// The segment's `encryption`.
+        encryption: String,
+        /// The segment's integrity `type`.
+        integrity: String,
+        /// Why the pair was refused.
+        #[source]
+        source: Box<sector_crypto::CryptoError>,
+    },
     /// The keyslot-area or data cipher cannot be set up.
     #[error("cannot set up cipher {spec}")]
     Cipher {
@@ -124,6 +137,7 @@ impl LuksError {
             | LuksError::Params(_) => K::Usage,
             LuksError::UnsupportedVersion(_)
             | LuksError::Unsupported(_)
+            | LuksError::UnsupportedAead { .. }
             | LuksError::Cipher { .. }
             | LuksError::Limit(_) => K::Unsupported,
             LuksError::Luks1(_) | LuksError::Luks2(_) => K::Corrupt,

@@ -175,12 +175,12 @@ pub(super) fn aead_spec(h: &Luks2Header) -> Result<Option<AeadSpec>, LuksError> 
     let (_, seg) = default_segment(h)?;
     let Some(c) = &seg.crypt else { return Ok(None) };
     let Some(i) = &c.integrity else { return Ok(None) };
-    let spec = AeadSpec::from_luks2(&c.encryption, &i.type_name).map_err(|e| {
-        LuksError::Unsupported(format!(
-            "LUKS2 authenticated encryption {} with integrity {} is not supported ({e})",
-            c.encryption, i.type_name
-        ))
-    })?;
+    let spec =
+        AeadSpec::from_luks2(&c.encryption, &i.type_name).map_err(|source| LuksError::UnsupportedAead {
+            encryption: c.encryption.clone(),
+            integrity: i.type_name.clone(),
+            source: Box::new(source),
+        })?;
     for (what, v) in
         [("journal_encryption", &i.journal_encryption), ("journal_integrity", &i.journal_integrity)]
     {
