@@ -58,6 +58,11 @@ enum Kind {
     Eboiv {
         sector_size: u64,
     },
+    /// BitLocker: eboiv IVs, and the sector-key cipher keyed with the key's second half.
+    Elephant {
+        sector_size: u64,
+        tweak: Box<dyn BlockEncrypt>,
+    },
     /// loop-AES: the seed (version 3), zero padded to 64 bytes.
     Lmk {
         seed: Option<Zeroizing<[u8; LMK_SEED]>>,
@@ -119,6 +124,15 @@ impl IvGen {
             }
             Some(IvMode::Null) => Kind::Null,
             Some(IvMode::Eboiv) => Kind::Eboiv { sector_size: u64::from(s.sector_size) },
+            Some(IvMode::Elephant) => {
+                let layout = layout.ok_or(CryptoError::Provider { op: "elephant without a key layout" })?;
+                let at = layout.keycount * layout.subkey;
+                let tweak_key =
+                    key.get(at..at + layout.extra).ok_or(CryptoError::Provider { op: "elephant key" })?;
+                let tweak = provider::block_encryptor(s.cipher, tweak_key)
+                    .ok_or(CryptoError::InvalidParams("elephant: key size".into()))?;
+                Kind::Elephant { sector_size: u64::from(s.sector_size), tweak }
+            }
             Some(IvMode::Essiv(h)) => {
                 let subkeys: Vec<&[u8]> = match layout {
                     Some(l) if l.keycount > 1 => {
@@ -245,7 +259,7 @@ impl IvGen {
                     _ => encs[0].encrypt_blocks(out),
                 }
             }
-            Kind::Eboiv { sector_size } => {
+            Kind::Eboiv { sector_size } | Kind::Elephant { sector_size, .. } => {
                 // The kernel encrypts a zero block (iv_size bytes) with the data skcipher, IV =
                 // le64 of `iv_sector * sector_size` (u64 arithmetic: wraps, and is a true byte
                 // offset only with iv_large_sectors).
@@ -299,6 +313,17 @@ impl IvGen {
         }
     }
 
+    /// Before encryption: elephant XORs the sector key and runs diffusers A and B over the
+    /// plaintext.
+    pub(crate) fn before_encrypt(&self, iv_sectors: &[u64], data: &mut [u8], unit: usize) {
+        if let Kind::Elephant { sector_size, tweak } = &self.kind {
+            for (d, s) in data.chunks_exact_mut(unit).zip(iv_sectors) {
+                let key = elephant_sector_key(tweak.as_ref(), s.wrapping_mul(*sector_size));
+                crate::elephant::before_encrypt(d, &key);
+            }
+        }
+    }
+
     /// After encryption: tcw whitens the ciphertext.
     pub(crate) fn after_encrypt(&self, iv_sectors: &[u64], data: &mut [u8], unit: usize) {
         if let Kind::Tcw { whitening, .. } = &self.kind {
@@ -316,6 +341,12 @@ impl IvGen {
 
     /// After decryption: lmk XORs the IV of the recovered plaintext into its first block.
     pub(crate) fn after_decrypt(&self, iv_sectors: &[u64], data: &mut [u8], unit: usize) {
+        if let Kind::Elephant { sector_size, tweak } = &self.kind {
+            for (d, s) in data.chunks_exact_mut(unit).zip(iv_sectors) {
+                let key = elephant_sector_key(tweak.as_ref(), s.wrapping_mul(*sector_size));
+                crate::elephant::after_decrypt(d, &key);
+            }
+        }
         if let Kind::Lmk { seed } = &self.kind {
             for (d, s) in data.chunks_exact_mut(unit).zip(iv_sectors) {
                 let h = lmk_hash(seed.as_deref(), d, *s);
@@ -325,6 +356,19 @@ impl IvGen {
             }
         }
     }
+}
+
+/// The Elephant sector key for byte `offset`: `E(le64(offset) ‖ 0⁸) ‖ E(le64(offset) ‖ 0⁷ ‖ 0x80)`.
+fn elephant_sector_key(tweak: &dyn BlockEncrypt, offset: u64) -> Zeroizing<[u8; 32]> {
+    let mut blocks = Zeroizing::new([[0u8; 16]; 2]);
+    blocks[0][..8].copy_from_slice(&offset.to_le_bytes());
+    blocks[1][..8].copy_from_slice(&offset.to_le_bytes());
+    blocks[1][15] = 0x80;
+    tweak.encrypt_blocks(&mut blocks[..]);
+    let mut key = Zeroizing::new([0u8; 32]);
+    key[..16].copy_from_slice(&blocks[0]);
+    key[16..].copy_from_slice(&blocks[1]);
+    key
 }
 
 /// Bytes of the lmk seed key that reach the seed buffer (`crypto_shash_digestsize(md5)`).

@@ -93,15 +93,19 @@ pub(crate) use secret_bytes;
 
 pub mod aead;
 pub mod af;
+pub mod bitlk;
+mod elephant;
 pub mod hash;
 pub mod interrupt;
 mod iv;
 pub mod kdf;
+pub mod keywrap;
 mod provider;
 #[allow(unsafe_code)]
 pub mod secure;
 mod spec;
 pub mod tag;
+mod twofish;
 mod wide;
 
 pub use aead::{AeadAlgorithm, AeadIv, AeadSectorCipher, AeadSpec, HmacHash};
@@ -171,6 +175,37 @@ pub enum CryptoError {
         /// What failed.
         op: &'static str,
     },
+}
+
+/// Decrypts `data` as consecutive AES-XTS data units of `unit` bytes (a multiple of 16),
+/// the first with the tweak `first` (a little-endian 64-bit number, like `plain64`), the
+/// next `first + 1`, and so on. For metadata that is XTS-encrypted in units dm-crypt's
+/// sector sizes do not have (FileVault2's 8 KiB metadata blocks); `key` is two AES keys.
+pub fn aes_xts_decrypt_units(
+    key: &[u8],
+    unit: usize,
+    first: u64,
+    data: &mut [u8],
+) -> Result<(), CryptoError> {
+    if unit == 0 || unit % 16 != 0 || data.len() % unit != 0 {
+        return Err(CryptoError::InvalidParams(format!(
+            "XTS units of {unit} bytes over {} bytes",
+            data.len()
+        )));
+    }
+    let mode = provider::aes_xts(Provider::Auto, key)?;
+    for (i, chunk) in data.chunks_mut(unit * IV_BATCH).enumerate() {
+        let base = first.wrapping_add((i * IV_BATCH) as u64);
+        let ivs: Vec<Block> = (0..chunk.len() / unit)
+            .map(|n| {
+                let mut iv = [0u8; 16];
+                iv[..8].copy_from_slice(&base.wrapping_add(n as u64).to_le_bytes());
+                iv
+            })
+            .collect();
+        mode.decrypt(chunk, unit, &ivs)?;
+    }
+    Ok(())
 }
 
 secret_bytes! {
@@ -345,6 +380,7 @@ impl SectorCipher {
                 None
             };
             if encrypt {
+                self.iv.before_encrypt(iv_sectors, chunk, sector_size);
                 self.iv.fill_for_encrypt(iv_sectors, keys, ivs, first, chunk, sector_size)?;
                 self.run_modes(chunk_sector, chunk, ivs, true)?;
                 self.iv.after_encrypt(iv_sectors, chunk, sector_size);

@@ -393,6 +393,10 @@ pub enum IvMode {
     /// encrypts one zero block with IV `le64(iv_sector * sector_size)`; for CBC that is
     /// `E_K(le64(iv_sector * sector_size))`.
     Eboiv,
+    /// BitLocker's Elephant diffuser around AES-CBC (kernel 5.6+): `eboiv` IVs from the first
+    /// half of the key; the second half keys the sector key; the plaintext goes through the
+    /// sector-key XOR and diffusers A and B (see `elephant.rs`). The key is two equal halves.
+    Elephant,
 }
 
 impl fmt::Display for IvMode {
@@ -405,6 +409,7 @@ impl fmt::Display for IvMode {
             IvMode::Benbi => f.write_str("benbi"),
             IvMode::Null => f.write_str("null"),
             IvMode::Eboiv => f.write_str("eboiv"),
+            IvMode::Elephant => f.write_str("elephant"),
             IvMode::Lmk => f.write_str("lmk"),
             IvMode::Tcw => f.write_str("tcw"),
         }
@@ -452,7 +457,7 @@ pub struct KeyLayout {
 }
 
 /// IV generators the kernel has and this crate refuses.
-const UNSUPPORTED_IVS: &[&str] = &["random", "elephant"];
+const UNSUPPORTED_IVS: &[&str] = &["random"];
 /// Crypto API templates and modes that are authenticated (AEAD).
 const AEAD_TEMPLATES: &[&str] =
     &["gcm", "ccm", "rfc4106", "rfc4309", "rfc7539", "rfc7539esp", "authenc", "authencesn"];
@@ -531,6 +536,8 @@ impl CipherSpec {
             }
             // loop-AES v3: one more part than keycount (the seed), all parts the same size.
             Some(IvMode::Lmk) if len % n != 0 => len / (n + 1),
+            // crypt_iv_elephant_ctr: key_extra_size = key_size / 2, at the end of the key.
+            Some(IvMode::Elephant) => len / 2,
             _ => 0,
         };
         let rest = len - extra;
@@ -542,7 +549,8 @@ impl CipherSpec {
             .mode
             .cipher_key_len(subkey)
             .is_some_and(|k| self.cipher.accepts_key_len(k) && self.mode.mode_key_len(k) == subkey);
-        if !ok || (iv == Some(IvMode::Lmk) && extra != 0 && extra != subkey) {
+        let elephant_bad = iv == Some(IvMode::Elephant) && extra != subkey;
+        if !ok || elephant_bad || (iv == Some(IvMode::Lmk) && extra != 0 && extra != subkey) {
             return Err(String::new());
         }
         Ok(KeyLayout { keycount: n, subkey, extra })
@@ -563,6 +571,7 @@ impl CipherSpec {
             match self.effective_iv_mode() {
                 Some(IvMode::Tcw) => cands = vec![n * sub + self.iv_size() + TCW_WHITENING],
                 Some(IvMode::Lmk) => cands.push((n + 1) * sub),
+                Some(IvMode::Elephant) => cands = vec![2 * n * sub],
                 _ => {}
             }
             for c in cands {
@@ -598,6 +607,9 @@ impl CipherSpec {
         let mut bytes = self.keycount as usize * self.mode.mode_key_len(k);
         if self.effective_iv_mode() == Some(IvMode::Tcw) {
             bytes += self.iv_size() + TCW_WHITENING;
+        }
+        if self.effective_iv_mode() == Some(IvMode::Elephant) {
+            bytes *= 2;
         }
         bytes * 8
     }
@@ -744,7 +756,10 @@ impl CipherSpec {
         let spec =
             CipherSpec { cipher, mode, iv, syntax, keycount: keycount.unwrap_or(1), explicit_keycount };
         match spec.effective_iv_mode() {
-            Some(IvMode::Eboiv) if spec.mode_block_size() != spec.iv_size() => {
+            Some(IvMode::Elephant) if mode != ChainMode::Cbc || cipher != Cipher::Aes => {
+                return Err(unsupported(s, "IV generator 'elephant' goes only with aes-cbc (BitLocker)"));
+            }
+            Some(IvMode::Eboiv | IvMode::Elephant) if spec.mode_block_size() != spec.iv_size() => {
                 return Err(invalid(
                     s,
                     "eboiv: the mode's block size does not match its IV size (the kernel's \"Block size of EBOIV cipher does not match IV size of block cipher\")",
@@ -935,6 +950,7 @@ fn parse_ivmode(spec: &str, name: &str, opts: Option<&str>) -> Result<IvMode, Cr
         "benbi" => IvMode::Benbi,
         "null" => IvMode::Null,
         "eboiv" => IvMode::Eboiv,
+        "elephant" => IvMode::Elephant,
         "lmk" => IvMode::Lmk,
         "tcw" => IvMode::Tcw,
         "essiv" => {

@@ -1,6 +1,7 @@
 //! Pure-Rust provider over RustCrypto's block ciphers: the `aes` crate (AES-NI / VAES detected
 //! at run time) and the other 128-bit block ciphers (serpent, twofish, camellia, cast6, sm4)
-//! in XTS, CBC and ECB. Other modes and the 64-bit block ciphers are in `generic.rs`.
+//! in XTS, CBC and ECB (twofish is our own table-driven one, `crate::twofish`, with the same
+//! traits). Other modes and the 64-bit block ciphers are in `generic.rs`.
 //!
 //! XTS is done here by hand rather than with `xts-mode`, which encrypts one block at a time:
 //! inside the cipher backend (entered once per call, see [`XtsPass`]) the tweaks of a full
@@ -43,7 +44,7 @@ macro_rules! any_cipher {
 }
 any_cipher! {
     Aes128 => "aes128", Aes192 => "aes192", Aes256 => "aes256",
-    serpent::Serpent => "serpent", twofish::Twofish => "twofish",
+    serpent::Serpent => "serpent", crate::twofish::Twofish => "twofish",
     camellia::Camellia128 => "camellia128", camellia::Camellia192 => "camellia192",
     camellia::Camellia256 => "camellia256", cast6::Cast6 => "cast6", sm4::Sm4 => "sm4",
     cast5::Cast5 => "cast5", blowfish::Blowfish => "blowfish", des::TdesEde3 => "des3_ede",
@@ -63,7 +64,7 @@ macro_rules! by_cipher16 {
             (K::Camellia, 24) => $f::<camellia::Camellia192>($($arg),*),
             (K::Camellia, 32) => $f::<camellia::Camellia256>($($arg),*),
             (K::Serpent, _) => $f::<serpent::Serpent>($($arg),*),
-            (K::Twofish, _) => $f::<twofish::Twofish>($($arg),*),
+            (K::Twofish, _) => $f::<crate::twofish::Twofish>($($arg),*),
             (K::Cast6, _) => $f::<cast6::Cast6>($($arg),*),
             (K::Sm4, _) => $f::<sm4::Sm4>($($arg),*),
             $($($extra)*)?

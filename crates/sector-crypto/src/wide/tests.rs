@@ -150,3 +150,48 @@ fn sectors_are_one_block_and_round_trip() {
     assert!(Adiantum::new(XChaCha::R12, &[0; 31]).is_err());
     assert!(Hctr2::new(&[0; 20]).is_err());
 }
+
+/// Our Poly1305 without the final addition against the `poly1305` crate with a zero `s`:
+/// RFC 8439 §2.5.2's key and message (zero-padded, as Adiantum pads), keys and messages of
+/// all-ones bytes (every limb and carry at its maximum), and random ones, 0–80 blocks.
+mod poly {
+    use super::super::{poly_key, Poly};
+    use poly1305::universal_hash::{KeyInit, UniversalHash};
+    use proptest::prelude::*;
+
+    fn crate_poly(r: &[u8; 16], msg: &[u8]) -> u128 {
+        let mut key = [0u8; 32];
+        key[..16].copy_from_slice(r);
+        let mut p = poly1305::Poly1305::new((&key).into());
+        p.update_padded(msg);
+        u128::from_le_bytes(p.finalize().into())
+    }
+
+    fn ours(r: &[u8; 16], msg: &[u8]) -> u128 {
+        let mut p = Poly::new(&poly_key(r));
+        p.update(msg);
+        p.finish()
+    }
+
+    #[test]
+    fn rfc8439_key_and_extremes() {
+        let r: [u8; 16] = hex::decode("85d6be7857556d337f4452fe42d506a8").unwrap().try_into().unwrap();
+        let msg = b"Cryptographic Forum Research Group";
+        let mut padded = msg.to_vec();
+        padded.resize(48, 0);
+        assert_eq!(ours(&r, &padded), crate_poly(&r, msg));
+        for n in 0..=80 {
+            let msg = vec![0xff; 16 * n];
+            assert_eq!(ours(&[0xff; 16], &msg), crate_poly(&[0xff; 16], &msg), "{n} blocks of ff");
+            assert_eq!(ours(&[0; 16], &msg), 0);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn same_as_poly1305_crate(r in any::<[u8; 16]>(), blocks in proptest::collection::vec(any::<[u8; 16]>(), 0..80)) {
+            let msg = blocks.concat();
+            prop_assert_eq!(ours(&r, &msg), crate_poly(&r, &msg));
+        }
+    }
+}
