@@ -72,3 +72,41 @@ open(sys.argv[2], "wb").write(bytes(sb) + bytes(s7))
 xz -dc $T/integrity/crc32c-b-s512-open.img.xz | head -c 94208 |
     python3 -c 'import sys; b=bytearray(sys.stdin.buffer.read()); b[4095]=1; sys.stdout.buffer.write(b)' \
     > $S/integrity_open/crc32c-b-s512-open-mode-b.bin
+
+# TrueCrypt/VeraCrypt: decrypted headers (as a KDF and cipher trial leaves them) followed by
+# a little-endian device size: a TrueCrypt 7 header, a VeraCrypt hidden-volume header, a
+# version-3 one (no header CRC) and a system-encryption header.
+mkdir -p $S/tcrypt_header
+python3 - "$S/tcrypt_header" <<'PY'
+import struct, sys, zlib
+def hdr(magic, version, hidden, volume, mk, flags, sector, size):
+    b = bytearray(448)
+    b[0:4] = magic
+    struct.pack_into('>HH', b, 4, version, 0x0700)
+    b[192:448] = bytes((i * 7 + 3) & 255 for i in range(256))
+    struct.pack_into('>I', b, 8, zlib.crc32(bytes(b[192:448])))
+    struct.pack_into('>QQQQII', b, 28, hidden, volume, mk, volume, flags, sector)
+    if version > 3:
+        struct.pack_into('>I', b, 188, zlib.crc32(bytes(b[0:188])))
+    return bytes(b) + struct.pack('<Q', size)
+out = sys.argv[1]
+for name, h in [
+    ('truecrypt7', hdr(b'TRUE', 5, 0, 1835008, 131072, 0, 512, 2097152)),
+    ('veracrypt-hidden', hdr(b'VERA', 5, 1048576, 1048576, 2883584, 0, 512, 4194304)),
+    ('truecrypt-v3', hdr(b'TRUE', 3, 0, 1048576, 0, 0, 0, 2097152)),
+    ('veracrypt-system', hdr(b'VERA', 5, 0, 2097152, 1048576, 1, 512, 3145728)),
+]:
+    open(f'{out}/{name}.bin', 'wb').write(h)
+PY
+# FileVault2: cryptsetup's image (testdata/fvault2), its metadata decrypted (needs AES-XTS,
+# so the test that checks the image writes them).
+SEALDISK_WRITE_SEEDS=1 cargo test -q -p volume --test fvault2_golden fuzz_seeds
+# BitLocker (Windows-made images, testdata/bitlk): sector 0, the first FVE metadata block
+# cut to 4 KiB (it holds every entry), and a .BEK startup key file.
+mkdir -p $S/bitlk_metadata
+for n in aes-xts_128 recovery_password startup_key aes_128_diffuser; do
+    xz -dc $T/bitlk/$n.img.xz | head -c 512 > "$S/bitlk_metadata/vh-$n.bin"
+    off=$(od -An -tu8 -j176 -N8 "$S/bitlk_metadata/vh-$n.bin" | tr -d ' ')
+    xz -dc $T/bitlk/$n.img.xz | tail -c +$((off + 1)) | head -c 4096 > "$S/bitlk_metadata/meta-$n.bin"
+done
+cp $T/bitlk/startup_key.bek "$S/bitlk_metadata/startup_key.bek.bin"

@@ -9,6 +9,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::dm::CryptTable;
+use crate::fvault2::{self, EncryptedMetadataExtent, MetadataRecords, VolumeHeader};
 use crate::integrity::journal::{self, clear_sections, replay_entries_lenient, scan, FAILED_SCAN_RESUME};
 use crate::integrity::superblock::{dump_text, sb_mac_ranges, verify_sb_mac, SB_AREA_BYTES};
 use crate::integrity::{
@@ -16,6 +17,7 @@ use crate::integrity::{
 };
 use crate::luks1::Luks1Header;
 use crate::luks2::{self, Luks2Metadata, MetadataError};
+use crate::tcrypt::{self, TcryptHeader};
 
 /// `luks1_header`: the LUKS1 phdr decoder. A decoded header re-encodes to bytes that decode
 /// to the same header.
@@ -161,4 +163,109 @@ pub fn integrity_journal(data: &[u8]) {
     };
     let cleared = clear_sections(&resume, sections);
     assert!(cleared.iter().all(|&(s, _)| s < sections));
+}
+
+/// `tcrypt_header`: the decoder of a decrypted TrueCrypt/VeraCrypt header and everything
+/// that reads its fields (data layout against a device size taken from the input, header
+/// positions, key slices of every chain, the keyfile pool). A decoded header re-encodes to
+/// bytes that decode to the same header.
+pub fn tcrypt_header(data: &[u8]) {
+    // The device size rides after the header bytes.
+    let size = le_u64(data, tcrypt::HDR_LEN).unwrap_or(0);
+    for vera in [false, true] {
+        let Ok(h) = TcryptHeader::decode(data, vera) else { continue };
+        let bytes = h.encode();
+        let mut again = TcryptHeader::decode(&bytes[..], vera).expect("a re-encoded header decodes");
+        // Versions up to 3 keep no header CRC: the stored value is not checked, encode computes it.
+        again.header_crc32 = h.header_crc32;
+        assert_eq!(again, h);
+        for chain in tcrypt::CHAINS {
+            let _ = chain.volume_key(&h.keys[..]).expect("every chain's key fits the key area");
+            for flags in
+                [(false, false, false), (true, false, false), (false, true, false), (false, false, true)]
+            {
+                let flags = tcrypt::HeaderFlags { hidden: flags.0, system: flags.1, backup: flags.2 };
+                if let Ok(l) = tcrypt::data_layout(&h, chain.mode, flags, size) {
+                    let end = (l.offset + l.size) * 512;
+                    assert!(end <= size, "data layout outside the device");
+                }
+                if let Ok(offsets) = tcrypt::header_offsets(flags, size) {
+                    assert!(offsets.iter().all(|o| o + tcrypt::BLOCK_LEN as u64 <= size));
+                }
+            }
+        }
+    }
+    let (pass, rest) = data.split_at(data.len().min(140));
+    let _ = tcrypt::kdf_password(pass, &[rest], true);
+    let _ = tcrypt::kdf_password(pass, &[], false);
+}
+
+/// Recomputes a Core Storage block's CRC32C (and seed), so that mutated blocks get past the
+/// checksum and reach the parsers behind it.
+fn fvault2_seal(b: &mut [u8]) {
+    b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let c = fvault2::crc32c(u32::MAX, &b[8..]);
+    b[..4].copy_from_slice(&c.to_le_bytes());
+}
+
+/// `fvault2_metadata`: the FileVault2 decoders on what cryptsetup reads of a device. Input:
+/// a 512-byte volume header, then 8192-byte blocks, each tried as the disk label, as a
+/// volume groups descriptor and as a decrypted metadata block (the harness stands in for
+/// the AES-XTS layer, which is not fuzzed here), as given and with its checksum resealed.
+/// Oracle: no panic; a decoded header is a probed one; gathered records that finish give
+/// a dump naming both UUIDs.
+pub fn fvault2_metadata(data: &[u8]) {
+    let mut header_bytes = data.get(..fvault2::VOLUME_HEADER_SIZE).unwrap_or(data).to_vec();
+    header_bytes.resize(fvault2::VOLUME_HEADER_SIZE, 0);
+    let mut header = None;
+    for seal in [false, true] {
+        if seal {
+            fvault2_seal(&mut header_bytes);
+        }
+        if let Ok(h) = VolumeHeader::decode(&header_bytes) {
+            assert!(fvault2::is_volume_header(&header_bytes), "a decoded header is recognised");
+            let _ = h.disk_label_offset();
+            let _ = format!("{h:?}");
+            header = Some(h);
+        }
+    }
+    let block_size = header.as_ref().map_or(4096, |h| h.block_size);
+    let mut records = MetadataRecords::default();
+    for chunk in data.get(fvault2::VOLUME_HEADER_SIZE..).unwrap_or(&[]).chunks(fvault2::METADATA_BLOCK_SIZE) {
+        let mut block = chunk.to_vec();
+        block.resize(fvault2::METADATA_BLOCK_SIZE, 0);
+        if let Ok(e) = EncryptedMetadataExtent::decode(&block, block_size) {
+            for i in [0, 1, e.blocks.saturating_sub(1), e.blocks] {
+                let _ = e.block_offset(i);
+            }
+        }
+        for seal in [false, true] {
+            if seal {
+                fvault2_seal(&mut block);
+            }
+            let _ = fvault2::volume_groups_descriptor_offset(&block, 4096);
+            if let Ok(Some(r)) = fvault2::decode_metadata_block(&block) {
+                records.add(r);
+            }
+        }
+    }
+    if let Some(h) = header {
+        if let Ok(p) = records.finish(&h) {
+            let dump = fvault2::dump_text(&p, "fuzz");
+            assert!(dump.contains(&fvault2::uuid_text(&p.physical_volume_uuid)));
+            assert!(dump.contains(&fvault2::uuid_text(&p.family_uuid)));
+        }
+    }
+}
+
+/// `bitlk_metadata`: the BitLocker volume header, FVE metadata block and .BEK decoders on
+/// the same bytes. Oracle: no panic; a parsed block names a supported method and a bounded
+/// volume header area.
+pub fn bitlk_metadata(data: &[u8]) {
+    let _ = crate::bitlk::parse_volume_header(data);
+    let _ = crate::bitlk::parse_bek(data);
+    if let Ok(m) = crate::bitlk::parse_metadata(data) {
+        assert!(m.volume_header_size > 0 && m.volume_header_size <= 1 << 30);
+        assert!(m.fvek.data.len() >= 12);
+    }
 }

@@ -11,6 +11,7 @@
 //!                area sizes, Argon2 memory (cryptsetup's 4 GiB)
 //!    integrity:  tag size, block size, interleave, journal size held in memory
 //!    dm table:   line length, key length, option count, sector counts
+//!    FileVault2: metadata offsets (cryptsetup's 1 GiB), block size, XML extents
 //!  soft bounds (a paranoid but legitimate header may exceed them): KdfLimits
 //!    PBKDF2 iterations       --max-pbkdf2-iterations N
 //!    Argon2 memory × time    --max-argon2-cost KIB_PASSES
@@ -138,6 +139,16 @@ pub const INTEGRITY_MAX_LOG2_SECTORS_PER_BLOCK: u8 = 3;
 /// for more; the kernel itself allocates the whole journal in pages at activation. 512 MiB is
 /// 8× the kernel's default ceiling.
 pub const INTEGRITY_MAX_JOURNAL_BYTES: u64 = 512 << 20;
+
+// ---------------------------------------------------------------------------------------
+// FileVault2 (Core Storage)
+// ---------------------------------------------------------------------------------------
+
+/// No FileVault2 metadata (disk label, volume groups descriptor, encrypted metadata blocks)
+/// is read beyond this byte offset: 1 GiB, cryptsetup's `FVAULT2_MAX_OFF`. Bounds the
+/// reads a crafted block offset or block count can cause. The PBKDF2 iterations of the
+/// passphrase are bounded by [`KdfLimits`] like a LUKS keyslot's.
+pub const FVAULT2_MAX_METADATA_OFFSET: u64 = 1 << 30;
 
 // ---------------------------------------------------------------------------------------
 // dm table lines
