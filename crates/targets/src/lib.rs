@@ -29,4 +29,4 @@ mod placement;
 pub use crypt::{CryptConfig, CryptError, CryptMode, CryptTarget};
 pub use crypt_aead::AeadCryptTarget;
 pub use integrity::{IntegrityConfig, IntegrityError, IntegrityStatus, IntegrityTarget, TaggedDevice};
-pub use placement::Placement;
+pub use placement::{scrub_crypto_stacks, scrub_stack, Placement};

@@ -74,6 +74,29 @@ pub(crate) fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
+/// How much of a thread's stack [`scrub_stack`] overwrites: far more than the deepest
+/// crypto call chain (cipher backends keep expanded round keys in stack temporaries: the
+/// AVX-512 ones broadcast each round key to a 64-byte register image).
+const STACK_SCRUB: usize = 256 * 1024;
+
+/// Overwrites the [`STACK_SCRUB`] bytes of the calling thread's stack below this frame with
+/// zeroes, wiping what finished calls left there (key schedule temporaries the cipher
+/// crates do not clear). Call it from a shallow frame.
+#[inline(never)]
+pub fn scrub_stack() {
+    let buf = [0u8; STACK_SCRUB];
+    // The zeroes must really be written: the optimiser has to assume `buf` is read.
+    std::hint::black_box(&buf);
+}
+
+/// Scrubs the stacks of the crypto pool's threads (each runs [`scrub_stack`] from its idle
+/// loop) and the caller's: after a volume's key is dropped (`luksSuspend`), so that no
+/// stack temporary of its key schedule survives on them.
+pub fn scrub_crypto_stacks() {
+    pool().broadcast(|_| scrub_stack());
+    scrub_stack();
+}
+
 /// Auto requests in their crypto phase right now, across every target: Auto's signal that
 /// the cores are already busy.
 static AUTO_BUSY: AtomicUsize = AtomicUsize::new(0);

@@ -10,7 +10,10 @@
 //!     │                                 Spec::Plain ─── PlainParams ─► table line ─► crypt over storage
 //!     │                                 Spec::Table ─── table line  ─────────────► crypt over storage
 //!     │                                 Spec::Integrity ─ superblock ─► integrity over storage
+//!     │                                 Spec::Fvault2 ── Core Storage metadata ─► unlock ─► read-only
+//!     │                                                  crypt (aes-xts-plain64) over storage
 //!     │                                 Spec::Layers ── each layer over the one below (bottom first)
+//!     │                                 Spec::Tcrypt ── KDF × chain trial ─► one crypt layer per cipher
 //!     ▼
 //!   Volume { device: Arc<dyn BlockDevice>, kind, layers (table line of each), integrity status }
 //!
@@ -107,6 +110,20 @@ impl<'a> LuksSpec<'a> {
     }
 }
 
+/// How to unlock a FileVault2 volume (cryptsetup `open --type fvault2`).
+pub struct Fvault2Spec<'a> {
+    /// Bounds on the passphrase derivation's cost.
+    pub kdf_limits: KdfLimits,
+    /// Where passphrases come from.
+    pub passphrase: &'a mut dyn PassphraseSource,
+}
+
+impl std::fmt::Debug for Fvault2Spec<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fvault2Spec").finish_non_exhaustive()
+    }
+}
+
 /// One layer of a [`Spec::Layers`] stack.
 #[derive(Debug, Clone)]
 pub enum Layer {
@@ -130,6 +147,12 @@ pub enum Spec<'a> {
     Integrity(IntegrityParams),
     /// Layers bottom first, each over the one below (e.g. plain crypt over integrity).
     Layers(Vec<Layer>),
+    /// A TrueCrypt/VeraCrypt volume, unlocked by passphrase and keyfiles (`tcrypt.rs`).
+    Tcrypt(crate::tcrypt::TcryptSpec<'a>),
+    /// A FileVault2 (Core Storage) volume, unlocked by passphrase, always read-only.
+    Fvault2(Fvault2Spec<'a>),
+    /// A BitLocker volume (cryptsetup `--type bitlk`).
+    Bitlk(crate::bitlk::BitlkSpec),
 }
 
 /// What an assembled volume is.
@@ -148,6 +171,12 @@ pub enum VolumeKind {
     Integrity,
     /// A [`Spec::Layers`] stack.
     Layers,
+    /// TrueCrypt/VeraCrypt: one crypt layer per cipher of the chain.
+    Tcrypt,
+    /// A FileVault2 logical volume (read-only).
+    Fvault2,
+    /// BitLocker.
+    Bitlk,
 }
 
 /// A dm-integrity layer of a volume, as its table would describe it.
@@ -260,6 +289,16 @@ pub fn open(spec: Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volu
             })
         }
         Spec::Layers(layers) => open_layers(layers, storage, opts),
+        Spec::Tcrypt(t) => crate::tcrypt::open(t, storage, opts),
+        Spec::Fvault2(f) => open_fvault2(f, storage, opts),
+        Spec::Bitlk(b) => crate::bitlk::open_on(&b, storage, opts).map(|(device, table, _)| Volume {
+            device,
+            kind: VolumeKind::Bitlk,
+            layers: vec![LayerTable::Crypt(table)],
+            integrity: None,
+            luks: None,
+            rotational: false,
+        }),
     };
     volume.map(|v| Volume { rotational, ..v })
 }
@@ -371,6 +410,38 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
     crypt_volume(storage, table, opts, kind, Vec::new(), Some(unlocked))
 }
 
+/// Reads the FileVault2 metadata on `storage` and tries the passphrases of `f` until one
+/// unwraps the volume key: `open --test-passphrase`, and the first half of [`open`] for
+/// FileVault2. Nothing is written.
+pub fn unlock_fvault2(
+    f: &mut Fvault2Spec<'_>,
+    storage: &Storage,
+) -> Result<(formats::fvault2::Fvault2Params, VolumeKey), VolumeError> {
+    let wrap = |source| VolumeError::Fvault2 { path: storage.name.clone(), source };
+    let params = crate::fvault2::read_params(&*storage.device).map_err(wrap)?;
+    let mut last = None;
+    while let Some(pass) = f.passphrase.next_passphrase()? {
+        match crate::fvault2::unlock(&params, &pass, &f.kdf_limits) {
+            Ok(key) => return Ok((params, key)),
+            Err(crate::fvault2::Fvault2VolumeError::WrongPassphrase) => {
+                f.passphrase.rejected();
+                last = Some(crate::fvault2::Fvault2VolumeError::WrongPassphrase);
+            }
+            Err(e) => return Err(wrap(e)),
+        }
+    }
+    Err(wrap(last.unwrap_or(crate::fvault2::Fvault2VolumeError::WrongPassphrase)))
+}
+
+fn open_fvault2(mut f: Fvault2Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    let (params, key) = unlock_fvault2(&mut f, &storage)?;
+    let table = crate::fvault2::table(&params, &storage.name, &key);
+    // Read-only whatever was asked: FileVault2 is opened, never changed (as cryptsetup
+    // never changes its metadata); the crypt layer refuses writes with a read-only error.
+    let ro = OpenOptions { read_only: true, ..*opts };
+    crypt_volume(storage, table, &ro, VolumeKind::Fvault2, Vec::new(), None)
+}
+
 /// What to format.
 pub enum FormatSpec<'a> {
     /// LUKS1 or LUKS2, with `--integrity` in the same call (the dm-integrity area formatted
@@ -448,6 +519,11 @@ pub fn format(
         .map(Formatted::Integrity)
         .map_err(VolumeError::from),
     }
+}
+
+/// Says what is on `storage` and what its header tells in plaintext (see `probe::describe`).
+pub fn describe(storage: &Storage) -> Result<crate::probe::Description, VolumeError> {
+    crate::probe::describe(&*storage.device, &storage.name)
 }
 
 /// Says what is on `storage` (see `probe::probe`).

@@ -156,9 +156,36 @@ pub enum VolumeError {
         #[source]
         source: LuksError,
     },
+    /// A FileVault2 volume could not be read or unlocked.
+    #[error("FVAULT2 device {path}")]
+    Fvault2 {
+        /// Device path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: crate::fvault2::Fvault2VolumeError,
+    },
+    /// A BitLocker volume could not be loaded or unlocked.
+    #[error("BITLK device {path}")]
+    Bitlk {
+        /// The storage.
+        path: String,
+        /// Cause.
+        #[source]
+        source: crate::bitlk::BitlkVolumeError,
+    },
     /// A dm-integrity volume could not be formatted or opened.
     #[error(transparent)]
     Integrity(Box<IntegrityVolumeError>),
+    /// A TrueCrypt/VeraCrypt volume could not be unlocked or mapped.
+    #[error("TCRYPT device {path}")]
+    Tcrypt {
+        /// Metadata device path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: crate::tcrypt::TcryptVolumeError,
+    },
     /// The passphrase provider failed (a prompt or key file could not be read).
     #[error("reading the passphrase")]
     Passphrase(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
@@ -188,7 +215,10 @@ impl VolumeError {
             | VolumeError::Stack(_)
             | VolumeError::Passphrase(_) => ErrorKind::Usage,
             VolumeError::Luks { source, .. } => source.kind(),
+            VolumeError::Fvault2 { source, .. } => source.kind(),
             VolumeError::Integrity(e) => e.kind(),
+            VolumeError::Tcrypt { source, .. } => source.kind(),
+            VolumeError::Bitlk { source, .. } => source.kind(),
         }
     }
 }

@@ -404,7 +404,7 @@ pub fn format_on(
 }
 
 /// Reads and decodes the superblock at the start of `dev` (the file `path`).
-fn read_superblock(dev: &dyn BlockDevice, path: &str) -> Result<Superblock, IntegrityVolumeError> {
+pub(crate) fn read_superblock(dev: &dyn BlockDevice, path: &str) -> Result<Superblock, IntegrityVolumeError> {
     let mut area = vec![0u8; SB_AREA_BYTES];
     dev.read_at(0, &mut area).map_err(|source| IntegrityVolumeError::Device { path: path.into(), source })?;
     Superblock::decode(&area).map_err(|e| IntegrityVolumeError::Target {

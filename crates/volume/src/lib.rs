@@ -15,12 +15,15 @@
 #![warn(missing_docs)]
 
 mod assemble;
+pub mod bitlk;
 mod error;
+pub mod fvault2;
 pub mod integrity;
 pub mod luks;
 pub mod plain;
 mod probe;
 pub mod storage;
+pub mod tcrypt;
 
 use blockdev::{BlockDevice, FileDevice, FileLock, FileOptions};
 use formats::dm::CryptTable;
@@ -29,11 +32,12 @@ pub use targets::CryptMode;
 use targets::{CryptConfig, CryptTarget};
 
 pub use assemble::{
-    format, open, probe, unlock_luks, FormatSpec, Formatted, IntegrityLayer, Layer, LayerTable, LuksSpec,
-    OnePassphrase, PassphraseSource, Spec, Unlocked, Volume, VolumeKind,
+    describe, format, open, probe, unlock_fvault2, unlock_luks, FormatSpec, Formatted, Fvault2Spec,
+    IntegrityLayer, Layer, LayerTable, LuksSpec, OnePassphrase, PassphraseSource, Spec, Unlocked, Volume,
+    VolumeKind,
 };
 pub use error::{ErrorKind, VolumeError};
-pub use probe::Format;
+pub use probe::{Description, Format};
 pub use storage::{Storage, StorageKind, StorageOptions};
 
 /// How to open the backing device.

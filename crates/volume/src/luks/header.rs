@@ -141,6 +141,14 @@ impl Luks {
         }
     }
 
+    /// The LUKS2 label (`None` for LUKS1, which has none).
+    pub fn label(&self) -> Option<&str> {
+        match &self.header {
+            LuksHeader::V1(_) => None,
+            LuksHeader::V2(s) => Some(&s.header.label),
+        }
+    }
+
     /// Volume key length in bytes.
     pub fn key_bytes(&self) -> usize {
         match &self.header {
