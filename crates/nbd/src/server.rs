@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -285,6 +286,7 @@ impl Server {
     pub fn attach(&self, socket: Listening) -> BoundServer {
         let Listening { listener, local, guard } = socket;
         info!("NBD server listening on {local}");
+        let listen_fd = listener.try_clone_fd().ok();
         BoundServer {
             shared: self.shared.clone(),
             listener,
@@ -293,6 +295,7 @@ impl Server {
                 registry: Mutex::new(Registry::default()),
                 tick: Condvar::new(),
                 wake: local.clone(),
+                listen_fd,
             }),
             local,
             guard,
@@ -481,6 +484,14 @@ enum Listener {
 }
 
 impl Listener {
+    /// A duplicate descriptor of the listening socket.
+    fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        match self {
+            Listener::Tcp(l) => Ok(l.try_clone()?.into()),
+            Listener::Unix(l) => Ok(l.try_clone()?.into()),
+        }
+    }
+
     /// Accepts one connection; a Unix one gets `unix_send_buffer` bytes of send buffer (0:
     /// the kernel's default).
     fn accept(&self, unix_send_buffer: usize) -> io::Result<Stream> {
@@ -530,6 +541,10 @@ struct ShutdownState {
     tick: Condvar,
     /// The listening address, to connect to once so that a blocked `accept` returns.
     wake: ListenAddr,
+    /// A duplicate of the listening socket: `shutdown(2)` on it wakes a blocked `accept` on
+    /// Linux even when the address cannot be reached (a Unix socket file removed from
+    /// under the server).
+    listen_fd: Option<OwnedFd>,
 }
 
 /// Live connections, by id: a handle on each socket so that shutdown and the watchdog can
@@ -566,7 +581,11 @@ impl ShutdownHandle {
             }
             self.state.tick.notify_all();
         }
-        // Wake the accept loop with a throwaway connection.
+        // Wake the accept loop: shutting the listening socket down makes a blocked `accept`
+        // fail at once (Linux); a throwaway connection does it elsewhere.
+        if let Some(fd) = &self.state.listen_fd {
+            let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Read);
+        }
         match &self.state.wake {
             ListenAddr::Unix(p) => drop(UnixStream::connect(p)),
             ListenAddr::Tcp(a) => {
@@ -860,6 +879,7 @@ impl Server {
             registry: Mutex::new(Registry::default()),
             tick: Condvar::new(),
             wake: ListenAddr::Unix(PathBuf::new()),
+            listen_fd: None,
         };
         lock(&state.registry).conns.insert(1, Entry { stream: ctl, handshake_deadline: deadline });
         run_connection(stream, &self.shared, &state, 1, "unix");

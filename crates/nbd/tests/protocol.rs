@@ -697,6 +697,24 @@ fn shutdown_before_serve_returns_at_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn shutdown_wakes_accept_when_the_socket_file_is_gone() {
+    // A server whose socket file was removed (its directory cleaned up) cannot be woken by a
+    // connection to its address: it used to ignore SIGTERM for ever.
+    let dir = temp_dir("gone");
+    let (e, _) = mem_export("d", MIB, 512);
+    let bound = Server::new(vec![e], ServerConfig::default()).bind(&ListenAddr::Unix(dir.join("s"))).unwrap();
+    let stop = bound.shutdown_handle();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(bound.serve()));
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::remove_file(dir.join("s")).unwrap();
+    stop.shutdown();
+    let served = rx.recv_timeout(Duration::from_secs(30)).expect("serve returned after shutdown");
+    served.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A socket bound before the exports exist (the CLI binds before it unlocks a volume):
 /// the address is taken at once, a client that connects early waits in the backlog and is
 /// greeted once the server is attached and serving, and dropping an unattached socket
