@@ -143,6 +143,9 @@ fi
 mkdir -p "$BENCH_DIR" "$OUT_DIR"
 WORK="$(mktemp -d "$BENCH_DIR/run.XXXXXX")"
 SOCKDIR="$(mktemp -d /tmp/sealdisk-bench.XXXXXX)"   # short path: sun_path is 108 bytes
+# The servers' control sockets (named after $EXPORT) in a private runtime directory: runs in
+# parallel, and the user's own running volumes, keep their names.
+export SEALDISK_RUNTIME_DIR="$SOCKDIR/run"
 SERVER_PID=""
 FIO_PID=""
 

@@ -66,6 +66,8 @@ fi
 
 mkdir -p "$OUT_DIR"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/sealdisk-vs-fio.XXXXXX")"
+# The server's control socket (volume "vol") in a private runtime directory.
+export SEALDISK_RUNTIME_DIR="$WORK/run"
 SERVER_PID=""
 cleanup() {
   local rc=$?

@@ -28,6 +28,7 @@ pub mod compare;
 pub mod cpu;
 pub mod engine;
 pub mod format_speed;
+pub mod fs_workload;
 pub mod gen;
 pub mod locks;
 pub mod micro;

@@ -13,16 +13,22 @@
 //! | `integrity-ahash` | 000 | tag hashing inline vs on the pool (hash-mode), sha256 / hmac-sha256 |
 //! | `integrity-rmw` | 004 | `buffer_sectors` 1 vs 128 × read-modify-write forced on / off, bitmap mode |
 //! | `integrity-modes` | (issue 4) | journal vs bitmap vs direct mode, beside crypt-only and raw |
+//! | `fs-untar` | 004 | ext4 on the FUSE file: mkfs, untar, rm; bitmap vs journal × `buffer_sectors` 1 vs 128 |
+//! | `fs-randrw` | 002 | ext4 on the FUSE file: fio randrw numjobs=8 on one file; raw, crypt, integrity, AEAD |
 //!
 //! A preset is a list of comparisons of jobs, and optionally a format-speed comparison
-//! ([`crate::format_speed`]) run first.
+//! ([`crate::format_speed`]) run first; the `fs-*` presets are a filesystem comparison
+//! ([`crate::fs_workload`]) instead, which needs root, FUSE, loop devices and the tools
+//! ([`crate::fs_workload::host_ready`]).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use targets::CryptMode;
 
 use crate::compare::{Comparison, Point, Variant};
 use crate::format_speed::FormatComparison;
+use crate::fs_workload::{FsComparison, FsWorkload, TreeSource};
 use crate::spec::{format_size, JobSpec, RwMode};
 use crate::stack::StackSpec;
 
@@ -37,6 +43,8 @@ pub struct PresetOptions {
     pub repetitions: Option<u32>,
     /// Volume size.
     pub size: Option<u64>,
+    /// The tree the `fs-untar` preset unpacks (a tarball; default: a generated one).
+    pub tree: Option<PathBuf>,
 }
 
 impl PresetOptions {
@@ -69,6 +77,7 @@ pub struct Preset {
     pub needs: Option<&'static str>,
     build: fn(&PresetOptions) -> Vec<Comparison>,
     format: Option<fn(&PresetOptions) -> FormatComparison>,
+    fs: Option<fn(&PresetOptions) -> FsComparison>,
 }
 
 impl Preset {
@@ -80,6 +89,11 @@ impl Preset {
     /// The format-speed comparison it runs before them, if any.
     pub fn format_comparison(&self, o: &PresetOptions) -> Option<FormatComparison> {
         self.format.map(|f| f(o))
+    }
+
+    /// The filesystem comparison it runs (instead of job comparisons), if any.
+    pub fn fs_comparison(&self, o: &PresetOptions) -> Option<FsComparison> {
+        self.fs.map(|f| f(o))
     }
 }
 
@@ -111,7 +125,7 @@ pub fn list_text() -> String {
     s
 }
 
-const PRESETS: [Preset; 6] = [
+const PRESETS: [Preset; 8] = [
     Preset {
         name: "dm-crypt-workqueue",
         seed: "001 osk-sdl MR \"disable read/write workqueues\": fio --readwrite=readwrite --bs=4k --direct=1 \
@@ -123,6 +137,7 @@ const PRESETS: [Preset; 6] = [
         needs: None,
         build: workqueue,
         format: None,
+        fs: None,
     },
     Preset {
         name: "iv-sector-size",
@@ -134,6 +149,7 @@ const PRESETS: [Preset; 6] = [
         needs: None,
         build: iv_sector_size,
         format: None,
+        fs: None,
     },
     Preset {
         name: "ext4-parallel-dio",
@@ -146,6 +162,7 @@ const PRESETS: [Preset; 6] = [
         needs: None,
         build: ext4_parallel_dio,
         format: None,
+        fs: None,
     },
     Preset {
         name: "integrity-ahash",
@@ -162,6 +179,7 @@ const PRESETS: [Preset; 6] = [
         needs: None,
         build: integrity_ahash,
         format: Some(integrity_ahash_format),
+        fs: None,
     },
     Preset {
         name: "integrity-rmw",
@@ -176,6 +194,7 @@ const PRESETS: [Preset; 6] = [
         needs: None,
         build: integrity_rmw,
         format: None,
+        fs: None,
     },
     Preset {
         name: "integrity-modes",
@@ -188,6 +207,37 @@ const PRESETS: [Preset; 6] = [
         needs: None,
         build: integrity_modes,
         format: None,
+        fs: None,
+    },
+    Preset {
+        name: "fs-untar",
+        seed: "004 dm-integrity \"Prevent RMW for full metadata buffer writes\" (Lukas Straub, 2020), the SSD \
+               follow-up: integritysetup format --no-wipe -I crc32c -B, mkfs.ext4, tar -xJf linux-5.5.4.tar.xz, \
+               rm -rf, each timed; 18.7 / 18.4 s untar and 3.2 / 3.2 s rm without / with the patch",
+        knob: "dm-integrity mode B (bitmap) vs J (journal) × buffer_sectors=1 vs 128, under a real ext4",
+        runs: "crc32c, 512-byte blocks, O_DIRECT backing, 512M volume served as a FUSE file on a loop device \
+               (in-process server); mkfs.ext4 -E nodiscard, then a generated 96M source-like tree (or --tree \
+               TARBALL) unpacked then sync, then rm -rf then sync; 3 repetitions; needs root, /dev/fuse, \
+               fusermount3, losetup, mkfs.ext4, tar",
+        needs: None,
+        build: no_jobs,
+        format: None,
+        fs: Some(fs_untar),
+    },
+    Preset {
+        name: "fs-randrw",
+        seed: "002 linux-ext4 \"performance regression with ext4: Allow parallel DIO reads\": fio randrw psync \
+               direct numjobs=8 on ext4, bs 4k..1M",
+        knob: "the stack under a real ext4: raw file, crypt (aes-xts-plain64), dm-integrity J (crc32c), LUKS2 \
+               AEAD (aes-xts-plain64 + hmac-sha256)",
+        runs: "O_DIRECT backing, 512M volume served as a FUSE file on a loop device (in-process server), \
+               mkfs.ext4, fio rw=randrw rwmixread=50 ioengine=psync direct=1 numjobs=8 on one 128M file, bs 4k \
+               64k 1M, 2 s per cell after 0.5 s ramp, 2 repetitions; needs root, /dev/fuse, fusermount3, \
+               losetup, mkfs.ext4, fio",
+        needs: None,
+        build: no_jobs,
+        format: None,
+        fs: Some(fs_randrw),
     },
 ];
 
@@ -460,6 +510,82 @@ fn integrity_modes(o: &PresetOptions) -> Vec<Comparison> {
     }]
 }
 
+/// A preset that runs no job comparisons (only its filesystem comparison).
+fn no_jobs(_: &PresetOptions) -> Vec<Comparison> {
+    Vec::new()
+}
+
+fn fs_untar(o: &PresetOptions) -> FsComparison {
+    let v = |name: &str, mode: &str, buffer_sectors: &str| {
+        let mut s = with(integrity("crc32c", mode, "512"), "buffer-sectors", buffer_sectors);
+        s.direct = true;
+        Variant::new(name, s)
+    };
+    let size = o.size(512 << 20);
+    let tree = match &o.tree {
+        Some(p) => TreeSource::Tarball(p.clone()),
+        None => TreeSource::Generated(size / 16 * 3),
+    };
+    FsComparison {
+        title: "fs-untar: mkfs.ext4, untar, rm -rf on dm-integrity, bitmap vs journal (seed 004)".into(),
+        knob: "integrity-mode=B / J × buffer-sectors=128 / 1 (crc32c, 512-byte blocks)".into(),
+        seed: Some(PRESETS[6].seed.into()),
+        note: Some(format!(
+            "the seed: a 4 GiB dm-integrity (bitmap, crc32c, 512-byte sectors) on a Samsung 850 EVO, a Linux \
+             5.5.4 tree (about 1 GiB unpacked). Here a {} volume on an O_DIRECT file, served in-process as a \
+             FUSE file under a loop device, ext4 made by the host kernel; the host's page cache absorbs the \
+             unpack, so each phase ends with sync -f (flushes reach the volume through the loop device and \
+             FUSE). Integrity volumes are written once before mkfs (untimed): unwritten blocks have no tag.",
+            format_size(size)
+        )),
+        variants: vec![
+            v("B-buf128", "B", "128"),
+            v("B-buf1", "B", "1"),
+            v("J-buf128", "J", "128"),
+            v("J-buf1", "J", "1"),
+        ],
+        workload: FsWorkload::Untar { tree },
+        repetitions: o.reps(3),
+        volume_size: size,
+    }
+}
+
+fn fs_randrw(o: &PresetOptions) -> FsComparison {
+    let direct = |mut s: StackSpec| {
+        s.direct = true;
+        s
+    };
+    let size = o.size(512 << 20);
+    FsComparison {
+        title: "fs-randrw: fio randrw numjobs=8 on one ext4 file, by stack (seed 002)".into(),
+        knob: "stack=raw / crypt / integrity (J, crc32c, 4096-byte blocks) / luks2-integrity (hmac-sha256)"
+            .into(),
+        seed: Some(PRESETS[7].seed.into()),
+        note: Some(format!(
+            "the seed: ext4 on an Intel P3600 NVMe, 8 jobs with their own 20G files, runtime=600, kernel 5.2 \
+             with and without parallel DIO reads: READ 30.9 vs 117.9 MB/s at 4k. Here the 8 jobs share one \
+             file of a {} ext4 (the inode lock is the kernel's), on a loop device over the FUSE file of each \
+             stack (in-process server, O_DIRECT backing): what each layer costs under mixed direct I/O.",
+            format_size(size)
+        )),
+        variants: vec![
+            Variant::new("raw", direct(StackSpec::raw())),
+            Variant::new("crypt", direct(StackSpec::crypt(CryptMode::Auto))),
+            Variant::new("integ-J", direct(integrity("crc32c", "J", "4096"))),
+            Variant::new("aead", direct(with(StackSpec::default(), "stack", "luks2-integrity"))),
+        ],
+        workload: FsWorkload::Fio {
+            bs: vec![4 << 10, 64 << 10, 1 << 20],
+            numjobs: 8,
+            file_size: (size / 4).max(8 << 20),
+            runtime: o.runtime(2.0),
+            ramp: o.ramp(0.5),
+        },
+        repetitions: o.reps(2),
+        volume_size: size,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,7 +596,10 @@ mod tests {
     fn every_preset_is_well_formed_and_the_ready_ones_check() {
         for p in all() {
             let cs = p.comparisons(&PresetOptions::default());
-            assert!(!cs.is_empty(), "{}", p.name);
+            match p.fs_comparison(&PresetOptions::default()) {
+                Some(f) => crate::fs_workload::check(&f).unwrap(),
+                None => assert!(!cs.is_empty(), "{}", p.name),
+            }
             for c in &cs {
                 assert!(c.variants.len() >= 2, "{}", p.name);
                 match (p.needs, check(c)) {

@@ -5,6 +5,8 @@
 #![forbid(unsafe_code)]
 
 mod actions;
+mod control;
+mod daemon;
 mod hardening;
 mod keys;
 mod serve;
@@ -28,12 +30,46 @@ struct Cli {
 enum Action {
     /// Open a volume and serve it over NBD until SIGINT/SIGTERM.
     Open(Box<actions::open::OpenArgs>),
+    /// Show the status of a running volume (cryptsetup's layout; exit 4 when inactive).
+    Status(control::client::StatusArgs),
+    /// Close a running volume: drain, flush, disconnect its clients, stop its server.
+    #[command(visible_alias = "luksClose")]
+    Close(control::client::CloseArgs),
+    /// Change a running volume's --perf-* flags (and --crypt-mode) without stopping I/O.
+    Refresh(control::client::RefreshArgs),
+    /// Resize a running plain or LUKS volume (clients that connect afterwards see the size).
+    Resize(control::client::ResizeArgs),
+    /// Hold a running LUKS volume's I/O, flush it, and wipe its key from memory.
+    #[command(name = "luksSuspend")]
+    LuksSuspend(control::client::SuspendArgs),
+    /// Unlock a suspended LUKS volume again (passphrase as for open) and release its I/O.
+    #[command(name = "luksResume")]
+    LuksResume(Box<control::client::ResumeArgs>),
+    /// `open --type tcrypt`: a TrueCrypt/VeraCrypt volume, served over NBD.
+    #[command(name = "tcryptOpen")]
+    TcryptOpen(Box<actions::open::OpenArgs>),
+    /// Print a TrueCrypt/VeraCrypt header (cryptsetup's layout).
+    #[command(name = "tcryptDump")]
+    TcryptDump(Box<actions::tcrypt::DumpArgs>),
+    /// Open a FileVault2 volume read-only and serve it (cryptsetup's old syntax for
+    /// `open --type fvault2`).
+    #[command(name = "fvault2Open")]
+    Fvault2Open(Box<actions::open::OpenArgs>),
+    /// Print a FileVault2 (Core Storage) header (cryptsetup's layout).
+    #[command(name = "fvault2Dump")]
+    Fvault2Dump(actions::fvault2::DumpArgs),
     /// Format a device as LUKS1 or LUKS2.
     #[command(name = "luksFormat")]
     LuksFormat(Box<actions::luks_format::LuksFormatArgs>),
     /// Print a LUKS header (cryptsetup's layout).
     #[command(name = "luksDump")]
     LuksDump(actions::luks_header::DumpArgs),
+    /// Print a BitLocker device's metadata (cryptsetup's layout).
+    #[command(name = "bitlkDump")]
+    BitlkDump(actions::bitlk::DumpArgs),
+    /// `open --type bitlk`: open a BitLocker volume and serve it.
+    #[command(name = "bitlkOpen")]
+    BitlkOpen(Box<actions::open::OpenArgs>),
     /// Add a passphrase to a free keyslot.
     #[command(name = "luksAddKey")]
     LuksAddKey(Box<actions::luks_keyslot::AddKeyArgs>),
@@ -52,6 +88,9 @@ enum Action {
     /// Exit 0 if the device has a LUKS header, else 1.
     #[command(name = "isLuks")]
     IsLuks(actions::luks_header::IsLuksArgs),
+    /// Say what a device holds (LUKS, dm-integrity, BitLocker, FileVault2), as blkid: exit 0
+    /// when a format was recognised, 2 when nothing was.
+    Probe(actions::probe::ProbeArgs),
     /// Save the LUKS header and keyslot areas to a file.
     #[command(name = "luksHeaderBackup")]
     LuksHeaderBackup(actions::luks_header::BackupArgs),
@@ -103,6 +142,22 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { exit::BAD_ARGS } else { 0 });
         }
     };
+    // `--daemon`: this process only starts the server (the same command line, re-executed)
+    // and waits until it serves.
+    let daemon = match &cli.action {
+        Action::Open(a) => a.serve.daemon,
+        Action::Integrity(a) => a.daemon_requested(),
+        _ => false,
+    };
+    if daemon && !daemon::is_child() {
+        return match daemon::run_parent() {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("sealdisk: {e:#}");
+                ExitCode::from(exit::FAILURE)
+            }
+        };
+    }
     let level = match cli.verbose {
         0 => "warn",
         1 => "info",
@@ -124,16 +179,37 @@ fn main() -> ExitCode {
     }
     let result = match cli.action {
         Action::Open(a) => actions::open::run(*a),
+        Action::Status(a) => control::client::status(a),
+        Action::Close(a) => control::client::close(a),
+        Action::Refresh(a) => control::client::refresh(a),
+        Action::Resize(a) => control::client::resize(a),
+        Action::LuksSuspend(a) => control::client::suspend(a),
+        Action::LuksResume(a) => control::client::resume(*a),
+        Action::TcryptOpen(mut a) => {
+            a.kind = Some("tcrypt".into());
+            actions::open::run(*a)
+        }
+        Action::TcryptDump(a) => actions::tcrypt::dump(*a),
+        Action::Fvault2Open(mut a) => {
+            a.kind = Some("fvault2".into());
+            actions::open::run(*a)
+        }
+        Action::Fvault2Dump(a) => actions::fvault2::dump(a),
         Action::Demo(a) => actions::demo::run(a),
         Action::Integrity(a) => actions::integrity::run(a),
         Action::LuksFormat(a) => actions::luks_format::run(*a),
         Action::LuksDump(a) => actions::luks_header::dump(a),
+        Action::BitlkDump(a) => actions::bitlk::dump(a),
+        Action::BitlkOpen(a) => {
+            actions::open::run(actions::open::OpenArgs { kind: Some("bitlk".into()), ..*a })
+        }
         Action::LuksAddKey(a) => actions::luks_keyslot::add_key(*a),
         Action::LuksRemoveKey(a) => actions::luks_keyslot::remove_key(a),
         Action::LuksChangeKey(a) => actions::luks_keyslot::change_key(*a),
         Action::LuksKillSlot(a) => actions::luks_keyslot::kill_slot(a),
         Action::LuksUuid(a) => actions::luks_header::uuid(a),
         Action::IsLuks(a) => actions::luks_header::is_luks(a),
+        Action::Probe(a) => actions::probe::run(a),
         Action::LuksHeaderBackup(a) => actions::luks_header::backup(a),
         Action::LuksHeaderRestore(a) => actions::luks_header::restore(a),
         Action::Erase(a) => actions::luks_keyslot::erase(a),

@@ -1,5 +1,6 @@
 //! Serving one device in the foreground until SIGINT/SIGTERM, then flushing: over NBD
-//! (`--listen`), or as the single file `DIR/NAME` of a FUSE mount (`--fuse DIR`).
+//! (`--listen`), as the single file `DIR/NAME` of a FUSE mount (`--fuse DIR`), or as the
+//! block device `/dev/ublkbN` (`--ublk [ID]`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,12 +12,15 @@ use clap::{Args, ValueEnum};
 use nbd::{Export, ListenAddr, Server, ServerConfig, TlsConfig};
 
 use crate::actions::UsageError;
+use crate::control;
+use crate::control::gate::Gate;
+use crate::control::server::{Live, Rebuild, Transport};
 
 /// Where and how to serve.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Where to listen: unix:PATH or tcp:HOST:PORT (TCP binds 127.0.0.1 unless told).
-    /// This or --fuse is required, except for actions that serve nothing
+    /// This, --fuse or --ublk is required, except for actions that serve nothing
     /// (`open --test-passphrase`).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
@@ -25,8 +29,30 @@ pub struct ServeArgs {
     /// SIGINT/SIGTERM, and by fusermount3 if the server dies.
     #[arg(long, value_name = "DIR", conflicts_with = "listen")]
     pub fuse: Option<PathBuf>,
+    /// Instead of NBD, serve the volume as the block device /dev/ublkbID (Linux ublk; the
+    /// next free ID if none is given). Needs /dev/ublk-control and root, or a kernel and
+    /// udev rules for unprivileged ublk. Stopped and deleted (after writing back) on
+    /// SIGINT/SIGTERM; if the server dies, I/O on the device fails.
+    #[arg(long, value_name = "ID", num_args = 0..=1, default_missing_value = "-1",
+          allow_negative_numbers = true, conflicts_with_all = ["listen", "fuse"])]
+    pub ublk: Option<i64>,
+    /// ublk hardware queues (default and 0: one per CPU).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub ublk_queues: Option<u16>,
+    /// ublk requests in flight per queue (1..=4096; default 64).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub ublk_depth: Option<u16>,
+    /// Create the ublk device with user recovery: if this server dies, the device stays and
+    /// a new `--ublk ID --ublk-recover` server re-attaches to it. I/O on the device waits
+    /// (instead of failing) until then.
+    #[arg(long, requires = "ublk")]
+    pub ublk_recoverable: bool,
+    /// Re-attach to the existing ublk device ID (made with --ublk-recoverable) whose server
+    /// died, serving this volume on it (same size and block size).
+    #[arg(long, requires = "ublk", conflicts_with = "ublk_recoverable")]
+    pub ublk_recover: bool,
     /// Worker threads per NBD connection (requests in flight per client); with --fuse, the
-    /// FUSE request threads.
+    /// FUSE request threads; with --ublk, the threads executing requests (all queues).
     #[arg(long, default_value_t = ServerConfig::default().threads_per_connection)]
     pub threads: usize,
     /// Open the backing file with O_DIRECT.
@@ -86,6 +112,15 @@ pub struct ServeArgs {
     /// port can then read and write the plaintext volume.
     #[arg(long)]
     pub insecure_listen: bool,
+
+    // Running in the background (README "Running volumes").
+    /// Detach once the volume is served: the command exits 0 when the server is ready (or
+    /// with the server's error), and the server runs on in its own session.
+    #[arg(long)]
+    pub daemon: bool,
+    /// Write the server's process id to FILE once it serves (removed when it stops).
+    #[arg(long, value_name = "FILE")]
+    pub pidfile: Option<PathBuf>,
 }
 
 /// A byte count with an optional k/m/g suffix.
@@ -177,6 +212,9 @@ enum Endpoint {
     Nbd { socket: nbd::Listening, tls: Option<TlsConfig>, listen: String },
     /// A checked mount directory (`--fuse`).
     Fuse { dir: PathBuf },
+    /// A kernel with a usable ublk driver and the device's configuration (`--ublk`).
+    #[cfg(feature = "ublk")]
+    Ublk { cfg: ublk::UblkConfig },
 }
 
 /// Checks the serving options and binds the socket: a missing `--listen`, an unparsable or
@@ -185,6 +223,14 @@ enum Endpoint {
 /// the socket's backlog. With `--fuse DIR`: no /dev/fuse, no fusermount3, and a DIR that is
 /// missing, not a directory or not empty fail here (nothing is mounted yet).
 pub fn listen(args: &ServeArgs) -> Result<Listener> {
+    if let Some(id) = args.ublk {
+        return listen_ublk(id, args);
+    }
+    if args.ublk_queues.is_some() || args.ublk_depth.is_some() || args.ublk_recoverable || args.ublk_recover {
+        anyhow::bail!(UsageError(
+            "--ublk-queues, --ublk-depth, --ublk-recoverable and --ublk-recover need --ublk".into()
+        ));
+    }
     if let Some(dir) = &args.fuse {
         if args.tls != TlsMode::Off || args.tls_certificates.is_some() || args.tls_psk.is_some() {
             anyhow::bail!(UsageError("--tls options apply to --listen, not to --fuse".into()));
@@ -193,7 +239,9 @@ pub fn listen(args: &ServeArgs) -> Result<Listener> {
         return Ok(Listener(Endpoint::Fuse { dir: dir.clone() }));
     }
     let Some(listen) = args.listen.as_deref() else {
-        anyhow::bail!(UsageError("--listen ADDR or --fuse DIR is required to serve a volume".into()));
+        anyhow::bail!(UsageError(
+            "--listen ADDR, --fuse DIR or --ublk [ID] is required to serve a volume".into()
+        ));
     };
     let addr: ListenAddr =
         listen.parse().map_err(|e| UsageError(format!("invalid --listen {listen:?}: {e}")))?;
@@ -214,9 +262,53 @@ pub fn listen(args: &ServeArgs) -> Result<Listener> {
     Ok(Listener(Endpoint::Nbd { socket, tls, listen: listen.to_owned() }))
 }
 
+/// `--ublk` in a build without the `ublk` feature: refused before anything else happens.
+#[cfg(not(feature = "ublk"))]
+fn listen_ublk(_id: i64, _args: &ServeArgs) -> Result<Listener> {
+    anyhow::bail!(UsageError(
+        "this sealdisk was built without ublk support: rebuild it with `cargo build --release -p sealdisk \
+         --features ublk` (needs libclang, Debian package libclang1)"
+            .into()
+    ))
+}
+
+/// `--ublk`: the options checked and the driver asked for its features, before any key
+/// derivation. A kernel without ublk fails here.
+#[cfg(feature = "ublk")]
+fn listen_ublk(id: i64, args: &ServeArgs) -> Result<Listener> {
+    if args.tls != TlsMode::Off || args.tls_certificates.is_some() || args.tls_psk.is_some() {
+        anyhow::bail!(UsageError("--tls options apply to --listen, not to --ublk".into()));
+    }
+    let id =
+        match id {
+            -1 => None,
+            n => Some(u32::try_from(n).ok().filter(|&n| n < 1 << 20).ok_or_else(|| {
+                UsageError(format!("--ublk {n}: the device id must be between 0 and 1048575"))
+            })?),
+        };
+    if args.ublk_recover && id.is_none() {
+        anyhow::bail!(UsageError("--ublk-recover needs the device id: --ublk ID --ublk-recover".into()));
+    }
+    let cfg = ublk::UblkConfig {
+        id,
+        queues: args.ublk_queues.unwrap_or(0),
+        depth: args.ublk_depth.unwrap_or(ublk::UblkConfig::default().depth),
+        threads: args.threads.max(1),
+        recoverable: args.ublk_recoverable,
+        recover: args.ublk_recover,
+        ..ublk::UblkConfig::default()
+    };
+    ublk::validate(&cfg).map_err(|e| UsageError(format!("--ublk: {e}")))?;
+    ublk::check_available().context("cannot serve --ublk")?;
+    Ok(Listener(Endpoint::Ublk { cfg }))
+}
+
 /// Serves `device` as export `name` on `listener` (or as the file `DIR/name` of a FUSE
-/// mount) until SIGINT or SIGTERM, then flushes and returns. With `rotational` (the volume's
-/// storage is on rotational media) the export says so (`NBD_FLAG_ROTATIONAL`).
+/// mount, or as `/dev/ublkbN`) until SIGINT or SIGTERM or `sealdisk close NAME`, then
+/// flushes and returns. With `rotational` (the volume's storage is on rotational media) the
+/// export says so (`NBD_FLAG_ROTATIONAL`, the ublk device's rotational attribute). The
+/// control socket answers `status` and `close` (a device without a volume behind it has
+/// nothing to refresh or suspend: see [`serve_volume`]).
 pub fn serve(
     name: &str,
     device: Arc<dyn BlockDevice>,
@@ -225,9 +317,50 @@ pub fn serve(
     args: &ServeArgs,
     read_only: bool,
 ) -> Result<()> {
+    let claim = control::claim(name)?;
+    let (live, gate) = Live::basic(name, device, "INTEGRITY", read_only);
+    serve_live(claim, live, gate, rotational, listener, args, read_only)
+}
+
+/// Serves an assembled volume as [`serve`] does, with the whole control plane: `status`
+/// shows its tables, `refresh` and `luksSuspend`/`luksResume` rebuild its stack on the
+/// storage `rebuild` keeps. `claim` was taken (the name checked free) before the unlock.
+pub fn serve_volume(
+    claim: control::Claim,
+    vol: volume::Volume,
+    rebuild: Rebuild,
+    listener: Listener,
+    args: &ServeArgs,
+    read_only: bool,
+) -> Result<()> {
+    let rotational = vol.rotational;
+    let name = claim.name.clone();
+    let (live, gate) = Live::from_volume(&name, vol, rebuild);
+    serve_live(claim, live, gate, rotational, listener, args, read_only)
+}
+
+fn serve_live(
+    claim: control::Claim,
+    live: Arc<Live>,
+    gate: Arc<Gate>,
+    rotational: bool,
+    listener: Listener,
+    args: &ServeArgs,
+    read_only: bool,
+) -> Result<()> {
+    let name = claim.name.clone();
+    // The unlock and the assembly ran deeper on this thread: wipe what they left on its
+    // stack (key schedule temporaries) before it serves for the volume's lifetime.
+    targets::scrub_stack();
+    let device: Arc<dyn BlockDevice> = gate.clone();
     let (socket, tls, listen) = match listener.0 {
         Endpoint::Nbd { socket, tls, listen } => (socket, tls, listen),
-        Endpoint::Fuse { dir } => return serve_fuse(name, device, &dir, args, read_only),
+        Endpoint::Fuse { dir } => return serve_fuse(claim, live, gate, &dir, args, read_only),
+        #[cfg(feature = "ublk")]
+        Endpoint::Ublk { cfg } => {
+            let cfg = ublk::UblkConfig { read_only, rotational, ..cfg };
+            return serve_ublk(claim, live, gate, cfg, args);
+        }
     };
     log::debug!("serving on {listen}");
     let g = device.geometry();
@@ -245,6 +378,17 @@ pub fn serve(
     };
     let bound = server.attach(socket);
     let handle = bound.shutdown_handle();
+    let stats = bound.stats();
+    live.set_transport(Transport {
+        kind: "nbd",
+        address: bound.local_addr().to_string(),
+        clients: Some(Box::new(move || stats.connections())),
+        stop: Box::new({
+            let handle = handle.clone();
+            move || handle.shutdown()
+        }),
+    });
+    let control = control::server::start(claim, live.clone())?;
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing signal handlers")?;
@@ -254,6 +398,8 @@ pub fn serve(
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 log::info!("signal {sig}: shutting down");
+                // Suspended: held requests cannot be served without the key; fail them.
+                gate.close_held();
                 handle.shutdown();
             }
         })
@@ -270,38 +416,59 @@ pub fn serve(
             TlsMode::Require => " (TLS required)",
         }
     );
-    bound.serve().context("NBD server failed")?;
+    crate::daemon::ready(args.pidfile.as_deref())?;
+    let r = bound.serve().context("NBD server failed");
+    crate::daemon::stopping();
+    // Gone before `close` hears back: its caller may open the name again at once.
+    drop(control);
+    crate::daemon::remove_pidfile();
+    live.finish(&r);
+    r?;
     eprintln!("sealdisk: {name} flushed and closed");
     Ok(())
 }
 
-/// Mounts `device` as `dir/name` and serves it until SIGINT/SIGTERM (which unmounts; a user
-/// that still has the file open, such as a loop device, is served until it closes it; a
-/// second signal stops at once) or an outside unmount, then flushes.
+/// Mounts `device` as `dir/name` and serves it until SIGINT/SIGTERM or `close` (which
+/// unmount; a user that still has the file open, such as a loop device, is served until it
+/// closes it; a second signal stops at once) or an outside unmount, then flushes.
 fn serve_fuse(
-    name: &str,
-    device: Arc<dyn BlockDevice>,
+    claim: control::Claim,
+    live: Arc<Live>,
+    gate: Arc<Gate>,
     dir: &Path,
     args: &ServeArgs,
     read_only: bool,
 ) -> Result<()> {
+    let name = claim.name.clone();
+    let device: Arc<dyn BlockDevice> = gate.clone();
     let cfg = fuse::FuseConfig { name: name.to_owned(), threads: args.threads.max(1), read_only };
     let mounted =
         fuse::mount(dir, device.clone(), &cfg).with_context(|| format!("serving {name} with FUSE"))?;
     let mut unmounter = mounted.unmounter();
+    let file = dir.join(&name);
+    live.set_transport(Transport {
+        kind: "fuse",
+        address: file.display().to_string(),
+        clients: None,
+        stop: Box::new({
+            let u = std::sync::Mutex::new(mounted.unmounter());
+            move || u.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unmount()
+        }),
+    });
+    let control = control::server::start(claim, live.clone())?;
     let mut signals =
         signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
             .context("installing signal handlers")?;
     crate::hardening::serving();
-    let file = dir.join(name);
     {
-        let (file, device) = (file.clone(), device.clone());
+        let (file, device, gate) = (file.clone(), device.clone(), gate.clone());
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
                 let mut signals = signals.forever();
                 if let Some(sig) = signals.next() {
                     log::info!("signal {sig}: unmounting {}", file.display());
+                    gate.close_held();
                     unmounter.unmount();
                     // Still here a moment later: someone (a loop device, say) has the file
                     // open, and the kernel keeps it until they close it.
@@ -339,11 +506,103 @@ fn serve_fuse(
         if read_only { ", read-only" } else { "" },
         file.display()
     );
+    crate::daemon::ready(args.pidfile.as_deref())?;
     // Flushed also when the session ended with an error: what was written stays written.
     let ran = mounted.run().context("FUSE server failed");
-    let flushed = device.flush().with_context(|| format!("flushing {name}"));
-    ran?;
-    flushed?;
+    crate::daemon::stopping();
+    let flushed = if gate.is_held() {
+        // Suspended: the suspend flushed everything, and there is no key to flush with.
+        Ok(())
+    } else {
+        device.flush().with_context(|| format!("flushing {name}"))
+    };
+    let r = ran.and(flushed);
+    drop(control);
+    crate::daemon::remove_pidfile();
+    live.finish(&r);
+    r?;
+    eprintln!("sealdisk: {name} flushed and closed");
+    Ok(())
+}
+
+#[cfg(feature = "ublk")]
+/// Creates (or re-attaches to) the ublk device and serves it until SIGINT/SIGTERM, which
+/// stop it (the kernel writes back what it caches for the device first); then flushes and
+/// deletes it.
+fn serve_ublk(
+    claim: control::Claim,
+    live: Arc<Live>,
+    gate: Arc<Gate>,
+    cfg: ublk::UblkConfig,
+    args: &ServeArgs,
+) -> Result<()> {
+    let name = claim.name.clone();
+    let device: Arc<dyn BlockDevice> = gate.clone();
+    let g = device.geometry();
+    let read_only = cfg.read_only;
+    let server =
+        ublk::Server::new(device.clone(), cfg).with_context(|| format!("serving {name} with ublk"))?;
+    let stop = server.stop_handle();
+    live.set_transport(Transport {
+        kind: "ublk",
+        address: server.block_path(),
+        clients: None,
+        stop: Box::new({
+            let stop = stop.clone();
+            move || stop.stop()
+        }),
+    });
+    let control = control::server::start(claim, live.clone())?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+            .context("installing signal handlers")?;
+    crate::hardening::serving();
+    {
+        let gate = gate.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    log::info!("signal {sig}: stopping the ublk device");
+                    // Suspended: held requests cannot be served without the key; fail them.
+                    gate.close_held();
+                    stop.stop();
+                }
+            })
+            .context("starting the signal thread")?;
+    }
+    let (queues, recoverable) = (server.queues(), server.recoverable());
+    let what = format!(
+        "{name} ({} bytes, {}-byte blocks{})",
+        g.size,
+        g.logical_block,
+        if read_only { ", read-only" } else { "" },
+    );
+    let extra = if recoverable { ", recoverable" } else { "" };
+    let pidfile = args.pidfile.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let ran = server
+        .run(move |path| {
+            eprintln!("sealdisk: serving {what} as {path} ({queues} queues{extra})");
+            let _ = ready_tx.send(crate::daemon::ready(pidfile.as_deref()).map_err(|e| format!("{e:#}")));
+        })
+        .with_context(|| format!("serving {name} with ublk"));
+    crate::daemon::stopping();
+    let flushed = if gate.is_held() {
+        // Suspended: the suspend flushed everything, and there is no key to flush with.
+        Ok(())
+    } else {
+        device.flush().with_context(|| format!("flushing {name}"))
+    };
+    let readied = match ready_rx.try_recv() {
+        Ok(Err(e)) => Err(anyhow::anyhow!(e)),
+        _ => Ok(()),
+    };
+    let r = ran.and(flushed).and(readied);
+    drop(control);
+    crate::daemon::remove_pidfile();
+    live.finish(&r);
+    r?;
     eprintln!("sealdisk: {name} flushed and closed");
     Ok(())
 }

@@ -24,6 +24,13 @@ pub fn have(tool: &str) -> bool {
     ok
 }
 
+/// A private control-plane runtime directory for servers a test starts in `dir`: volume
+/// names are per runtime directory (a second server under a running name is refused), and
+/// tests running in parallel reuse names such as "vol".
+pub fn runtime_dir(dir: &Path) -> PathBuf {
+    dir.join(".sealdisk-run")
+}
+
 /// A running `sealdisk open` server; killed (SIGTERM) on drop.
 pub struct Served {
     pub child: Option<Child>,
@@ -69,6 +76,7 @@ pub fn serve(dir: &Path, name: &str, args: &[&str], stdin: Option<&[u8]>) -> Ser
     let sock = dir.join(format!("{name}.sock"));
     let mut cmd = Command::new(bin());
     cmd.arg("open").args(args).arg("--listen").arg(format!("unix:{}", sock.display()));
+    cmd.env("SEALDISK_RUNTIME_DIR", runtime_dir(dir));
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     let mut child = cmd.spawn().expect("spawn sealdisk");
@@ -185,6 +193,31 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// The release binary a kernel-oracle test runs in its guest (a debug build is far too slow
+/// under emulation): `$SEALDISK_RELEASE_BIN`, else `target/release/sealdisk`. `None` (with a
+/// loud message naming `test` and how to build it: `build`) when there is none.
+pub fn release_bin(test: &str, build: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os("SEALDISK_RELEASE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+            target.join("release/sealdisk")
+        }
+    };
+    if !path.is_file() {
+        eprintln!(
+            "SKIPPED {test}: no release binary at {} ({build}, or set SEALDISK_RELEASE_BIN)",
+            path.display()
+        );
+        return None;
+    }
+    let age = std::fs::metadata(&path).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    eprintln!("{test}: the guest runs {} (built {age:.0?} ago)", path.display());
+    Some(path)
 }
 
 /// The kernel oracle: `$KERNEL_RUN`, else `shared/oracle/kernel-run` beside the checkout (as CI

@@ -61,6 +61,7 @@ impl FuseServed {
             .args(args)
             .arg("--fuse")
             .arg(mnt)
+            .env("SEALDISK_RUNTIME_DIR", mnt.with_extension("run"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -30,6 +30,7 @@ fn serve(dir: &Path, img: &str, extra: &[&str]) -> Served {
         .args(["integrity", "open"])
         .args(extra)
         .args(["--status-file", status.to_str().unwrap(), img, "vol", "--listen"])
+        .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
         .arg(format!("unix:{}", sock.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())

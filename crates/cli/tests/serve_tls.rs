@@ -51,8 +51,13 @@ fn open_args<'a>(s: &'a Setup, extra: &[&'a str]) -> Vec<&'a str> {
 
 /// Starts `sealdisk ARGS` and waits for its "serving" line; `Err(stderr)` if it exits.
 fn start(args: &[&str]) -> Result<std::process::Child, String> {
+    // Each test's server gets the control runtime directory beside its image: the tests
+    // run in parallel and all name their volume "v".
+    let image = args.iter().find(|a| a.ends_with("disk.img")).expect("an image argument");
+    let rt = common::runtime_dir(std::path::Path::new(image).parent().unwrap());
     let mut child = Command::new(bin())
         .args(args)
+        .env("SEALDISK_RUNTIME_DIR", rt)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

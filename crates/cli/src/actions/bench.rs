@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use bench::compare::{self, CompareEnv, Comparison, ComparisonResult, Point, Variant};
 use bench::format_speed::{self, FormatComparison};
+use bench::fs_workload::{self, FsComparison, FsWorkload};
 use bench::presets::{self, PresetOptions};
 use bench::report::{self, Report, ReportJob};
 use bench::spec::{format_size, parse_duration, parse_size};
@@ -177,6 +178,9 @@ pub struct BenchArgs {
     /// List the presets.
     #[arg(long)]
     pub list_presets: bool,
+    /// The tree `--preset fs-untar` unpacks: a tarball (default: a generated source-like tree).
+    #[arg(long, value_name = "TARBALL")]
+    pub tree: Option<PathBuf>,
 
     // ---- output ----
     /// normal (fio-like text) or json (schemas/bench-report.schema.json).
@@ -325,6 +329,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         print!("{}", presets::list_text());
         return Ok(());
     }
+    if a.tree.is_some() && a.preset.as_deref() != Some("fs-untar") {
+        bail!(UsageError("--tree is the tree of --preset fs-untar only".into()));
+    }
     let json = a.output_format == "json";
     let run_opts = RunOptions { progress: !a.no_progress, stop: Some(stop_flag()?), ..RunOptions::default() };
     let mut rep = Report::new(std::env::args().collect::<Vec<_>>().join(" "));
@@ -355,10 +362,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
             ramp: a.ramp_time.as_deref().map(parse_duration).transpose().map_err(usage)?,
             repetitions: a.repeat,
             size: a.size.as_deref().map(parse_size).transpose().map_err(usage)?,
+            tree: a.tree.clone(),
         };
         let comps = p.comparisons(&o);
         let formats: Vec<_> = p.format_comparison(&o).into_iter().collect();
-        return run_comparisons(&a, formats, comps, run_opts, rep, json, None);
+        let fs: Vec<_> = p.fs_comparison(&o).into_iter().collect();
+        for f in &fs {
+            fs_workload::check(f).map_err(usage)?;
+            if let Err(why) = fs_workload::host_ready(matches!(f.workload, FsWorkload::Fio { .. })) {
+                eprintln!(
+                    "bench: SKIPPED preset {name}: {why} (it serves each volume as a FUSE file on a loop device \
+                     and runs mkfs.ext4 and mount on it)"
+                );
+                return Ok(());
+            }
+        }
+        return run_comparisons(&a, Special { formats, fs }, comps, run_opts, rep, json, None);
     }
 
     if a.compare {
@@ -396,7 +415,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             repetitions: a.repeat.unwrap_or(3),
             volume_size: volume_size(&a, 256 << 20)?,
         };
-        return run_comparisons(&a, Vec::new(), vec![c], run_opts, rep, json, None);
+        return run_comparisons(&a, Special::default(), vec![c], run_opts, rep, json, None);
     }
 
     if a.target.is_some() || a.filename.is_some() || a.any_job_option() || a.any_stack_option() {
@@ -469,20 +488,28 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .unwrap_or(false),
     };
     let c = suite::comparison(&o);
-    run_comparisons(&a, Vec::new(), vec![c], run_opts, rep, json, Some(suite::summary))
+    run_comparisons(&a, Special::default(), vec![c], run_opts, rep, json, Some(suite::summary))
 }
 
-/// Runs the format-speed comparisons, then the comparisons of jobs, printing each table.
+/// Comparisons that are not of jobs, run before them: format speed, filesystem workloads.
+#[derive(Default)]
+struct Special {
+    formats: Vec<FormatComparison>,
+    fs: Vec<FsComparison>,
+}
+
+/// Runs the format-speed comparisons, the filesystem comparisons, then the comparisons of
+/// jobs, printing each table.
 fn run_comparisons(
     a: &BenchArgs,
-    formats: Vec<FormatComparison>,
+    special: Special,
     comps: Vec<Comparison>,
     run: RunOptions,
     mut rep: Report,
     json: bool,
     summary: Option<fn(&ComparisonResult) -> String>,
 ) -> Result<()> {
-    for f in &formats {
+    for f in &special.formats {
         format_speed::check(f).map_err(usage)?;
     }
     for c in &comps {
@@ -490,7 +517,7 @@ fn run_comparisons(
     }
     let env = CompareEnv { dir: dir(a)?, run, chatty: !json };
     let started = std::time::Instant::now();
-    for f in &formats {
+    for f in &special.formats {
         if !json {
             eprintln!(
                 "bench: {} — {} variants × {} repetitions, {} each",
@@ -501,6 +528,22 @@ fn run_comparisons(
             );
         }
         let r = format_speed::run(f, &env)?;
+        if !json {
+            println!("\n{}", compare::table(&r));
+        }
+        rep.comparisons.push(r);
+    }
+    for f in &special.fs {
+        if !json {
+            eprintln!(
+                "bench: {} — {} variants × {} repetitions, {} volumes as FUSE files on loop devices",
+                f.title,
+                f.variants.len(),
+                f.repetitions,
+                format_size(f.volume_size)
+            );
+        }
+        let r = fs_workload::run(f, &env)?;
         if !json {
             println!("\n{}", compare::table(&r));
         }

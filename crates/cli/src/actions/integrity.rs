@@ -27,6 +27,13 @@ pub struct IntegrityArgs {
     action: IntegrityAction,
 }
 
+impl IntegrityArgs {
+    /// Whether this is `integrity open --daemon`.
+    pub fn daemon_requested(&self) -> bool {
+        matches!(&self.action, IntegrityAction::Open(o) if o.serve.daemon)
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum IntegrityAction {
     /// Format DEVICE (superblock, journal, and a wipe that writes valid tags).

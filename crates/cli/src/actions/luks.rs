@@ -229,6 +229,13 @@ impl<'a> Passphrases<'a> {
 #[error("{0:#}")]
 pub struct SourceError(anyhow::Error);
 
+impl SourceError {
+    /// Wraps a passphrase source's failure.
+    pub fn new(e: anyhow::Error) -> Self {
+        SourceError(e)
+    }
+}
+
 impl PassphraseSource for Passphrases<'_> {
     fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError> {
         if !self.more() {

@@ -8,10 +8,11 @@ use formats::dm::CryptOptions;
 use volume::luks::LuksVersion;
 use volume::{Format, LuksSpec, OpenOptions, VolumeError};
 
-use super::luks::{KeyArgs, Passphrases};
-use super::open::{masked, OpenArgs};
+use super::luks::Passphrases;
+use super::open::{masked, OpenArgs, OpenTarget};
 use super::UsageError;
-use crate::serve::serve;
+use crate::control::server::{LuksResume, Rebuild};
+use crate::serve::serve_volume;
 
 /// cryptsetup's refusal of a device without a LUKS header, with a hint for what it holds.
 fn not_luks(e: VolumeError) -> anyhow::Error {
@@ -19,6 +20,12 @@ fn not_luks(e: VolumeError) -> anyhow::Error {
         VolumeError::NotLuks { path, found: Format::Integrity } => UsageError(format!(
             "Device {path} is not a valid LUKS device: it holds a dm-integrity superblock.\n\
              Open it with `sealdisk integrity open {path} NAME --listen ADDR`."
+        ))
+        .into(),
+        VolumeError::NotLuks { path, found: found @ (Format::Fvault2 | Format::Bitlk) } => UsageError(format!(
+            "Device {path} is not a valid LUKS device: it holds a {} volume.\nOpen it with --type {}.",
+            found.name(),
+            found.type_name().unwrap_or_default()
         ))
         .into(),
         VolumeError::NotLuks { path, .. } => UsageError(format!(
@@ -37,17 +44,8 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         "luks2" => Some(LuksVersion::V2),
         _ => None,
     };
-    let (device, name) = match (a.positional.as_slice(), a.test_passphrase) {
-        ([d], true) => (d.clone(), None),
-        ([d, n], _) => (d.clone(), Some(n.clone())),
-        _ => bail!(UsageError("open needs DEVICE and NAME (or --test-passphrase DEVICE)".into())),
-    };
+    let OpenTarget { device, name, listener } = a.target()?;
     // Everything cheap before the KDF: the socket, then the devices (opened and locked).
-    let listener = match a.test_passphrase {
-        true => None,
-        false => Some(crate::serve::listen(&a.serve)?),
-    };
-    super::ensure_device(&device)?;
     let header = match &a.header {
         Some(h) => {
             super::ensure_device(h)?;
@@ -56,12 +54,7 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         None => None,
     };
     let data = volume::storage::open(&device, &opts.storage())?;
-    let keys = KeyArgs {
-        key_file: a.key_file.clone(),
-        keyfile_offset: a.keyfile_offset,
-        keyfile_size: a.keyfile_size,
-        tries: a.tries,
-    };
+    let keys = a.key_args();
     let mut passphrases = Passphrases::new(&keys, format!("Enter passphrase for {device}: "));
     let mut spec = LuksSpec {
         version,
@@ -86,6 +79,7 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         log::info!("Key slot {} unlocked.", unlocked.keyslot);
         return Ok(());
     };
+    let (storage, header) = (data.clone(), spec.header.clone());
     let vol = volume::open(volume::Spec::Luks(spec), data, opts)
         .map_err(not_luks)
         .with_context(|| format!("opening {device} as LUKS"))?;
@@ -102,6 +96,16 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
             }
         }
     }
-    let name = name.unwrap_or_default();
-    serve(&name, vol.device, vol.rotational, listener, &a.serve, a.readonly)
+    let Some(name) = name else { bail!(UsageError("open needs DEVICE and NAME".into())) };
+    // cryptsetup refuses a name in use at activation, after the passphrase; the early check
+    // above spared the KDF when a server already answers.
+    let claim = crate::control::claim(&name)?;
+    let luks = vol.luks.as_ref().map(|u| LuksResume {
+        version: u.luks.version(),
+        uuid: u.luks.uuid().to_owned(),
+        integrity_no_journal: a.integrity_no_journal,
+        kdf_limits: a.kdf_limits.limits(),
+    });
+    let rebuild = Rebuild { storage, header, opts: *opts, flags: CryptOptions::default(), table: None, luks };
+    serve_volume(claim, vol, rebuild, listener, &a.serve, a.readonly)
 }

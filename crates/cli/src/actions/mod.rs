@@ -2,8 +2,10 @@
 
 pub mod bench;
 pub mod benchmark;
+pub mod bitlk;
 pub mod demo;
 pub mod docs;
+pub mod fvault2;
 pub mod integrity;
 pub mod luks;
 pub mod luks_format;
@@ -11,6 +13,8 @@ pub mod luks_header;
 pub mod luks_keyslot;
 pub mod luks_open;
 pub mod open;
+pub mod probe;
+pub mod tcrypt;
 pub mod wipe;
 
 use blockdev::{BlockError, BlockErrorKind};
@@ -60,8 +64,14 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         if let Some(Quiet(code)) = cause.downcast_ref::<Quiet>() {
             return *code;
         }
-        if cause.downcast_ref::<NoDevice>().is_some() {
+        if cause.downcast_ref::<NoDevice>().is_some() || cause.is::<crate::control::client::Inactive>() {
             return exit::DEVICE;
+        }
+        if let Some(r) = cause.downcast_ref::<crate::control::client::Refused>() {
+            return r.code;
+        }
+        if cause.is::<crate::control::NameInUse>() {
+            return exit::BUSY;
         }
         if cause.downcast_ref::<BlockError>().is_some_and(|b| b.kind() == BlockErrorKind::Busy) {
             return exit::BUSY;

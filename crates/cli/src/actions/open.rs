@@ -11,11 +11,12 @@ use clap::Args;
 use formats::dm::{CryptOptions, CryptTable};
 use formats::limits::DM_MAX_TABLE_BYTES;
 use volume::plain::PlainParams;
-use volume::{OpenOptions, Spec};
+use volume::{Format, OpenOptions, Spec};
 
 use super::UsageError;
+use crate::control::server::Rebuild;
 use crate::keys::{read_key, KeySource};
-use crate::serve::{listen, serve, ServeArgs};
+use crate::serve::{listen, serve_volume, ServeArgs};
 
 /// Arguments of `sealdisk open`.
 #[derive(Debug, Args)]
@@ -26,8 +27,10 @@ Examples:
       --sector-size 4096 disk.img vol --listen unix:/tmp/vol.sock
   dmsetup table --showkeys vol | sealdisk open --table-file - vol --listen tcp:127.0.0.1:10809")]
 pub struct OpenArgs {
-    /// Device type: luks (the default: LUKS1 or LUKS2), luks1, luks2, or plain (dm-crypt
-    /// without a header). `--table-file` needs none.
+    /// Device type: luks (LUKS1 or LUKS2), luks1, luks2, plain (dm-crypt without a header),
+    /// tcrypt (TrueCrypt/VeraCrypt), bitlk (BitLocker) or fvault2 (FileVault2). Without it,
+    /// the device is probed (LUKS first, as blkid) and opened as what is found;
+    /// `--table-file` needs none.
     #[arg(long = "type", short = 'M')]
     pub kind: Option<String>,
     /// LUKS: detached header file.
@@ -44,15 +47,16 @@ pub struct OpenArgs {
     /// Read a dm-crypt table line from FILE (`-` for stdin) instead of plain options.
     #[arg(long, value_name = "FILE")]
     pub table_file: Option<String>,
-    /// Cipher specification.
-    #[arg(long, short = 'c', default_value = "aes-cbc-essiv:sha256")]
-    pub cipher: String,
+    /// Cipher specification (plain: default aes-cbc-essiv:sha256; tcrypt: only try
+    /// chains whose name contains it).
+    #[arg(long, short = 'c')]
+    pub cipher: Option<String>,
     /// Key size in bits.
     #[arg(long, short = 's', default_value_t = 256)]
     pub key_size: usize,
-    /// Read the key from FILE (`-` for stdin).
+    /// Read the key from FILE (`-` for stdin); tcrypt: a keyfile, repeatable.
     #[arg(long, short = 'd', value_name = "FILE")]
-    pub key_file: Option<String>,
+    pub key_file: Vec<String>,
     /// Skip this many bytes of the key file.
     #[arg(long, default_value_t = 0)]
     pub keyfile_offset: u64,
@@ -115,6 +119,8 @@ pub struct OpenArgs {
     /// With --print-table: show the key.
     #[arg(long)]
     pub showkeys: bool,
+    #[command(flatten)]
+    pub tcrypt: super::tcrypt::TcryptArgs,
     /// DEVICE NAME; only DEVICE with --test-passphrase, only NAME with --table-file.
     #[arg(value_name = "DEVICE NAME", required = true, num_args = 1..=2)]
     pub positional: Vec<String>,
@@ -163,17 +169,33 @@ pub fn run(a: OpenArgs) -> Result<()> {
             };
             let table = read_table(file)?;
             let listener = listen(&a.serve)?;
+            crate::control::ensure_free(name)?;
             super::ensure_device(&table.device)?;
             (Spec::Table(table.clone()), table.device.clone(), name.clone(), listener)
         }
         None => {
-            let kind = a.kind.as_deref().unwrap_or("luks");
+            let kind = match a.kind.as_deref() {
+                Some(k) => k,
+                None => probed_type(&a)?,
+            };
+            if kind == "tcrypt" {
+                return super::tcrypt::open(&a, &opts);
+            }
+            if a.key_file.len() > 1 {
+                bail!(UsageError("Only one --key-file argument is allowed.".into()));
+            }
             if matches!(kind, "luks" | "luks1" | "luks2") {
                 return super::luks_open::run(&a, kind, &opts);
             }
+            if kind == "fvault2" {
+                return super::fvault2::open(&a, &opts);
+            }
+            if kind == "bitlk" {
+                return super::bitlk::open(&a, &opts);
+            }
             if kind != "plain" {
                 bail!(UsageError(format!(
-                    "device type {kind:?} is not supported (supported: luks, luks1, luks2, plain, or --table-file)"
+                    "device type {kind:?} is not supported (supported: luks, luks1, luks2, plain, tcrypt, bitlk, fvault2, or --table-file)"
                 )));
             }
             let [device, name] = a.positional.as_slice() else {
@@ -181,12 +203,14 @@ pub fn run(a: OpenArgs) -> Result<()> {
             };
             plain_usage(&a)?;
             let listener = listen(&a.serve)?;
+            crate::control::ensure_free(name)?;
             super::ensure_device(device)?;
             (Spec::Plain(plain_params(&a)?), device.clone(), name.clone(), listener)
         }
     };
-    let opened = volume::storage::open(&device, &opts.storage())
-        .and_then(|storage| volume::open(spec, storage, &opts))
+    let storage = volume::storage::open(&device, &opts.storage())
+        .with_context(|| format!("opening {device} as dm-crypt"))?;
+    let opened = volume::open(spec, storage.clone(), &opts)
         .with_context(|| format!("opening {device} as dm-crypt"))?;
     if let (true, Some(table)) = (a.print_table, opened.crypt_table()) {
         // Straight to stdout: no String copy of the key.
@@ -196,7 +220,75 @@ pub fn run(a: OpenArgs) -> Result<()> {
             println!("{}", masked(table));
         }
     }
-    serve(&name, opened.device, opened.rotational, listener, &a.serve, a.readonly)
+    let claim = crate::control::claim(&name)?;
+    let rebuild =
+        Rebuild { storage, header: None, opts, flags: CryptOptions::default(), table: None, luks: None };
+    serve_volume(claim, opened, rebuild, listener, &a.serve, a.readonly)
+}
+
+/// What every `open` of a volume with a passphrase does before its unlock: DEVICE and NAME
+/// (or `--test-passphrase DEVICE`), the listening socket (so an address in use is reported
+/// before a slow key derivation), the name checked free, the device checked.
+pub(super) struct OpenTarget {
+    pub device: String,
+    /// `None` with `--test-passphrase`.
+    pub name: Option<String>,
+    /// `None` with `--test-passphrase`: unlock only, serve nothing.
+    pub listener: Option<crate::serve::Listener>,
+}
+
+impl OpenArgs {
+    /// See [`OpenTarget`].
+    pub(super) fn target(&self) -> Result<OpenTarget> {
+        let (device, name) = match (self.positional.as_slice(), self.test_passphrase) {
+            ([d], true) => (d.clone(), None),
+            ([d, n], _) => (d.clone(), Some(n.clone())),
+            _ => bail!(UsageError("open needs DEVICE and NAME (or --test-passphrase DEVICE)".into())),
+        };
+        let listener = match self.test_passphrase {
+            true => None,
+            false => Some(crate::serve::listen(&self.serve)?),
+        };
+        if let (Some(n), Some(_)) = (&name, &listener) {
+            crate::control::ensure_free(n)?;
+        }
+        super::ensure_device(&device)?;
+        Ok(OpenTarget { device, name, listener })
+    }
+
+    /// The passphrase source: one `--key-file` (tcrypt's keyfiles are not passphrases), its
+    /// offset and size, `--tries`.
+    pub(super) fn key_args(&self) -> super::luks::KeyArgs {
+        super::luks::KeyArgs {
+            key_file: self.key_file.first().cloned(),
+            keyfile_offset: self.keyfile_offset,
+            keyfile_size: self.keyfile_size,
+            tries: self.tries,
+        }
+    }
+}
+
+/// cryptsetup's default plain-mode cipher.
+const PLAIN_CIPHER: &str = "aes-cbc-essiv:sha256";
+
+/// `open` without `--type`: what the probe finds on DEVICE (`volume::probe`, LUKS first as
+/// blkid). A device with no signature is taken as LUKS, whose refusal explains plain
+/// dm-crypt; formats that `open` does not serve say which command does.
+fn probed_type(a: &OpenArgs) -> Result<&'static str> {
+    let Some(device) = a.positional.first() else {
+        bail!(UsageError("open needs DEVICE and NAME".into()));
+    };
+    let storage = super::luks::open_meta(device, true)?;
+    let found = volume::probe(&storage).with_context(|| format!("probing {device}"))?;
+    log::info!("{device}: {} found.", found.name());
+    Ok(match found {
+        Format::Integrity => bail!(UsageError(format!(
+            "Device {device} holds a dm-integrity superblock: open it with `sealdisk integrity open {device} NAME --listen ADDR`."
+        ))),
+        Format::Bitlk => "bitlk",
+        Format::Fvault2 => "fvault2",
+        _ => "luks",
+    })
 }
 
 /// The plain-mode option checks that need no file.
@@ -204,7 +296,7 @@ fn plain_usage(a: &OpenArgs) -> Result<()> {
     if !a.key_size.is_multiple_of(8) {
         bail!(UsageError(format!("--key-size {} is not a multiple of 8 bits", a.key_size)));
     }
-    if a.key_file.is_none() {
+    if a.key_file.is_empty() {
         bail!(UsageError(
             "plain mode needs --key-file FILE (or - for stdin); keys are never taken from arguments".into()
         ));
@@ -216,12 +308,13 @@ fn plain_params(a: &OpenArgs) -> Result<PlainParams> {
     if !a.key_size.is_multiple_of(8) {
         bail!(UsageError(format!("--key-size {} is not a multiple of 8 bits", a.key_size)));
     }
-    let Some(key_file) = &a.key_file else {
+    let Some(key_file) = a.key_file.first() else {
         bail!(UsageError(
             "plain mode needs --key-file FILE (or - for stdin); keys are never taken from arguments".into()
         ));
     };
-    let no_key = a.cipher.starts_with("cipher_null");
+    let cipher = a.cipher.as_deref().unwrap_or(PLAIN_CIPHER);
+    let no_key = cipher.starts_with("cipher_null");
     let key = if no_key {
         sector_crypto::VolumeKey::new(Vec::new())
     } else {
@@ -239,7 +332,7 @@ fn plain_params(a: &OpenArgs) -> Result<PlainParams> {
         iv_large_sectors: a.iv_large_sectors,
         integrity_aead: None,
     };
-    Ok(PlainParams { cipher: a.cipher.clone(), key, offset: a.offset, skip: a.skip, size: a.size, options })
+    Ok(PlainParams { cipher: cipher.to_owned(), key, offset: a.offset, skip: a.skip, size: a.size, options })
 }
 
 /// The longest table file read (`formats::limits`): a crypt line is a few hundred bytes

@@ -1,0 +1,599 @@
+//! The serving side of the control socket: a [`Live`] volume (its gate, its status, what
+//! it needs to rebuild its stack) and the thread that answers requests about it.
+//!
+//! Everything here runs on control threads; the I/O path only ever sees the [`Gate`].
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use blockdev::BlockDevice;
+use formats::dm::{CryptOptions, CryptTable};
+use sector_crypto::kdf::Passphrase;
+use sector_crypto::secure::SecretBuf;
+use volume::luks::{KdfLimits, LuksVersion};
+use volume::{LayerTable, LuksSpec, OnePassphrase, OpenOptions, Spec, Storage, Volume, VolumeKind};
+
+use super::gate::Gate;
+use super::proto::{self, Command, Refresh, Response, Status, MAX_SECRET};
+use super::Claim;
+use crate::exit;
+
+/// Control connections served at once; more are closed at accept.
+const MAX_CONNECTIONS: usize = 16;
+
+/// How long a control client may take to send its request (and take the reply).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a LUKS volume needs to be unlocked again (`luksResume`).
+#[derive(Debug, Clone)]
+pub struct LuksResume {
+    pub version: LuksVersion,
+    /// The header's UUID at open: a resume must find the same volume.
+    pub uuid: String,
+    pub integrity_no_journal: bool,
+    pub kdf_limits: KdfLimits,
+}
+
+/// What the control plane keeps to rebuild a volume's stack on the same storage.
+pub struct Rebuild {
+    /// The data storage (opened and locked once, at open).
+    pub storage: Storage,
+    /// A detached header.
+    pub header: Option<Storage>,
+    pub opts: OpenOptions,
+    /// The activation flags now in force.
+    pub flags: CryptOptions,
+    /// The crypt table (it holds the key) of a volume `refresh` can rebuild from it: plain
+    /// and LUKS without integrity. `None` for other kinds, and while suspended.
+    pub table: Option<CryptTable>,
+    /// LUKS volumes: what `luksResume` needs.
+    pub luks: Option<LuksResume>,
+}
+
+/// Where the served volume is reached, filled in by `serve` once it is listening.
+pub struct Transport {
+    pub kind: &'static str,
+    pub address: String,
+    pub clients: Option<Box<dyn Fn() -> usize + Send + Sync>>,
+    /// Stops serving (the NBD server's graceful shutdown, the FUSE unmount).
+    pub stop: Box<dyn Fn() + Send + Sync>,
+}
+
+/// A running volume, as the control plane sees it.
+pub struct Live {
+    pub name: String,
+    gate: Arc<Gate>,
+    /// The status fields fixed at open (flags and suspension are filled in when asked).
+    base: Status,
+    rebuild: Mutex<Option<Rebuild>>,
+    transport: OnceLock<Transport>,
+    /// The outcome of serving (set once the transport stopped and flushed), and whether the
+    /// `close` that asked for it has been answered.
+    finished: Mutex<(Option<Result<(), String>>, bool)>,
+    finished_cv: Condvar,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn mode_name(m: volume::CryptMode) -> &'static str {
+    match m {
+        volume::CryptMode::Auto => "auto",
+        volume::CryptMode::Pool => "pool",
+        volume::CryptMode::Inline => "inline",
+    }
+}
+
+fn parse_mode(s: &str) -> Option<volume::CryptMode> {
+    match s {
+        "auto" => Some(volume::CryptMode::Auto),
+        "pool" => Some(volume::CryptMode::Pool),
+        "inline" => Some(volume::CryptMode::Inline),
+        _ => None,
+    }
+}
+
+/// The flag words of `cryptsetup status` for `o`.
+fn flag_words(o: &CryptOptions) -> Vec<String> {
+    [
+        (o.allow_discards, "discards"),
+        (o.same_cpu_crypt, "same_cpu_crypt"),
+        (o.submit_from_crypt_cpus, "submit_from_crypt_cpus"),
+        (o.no_read_workqueue, "no_read_workqueue"),
+        (o.no_write_workqueue, "no_write_workqueue"),
+        (o.high_priority, "high_priority"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, w)| w.to_string())
+    .collect()
+}
+
+impl Live {
+    /// A volume served with no control beyond `status` and `close` (a standalone
+    /// dm-integrity volume, or any device a caller built).
+    pub fn basic(
+        name: &str,
+        device: Arc<dyn BlockDevice>,
+        kind: &str,
+        read_only: bool,
+    ) -> (Arc<Live>, Arc<Gate>) {
+        let g = device.geometry();
+        let base = Status {
+            name: name.to_owned(),
+            kind: kind.to_owned(),
+            device: "n/a".to_owned(),
+            sector_size: g.logical_block,
+            size: g.size / 512,
+            read_only,
+            ..Status::default()
+        };
+        Self::with(name, device, base, None)
+    }
+
+    /// A volume assembled by `volume::open` on `rebuild.storage`. Every table of `vol`
+    /// (they hold the key) is dropped here, but the one `rebuild` keeps for `refresh`.
+    pub fn from_volume(name: &str, vol: Volume, mut rebuild: Rebuild) -> (Arc<Live>, Arc<Gate>) {
+        let mut base = Status {
+            name: name.to_owned(),
+            kind: match vol.kind {
+                VolumeKind::Luks1 => "LUKS1",
+                VolumeKind::Luks2 | VolumeKind::Luks2Aead => "LUKS2",
+                VolumeKind::Plain => "PLAIN",
+                VolumeKind::Integrity => "INTEGRITY",
+                _ => "n/a",
+            }
+            .to_owned(),
+            // cryptsetup shows the device's full path.
+            device: std::fs::canonicalize(&rebuild.storage.name)
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| rebuild.storage.name.clone()),
+            read_only: rebuild.opts.read_only,
+            ..Status::default()
+        };
+        if let Some(t) = vol.crypt_table() {
+            base.cipher = Some(t.cipher.clone());
+            base.keysize_bits = u32::try_from(t.key.len() * 8).ok();
+            base.key_location = Some("dm-crypt".into());
+            base.sector_size = t.options.sector_size();
+            base.offset = t.offset;
+            base.size = t.len;
+            base.skipped = t.iv_offset;
+            base.crypt_mode = Some(mode_name(rebuild.opts.crypt_mode).into());
+            rebuild.flags = CryptOptions { integrity_aead: None, ..t.options };
+            if vol.kind != VolumeKind::Luks2Aead {
+                rebuild.table = Some(t.clone());
+            }
+        } else {
+            let g = vol.device.geometry();
+            base.sector_size = g.logical_block;
+            base.size = g.size / 512;
+        }
+        for l in &vol.layers {
+            if let LayerTable::Integrity(i) = l {
+                base.integrity = Some(i.internal_hash.clone().unwrap_or_else(|| "aead".into()));
+                base.integrity_tag_size = Some(i.tag_size);
+                base.journal = Some(
+                    match i.mode {
+                        'J' => "journal",
+                        'B' => "bitmap",
+                        'D' => "direct (no journal)",
+                        'R' => "recovery",
+                        _ => "unknown",
+                    }
+                    .into(),
+                );
+            }
+        }
+        let Volume { device, .. } = vol;
+        Self::with(name, device, base, Some(rebuild))
+    }
+
+    fn with(
+        name: &str,
+        device: Arc<dyn BlockDevice>,
+        base: Status,
+        rebuild: Option<Rebuild>,
+    ) -> (Arc<Live>, Arc<Gate>) {
+        let gate = Arc::new(Gate::new(device));
+        let live = Arc::new(Live {
+            name: name.to_owned(),
+            gate: gate.clone(),
+            base,
+            rebuild: Mutex::new(rebuild),
+            transport: OnceLock::new(),
+            finished: Mutex::new((None, false)),
+            finished_cv: Condvar::new(),
+        });
+        (live, gate)
+    }
+
+    /// Tells the control plane how the volume is served.
+    pub fn set_transport(&self, t: Transport) {
+        let _ = self.transport.set(t);
+    }
+
+    /// Serving is over (`result` is the final flush's outcome): answers a waiting `close`,
+    /// and gives it a moment to send its reply before the process exits.
+    pub fn finish(&self, result: &Result<()>) {
+        // The stack and the storage go first: a `close` caller may reopen the device at once.
+        drop(lock(&self.rebuild).take());
+        self.gate.retire();
+        let mut f = lock(&self.finished);
+        f.0 = Some(result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
+        self.finished_cv.notify_all();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while !f.1 && CLOSE_ASKED.load(Ordering::SeqCst) > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            f = self.finished_cv.wait_timeout(f, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// The status now.
+    pub fn status(&self) -> Status {
+        let mut s = self.base.clone();
+        s.pid = std::process::id();
+        s.suspended = self.gate.is_held();
+        s.size = self.gate.geometry().size / 512;
+        if let Some(r) = &*lock(&self.rebuild) {
+            s.flags = flag_words(&r.flags);
+            if s.crypt_mode.is_some() {
+                s.crypt_mode = Some(mode_name(r.opts.crypt_mode).into());
+            }
+        }
+        if s.suspended {
+            s.key_location = s.key_location.map(|_| "none (suspended: key wiped)".into());
+        }
+        if let Some(t) = self.transport.get() {
+            s.transport = t.kind.to_owned();
+            s.address = t.address.clone();
+            s.clients = t.clients.as_ref().map(|c| c());
+        }
+        s
+    }
+
+    fn close(&self) -> Response {
+        if self.gate.is_held() {
+            return Response::err(
+                exit::BUSY,
+                format!("Device {} is suspended: resume it (luksResume) before closing it.", self.name),
+            );
+        }
+        let Some(t) = self.transport.get() else {
+            return Response::err(exit::BUSY, format!("Device {} is still starting.", self.name));
+        };
+        CLOSE_ASKED.fetch_add(1, Ordering::SeqCst);
+        (t.stop)();
+        let mut f = lock(&self.finished);
+        while f.0.is_none() {
+            f = self.finished_cv.wait(f).unwrap_or_else(PoisonError::into_inner);
+        }
+        let r = match f.0.clone() {
+            Some(Ok(())) => Response::ok(),
+            Some(Err(e)) => Response::err(exit::FAILURE, format!("closing {}: {e}", self.name)),
+            None => Response::err(exit::FAILURE, "closing: no outcome"),
+        };
+        r
+    }
+
+    /// Marks the close reply as sent (the main thread may exit).
+    fn close_answered(&self) {
+        let mut f = lock(&self.finished);
+        f.1 = true;
+        self.finished_cv.notify_all();
+    }
+
+    fn refresh(&self, want: &Refresh) -> Response {
+        let mut guard = lock(&self.rebuild);
+        let Some(r) = guard.as_mut() else {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} ({}) has no crypt flags to refresh.", self.name, self.base.kind),
+            );
+        };
+        if self.gate.is_held() {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        }
+        let Some(table) = &r.table else {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!(
+                    "refresh of {} is not supported: an authenticated (integrity) volume's flags cannot be changed live",
+                    self.name
+                ),
+            );
+        };
+        if want.allow_discards != r.flags.allow_discards {
+            return Response::err(
+                exit::BAD_ARGS,
+                "--allow-discards cannot be changed on a running volume: clients were told at connect \
+                 whether it takes TRIM (close and open it again)",
+            );
+        }
+        let mut opts = r.opts;
+        if let Some(m) = &want.crypt_mode {
+            match parse_mode(m) {
+                Some(m) => opts.crypt_mode = m,
+                None => return Response::err(exit::BAD_ARGS, format!("invalid --crypt-mode {m:?}")),
+            }
+        }
+        let mut t = table.clone();
+        t.options.same_cpu_crypt = want.same_cpu_crypt;
+        t.options.submit_from_crypt_cpus = want.submit_from_crypt_cpus;
+        t.options.no_read_workqueue = want.no_read_workqueue;
+        t.options.no_write_workqueue = want.no_write_workqueue;
+        let vol = match volume::open(Spec::Table(t.clone()), r.storage.clone(), &opts) {
+            Ok(v) => v,
+            Err(e) => return Response::err(exit::FAILURE, format!("rebuilding {}: {e}", self.name)),
+        };
+        if !self.gate.fits(&*vol.device) {
+            return Response::err(
+                exit::FAILURE,
+                "the rebuilt volume differs in size or capabilities: refused",
+            );
+        }
+        let Volume { device, .. } = vol;
+        // A request boundary: requests running finish on the old stack, new ones take this.
+        drop(self.gate.replace(device));
+        r.flags = CryptOptions { integrity_aead: None, ..t.options };
+        r.opts = opts;
+        r.table = Some(t);
+        log::info!("{}: refreshed (flags: {:?})", self.name, flag_words(&r.flags));
+        Response::ok()
+    }
+
+    fn resize(&self, sectors: Option<u64>) -> Response {
+        let mut guard = lock(&self.rebuild);
+        let Some(r) = guard.as_mut() else {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} ({}) cannot be resized.", self.name, self.base.kind),
+            );
+        };
+        if self.gate.is_held() {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        }
+        let Some(table) = &r.table else {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!(
+                    "resize of {} is not supported: authenticated (integrity) volumes cannot be resized live",
+                    self.name
+                ),
+            );
+        };
+        let avail = (r.storage.size() / 512).saturating_sub(table.offset);
+        let len = sectors.unwrap_or(avail);
+        let block = u64::from(table.options.sector_size() / 512).max(1);
+        if len == 0 || !len.is_multiple_of(block) {
+            return Response::err(exit::BAD_ARGS, "Device size is not aligned to requested sector size.");
+        }
+        if len > avail {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!(
+                    "Requested size {len} sectors exceeds the {avail} sectors of {} after the data offset.",
+                    r.storage.name
+                ),
+            );
+        }
+        let mut t = table.clone();
+        t.len = len;
+        let vol = match volume::open(Spec::Table(t.clone()), r.storage.clone(), &r.opts) {
+            Ok(v) => v,
+            Err(e) => return Response::err(exit::FAILURE, format!("rebuilding {}: {e}", self.name)),
+        };
+        if !self.gate.fits_resized(&*vol.device) {
+            return Response::err(
+                exit::FAILURE,
+                "the resized volume differs in block size or capabilities: refused",
+            );
+        }
+        let Volume { device, .. } = vol;
+        drop(self.gate.replace_resized(device));
+        r.table = Some(t);
+        log::info!("{}: resized to {len} sectors", self.name);
+        Response::ok()
+    }
+
+    fn suspend(&self) -> Response {
+        let mut guard = lock(&self.rebuild);
+        let luks = guard.as_ref().and_then(|r| r.luks.as_ref());
+        if luks.is_none() {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} is not a LUKS device: luksSuspend works on LUKS volumes only.", self.name),
+            );
+        }
+        if self.gate.is_held() {
+            return Response::err(exit::BAD_ARGS, format!("Volume {} is already suspended.", self.name));
+        }
+        let Some(old) = self.gate.hold() else {
+            return Response::err(exit::BAD_ARGS, format!("Volume {} is already suspended.", self.name));
+        };
+        if let Err(e) = old.flush() {
+            drop(self.gate.replace(old));
+            return Response::err(
+                exit::FAILURE,
+                format!("flushing {} failed, not suspended: {e}", self.name),
+            );
+        }
+        // The stack, and with it every key schedule, goes here: nothing else refers to it
+        // (the gate held it alone, and `hold` waited for the last request).
+        drop(old);
+        if let Some(r) = guard.as_mut() {
+            r.table = None;
+        }
+        // Stack temporaries of the key schedules (cipher backends leave some) on the crypto
+        // pool's threads and this one.
+        targets::scrub_crypto_stacks();
+        log::info!("{}: suspended, key wiped", self.name);
+        Response::ok()
+    }
+
+    fn resume(&self, pass: Passphrase) -> Response {
+        let mut guard = lock(&self.rebuild);
+        let Some(r) = guard.as_mut() else {
+            return Response::err(exit::BAD_ARGS, format!("Device {} is not a LUKS device.", self.name));
+        };
+        let Some(l) = r.luks.clone() else {
+            return Response::err(exit::BAD_ARGS, format!("Device {} is not a LUKS device.", self.name));
+        };
+        if !self.gate.is_held() {
+            return Response::err(exit::BAD_ARGS, format!("Volume {} is not suspended.", self.name));
+        }
+        let mut one = OnePassphrase::new(&pass);
+        let spec = LuksSpec {
+            version: Some(l.version),
+            header: r.header.clone(),
+            key_slot: None,
+            flags: r.flags,
+            integrity_no_journal: l.integrity_no_journal,
+            kdf_limits: l.kdf_limits,
+            passphrase: &mut one,
+        };
+        let vol = match volume::open(Spec::Luks(spec), r.storage.clone(), &r.opts) {
+            Ok(v) => v,
+            Err(e) => {
+                let code = crate::actions::luks::kind_code(e.kind());
+                let msg = match e.kind() {
+                    volume::ErrorKind::WrongKey => "No key available with this passphrase.".to_owned(),
+                    _ => format!("resuming {}: {e}", self.name),
+                };
+                return Response::err(code, msg);
+            }
+        };
+        if vol.luks.as_ref().map(|u| u.luks.uuid()) != Some(l.uuid.as_str()) {
+            return Response::err(
+                exit::FAILURE,
+                "the LUKS header now on the device has another UUID: not resumed",
+            );
+        }
+        if !self.gate.fits(&*vol.device) {
+            return Response::err(
+                exit::FAILURE,
+                "the volume now differs in size or capabilities: not resumed",
+            );
+        }
+        r.table = match vol.kind {
+            VolumeKind::Luks2Aead => None,
+            _ => vol.crypt_table().cloned(),
+        };
+        let Volume { device, .. } = vol;
+        drop(self.gate.replace(device));
+        log::info!("{}: resumed", self.name);
+        Response::ok()
+    }
+
+    /// Answers one control connection.
+    fn answer(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
+        let mut reader = BufReader::new(&stream);
+        let mut closing = false;
+        let resp = match proto::read_line(&mut reader) {
+            Err(e) => Response::err(exit::BAD_ARGS, format!("bad request: {e}")),
+            Ok(line) => match proto::parse_request(&line) {
+                Err(e) => Response::err(exit::BAD_ARGS, e),
+                Ok(req) => match req.cmd {
+                    Command::Status => Response { status: Some(self.status()), ..Response::ok() },
+                    Command::Close => {
+                        closing = true;
+                        self.close()
+                    }
+                    Command::Refresh(r) => self.refresh(&r),
+                    Command::Suspend => self.suspend(),
+                    Command::Resize { size } => self.resize(size),
+                    Command::Resume { secret_len } => match read_secret(&mut reader, secret_len) {
+                        Ok(pass) => self.resume(pass),
+                        Err(e) => Response::err(exit::BAD_ARGS, e),
+                    },
+                },
+            },
+        };
+        // A resume or refresh built key schedules on this thread: leave no temporaries.
+        targets::scrub_stack();
+        let mut line = serde_json::to_vec(&resp).unwrap_or_else(|_| br#"{"v":1,"ok":false}"#.to_vec());
+        line.push(b'\n');
+        let _ = (&stream).write_all(&line);
+        if closing {
+            self.close_answered();
+        }
+    }
+}
+
+/// How many `close` requests are being answered: the main thread waits for their replies.
+static CLOSE_ASKED: AtomicUsize = AtomicUsize::new(0);
+
+/// Reads the `len`-byte passphrase that follows a `resume` line into secret memory.
+fn read_secret(r: &mut impl Read, len: usize) -> Result<Passphrase, String> {
+    if len == 0 || len > MAX_SECRET {
+        return Err(format!("a passphrase is 1 to {MAX_SECRET} bytes, not {len}"));
+    }
+    let mut buf = SecretBuf::zeroed(len);
+    r.read_exact(&mut buf).map_err(|e| format!("reading the passphrase: {e}"))?;
+    Ok(Passphrase::from_secret(buf))
+}
+
+/// The control socket of a live volume, listening; its file is removed on drop.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: std::path::PathBuf,
+    _claim: Claim,
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds the control socket of `claim` (0600) and answers it on a thread for `live`.
+pub fn start(claim: Claim, live: Arc<Live>) -> Result<ControlServer> {
+    let path = claim.socket.clone();
+    let listener = UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    let active = Arc::new(AtomicUsize::new(0));
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else {
+                    // Out of descriptors or memory: back off instead of spinning.
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    continue;
+                };
+                if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                }
+                let (live, mine) = (live.clone(), active.clone());
+                let spawned = std::thread::Builder::new().name("control-conn".into()).spawn(move || {
+                    live.answer(stream);
+                    mine.fetch_sub(1, Ordering::SeqCst);
+                });
+                if spawned.is_err() {
+                    active.fetch_sub(1, Ordering::SeqCst);
+                    log::warn!("control: cannot start a connection thread");
+                }
+            }
+        })
+        .context("starting the control thread")?;
+    Ok(ControlServer { path, _claim: claim })
+}
