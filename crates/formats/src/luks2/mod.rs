@@ -56,6 +56,7 @@ mod disk_metadata;
 mod internal;
 mod json;
 mod keyslot;
+pub mod reencrypt;
 mod segment;
 mod token;
 

@@ -42,6 +42,7 @@ mod keyslot;
 mod luks1;
 mod luks2;
 mod pbkdf;
+pub mod reencrypt;
 
 mod activate;
 mod error;
