@@ -442,6 +442,19 @@ pub fn run(
         move |source| LuksError::Cipher { spec: spec.clone(), source }
     };
     let mut offset = st.forward_offset(&s.header.metadata).map_err(meta_err)?;
+    {
+        // One regular segment bound to the new key only: every hotzone was written and
+        // the run stopped before finishing (cryptsetup would start over here).
+        let m = &s.header.metadata;
+        if st.hot.is_none()
+            && d_old != d_new
+            && ReencryptState::regular_segments(m).len() == 1
+            && m.segment_digest(0) == Some(d_new)
+            && !m.digests.get(&d_old).is_some_and(|d| d.segments.contains(&0))
+        {
+            offset = device_size;
+        }
+    }
 
     // Recovery of a hotzone that was being rewritten.
     if let Some(h) = st.hot {
@@ -528,6 +541,11 @@ pub fn run(
             _ => {}
         }
         if !none {
+            // The checksums (or journal) are durable before the header that points at
+            // them; cryptsetup relies on the header write's flush alone.
+            io::flush(meta, "reencryption area")?;
+        }
+        if !none {
             luks2::write_header(&mut next, meta)?;
         }
         old.decrypt(offset / 512, chunk).map_err(crypto_err(&pc.encryption))?;
@@ -559,18 +577,34 @@ pub fn run(
     Ok(RunEnd::Finished)
 }
 
-/// cryptsetup `reencrypt_teardown_ok` when finished: old keyslots destroyed one by one,
-/// then backup segments, the requirement, the reencrypt keyslot and its digest dropped in
-/// one header write (the commit point).
+/// Finishing (cryptsetup `reencrypt_teardown_ok`): the old keyslots, the backup segments,
+/// the requirement, the reencrypt keyslot and the digests left without keyslots and
+/// segments go in one header write (the commit point); then the old keyslots' material and
+/// the resilience area (old ciphertext) are wiped. cryptsetup wipes each old keyslot first,
+/// with a header write each, which leaves a window where a crash makes the run impossible to
+/// resume (the verification digest needs the old key); here a crash at worst leaves
+/// unreferenced old key material, and the header is already final.
 fn finish(s: &mut Luks2State, meta: &dyn BlockDevice, st: &ReencryptState, d_old: u32, d_new: u32) -> Result<(), LuksError> {
-    if d_old != d_new {
-        let old_slots: Vec<u32> = s.header.metadata.digests.get(&d_old).map(|d| d.keyslots.clone()).unwrap_or_default();
-        for k in old_slots {
-            luks2::kill_keyslot(s, meta, k)?;
-        }
-    }
     let mut next = s.clone();
     let m = &mut next.header.metadata;
+    let mut wipe = Vec::new();
+    let limit = m.metadata_and_keyslots_size();
+    let floor = 2 * m.metadata_size();
+    let mut area = |m: &Luks2Metadata, k: u32, wipe: &mut Vec<(u64, u64)>| {
+        if let Some(ks) = m.keyslots.get(&k) {
+            let (o, l) = (ks.area.offset, ks.area.size);
+            if o >= floor && o.saturating_add(l) <= limit {
+                wipe.push((o, l));
+            }
+        }
+    };
+    if d_old != d_new {
+        let old_slots: Vec<u32> = m.digests.get(&d_old).map(|d| d.keyslots.clone()).unwrap_or_default();
+        for k in old_slots {
+            area(m, k, &mut wipe);
+            luks2::drop_keyslot(m, k);
+        }
+    }
     let regular: BTreeMap<u32, _> =
         m.segments.iter().filter(|(_, sg)| !sg.is_backup()).map(|(&i, sg)| (i, sg.clone())).collect();
     let backups: Vec<u32> = m.segments.keys().copied().filter(|i| !regular.contains_key(i)).collect();
@@ -579,17 +613,14 @@ fn finish(s: &mut Luks2State, meta: &dyn BlockDevice, st: &ReencryptState, d_old
     }
     m.segments = regular;
     re::set_requirement(m, None);
-    let rk = &st.keyslot;
-    let ms = m.metadata_size();
-    let limit = m.metadata_and_keyslots_size();
-    if rk.area_offset >= 2 * ms && rk.area_offset.saturating_add(rk.area_size) <= limit {
-        // Checksums and journal copies of old data go with the keyslot.
-        io::wipe(meta, rk.area_offset, rk.area_size, false, "reencryption area")?;
-        io::flush(meta, "reencryption area")?;
-    }
-    luks2::drop_keyslot(m, rk.id);
+    area(m, st.keyslot.id, &mut wipe);
+    luks2::drop_keyslot(m, st.keyslot.id);
     m.digests.retain(|_, d| !d.keyslots.is_empty() || !d.segments.is_empty());
     luks2::write_header(&mut next, meta)?;
     *s = next;
+    for (o, l) in wipe {
+        io::wipe(meta, o, l, true, "old keyslot and reencryption area")?;
+    }
+    io::flush(meta, "old keyslot and reencryption area")?;
     Ok(())
 }
