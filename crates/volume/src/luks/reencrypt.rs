@@ -590,7 +590,7 @@ fn finish(s: &mut Luks2State, meta: &dyn BlockDevice, st: &ReencryptState, d_old
     let mut wipe = Vec::new();
     let limit = m.metadata_and_keyslots_size();
     let floor = 2 * m.metadata_size();
-    let mut area = |m: &Luks2Metadata, k: u32, wipe: &mut Vec<(u64, u64)>| {
+    let area = |m: &Luks2Metadata, k: u32, wipe: &mut Vec<(u64, u64)>| {
         if let Some(ks) = m.keyslots.get(&k) {
             let (o, l) = (ks.area.offset, ks.area.size);
             if o >= floor && o.saturating_add(l) <= limit {
