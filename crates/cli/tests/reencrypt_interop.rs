@@ -179,6 +179,10 @@ fn cryptsetup_init_only_then_sealdisk_runs() {
     let v = volume(40 * MIB);
     ok(&cs_reencrypt(&v, &["--init-only", "--cipher", "aes-xts-plain64", "--key-size", "256"]), "cryptsetup --init-only");
     assert_eq!(in_progress(&v), Some(false));
+    // sealdisk prints the reencryption state as cryptsetup does.
+    let theirs = ok(&cs(&["luksDump", v.img()]), "cryptsetup luksDump");
+    let ours = ok(&sealdisk(&["luksDump", v.img()]), "sealdisk luksDump");
+    assert_eq!(ours, theirs, "luksDump of a volume in reencryption");
     ok(&sd_reencrypt(&v, &["--resume-only"]), "sealdisk reencrypt --resume-only");
     assert_data_intact(&v);
     assert_eq!(volume_key(&v).len(), 32);
@@ -193,6 +197,9 @@ fn sealdisk_init_only_then_cryptsetup_runs() {
         let v = volume(40 * MIB);
         ok(&sd_reencrypt(&v, &["--init-only", "--resilience", resilience]), "sealdisk --init-only");
         assert_eq!(in_progress(&v), Some(false));
+        let theirs = ok(&cs(&["luksDump", v.img()]), "cryptsetup luksDump");
+        let ours = ok(&sealdisk(&["luksDump", v.img()]), "sealdisk luksDump");
+        assert_eq!(ours, theirs, "luksDump of a volume in reencryption ({resilience})");
         ok(&cs_reencrypt(&v, &["--resume-only"]), "cryptsetup reencrypt --resume-only");
         assert_data_intact(&v);
     }
