@@ -77,7 +77,14 @@ fn layout(img: &str) -> (u64, String, u32) {
     let out = ok(&cs(&["luksDump", img]), "luksDump");
     let seg = out.split("Data segments:").nth(1).unwrap();
     let field = |k: &str| {
-        seg.lines().find(|l| l.trim_start().starts_with(k)).unwrap().split(':').nth(1).unwrap().trim().to_owned()
+        seg.lines()
+            .find(|l| l.trim_start().starts_with(k))
+            .unwrap()
+            .split(':')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .to_owned()
     };
     let off = field("offset").split_whitespace().next().unwrap().parse().unwrap();
     let ss = field("sector").split_whitespace().next().unwrap().parse().unwrap();
@@ -96,8 +103,12 @@ fn volume_key(v: &Vol) -> Vec<u8> {
 
 fn cipher(spec: &str, key: &[u8], ss: u32) -> SectorCipher {
     let s: CipherSpec = spec.parse().unwrap();
-    SectorCipher::new(&s, &VolumeKey::from_slice(key), SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false })
-        .unwrap()
+    SectorCipher::new(
+        &s,
+        &VolumeKey::from_slice(key),
+        SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
+    )
+    .unwrap()
 }
 
 /// A cryptsetup LUKS2 volume of `size` bytes whose data area holds `plaintext`.
@@ -162,7 +173,11 @@ fn sealdisk_reencrypts_a_cryptsetup_volume() {
     if !cryptsetup() {
         return;
     }
-    for extra in [&[][..], &["--resilience", "journal", "--cipher", "aes-xts-plain64", "--key-size", "256"][..], &["--resilience", "none", "--sector-size", "512"][..]] {
+    for extra in [
+        &[][..],
+        &["--resilience", "journal", "--cipher", "aes-xts-plain64", "--key-size", "256"][..],
+        &["--resilience", "none", "--sector-size", "512"][..],
+    ] {
         let v = volume(40 * MIB);
         let old = volume_key(&v);
         ok(&sd_reencrypt(&v, extra), "sealdisk reencrypt");
@@ -177,7 +192,10 @@ fn cryptsetup_init_only_then_sealdisk_runs() {
         return;
     }
     let v = volume(40 * MIB);
-    ok(&cs_reencrypt(&v, &["--init-only", "--cipher", "aes-xts-plain64", "--key-size", "256"]), "cryptsetup --init-only");
+    ok(
+        &cs_reencrypt(&v, &["--init-only", "--cipher", "aes-xts-plain64", "--key-size", "256"]),
+        "cryptsetup --init-only",
+    );
     assert_eq!(in_progress(&v), Some(false));
     // sealdisk prints the reencryption state as cryptsetup does.
     let theirs = ok(&cs(&["luksDump", v.img()]), "cryptsetup luksDump");
@@ -210,7 +228,8 @@ fn sealdisk_init_only_then_cryptsetup_runs() {
 fn killed_mid_run(mut cmd: impl FnMut(&Vol) -> Command) -> Option<(Vol, bool)> {
     for ms in [700u64, 400, 200, 100, 50, 25] {
         let v = volume(160 * MIB);
-        let mut child = cmd(&v).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child =
+            cmd(&v).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         std::thread::sleep(Duration::from_millis(ms));
         let _ = child.kill();
         let _ = child.wait();
@@ -229,9 +248,17 @@ fn cryptsetup_killed_mid_run_resumes_in_sealdisk() {
     }
     let (v, _) = killed_mid_run(|v| {
         let mut c = Command::new("cryptsetup");
-        c.args(["reencrypt", "--batch-mode", "--force-offline-reencrypt", "--hotzone-size", "1M", "--key-file", v.pass()])
-            .args(FAST_PBKDF2)
-            .arg(v.img());
+        c.args([
+            "reencrypt",
+            "--batch-mode",
+            "--force-offline-reencrypt",
+            "--hotzone-size",
+            "1M",
+            "--key-file",
+            v.pass(),
+        ])
+        .args(FAST_PBKDF2)
+        .arg(v.img());
         c
     })
     .expect("cryptsetup was never caught mid-run");
@@ -286,7 +313,8 @@ fn bad_input_gets_cryptsetup_errors() {
     ok(&cs_reencrypt(&v, &["--init-only"]), "cryptsetup --init-only");
     let out = sd_reencrypt(&v, &["--init-only"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("LUKS2 reencryption already initialized. Aborting operation."));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("LUKS2 reencryption already initialized. Aborting operation."));
     let cs_out = cs_reencrypt(&v, &["--init-only"]);
     assert_eq!(cs_out.status.code(), Some(1), "cryptsetup's own answer to the same");
     // Not yet implemented modes say so.

@@ -44,16 +44,26 @@ fn plaintext(len: usize) -> Vec<u8> {
 }
 
 fn volume_key(img: &str, pass: &str) -> Vec<u8> {
-    let out = ok(&cs(&["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", pass, img]), "dump key");
-    hex::decode(out.split("MK dump:").nth(1).unwrap().chars().filter(|c| c.is_ascii_hexdigit()).collect::<String>())
-        .unwrap()
+    let out =
+        ok(&cs(&["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", pass, img]), "dump key");
+    hex::decode(
+        out.split("MK dump:").nth(1).unwrap().chars().filter(|c| c.is_ascii_hexdigit()).collect::<String>(),
+    )
+    .unwrap()
 }
 
 fn layout(img: &str) -> (u64, String, u32) {
     let out = ok(&cs(&["luksDump", img]), "luksDump");
     let seg = out.split("Data segments:").nth(1).unwrap();
     let field = |k: &str| {
-        seg.lines().find(|l| l.trim_start().starts_with(k)).unwrap().split(':').nth(1).unwrap().trim().to_owned()
+        seg.lines()
+            .find(|l| l.trim_start().starts_with(k))
+            .unwrap()
+            .split(':')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .to_owned()
     };
     (
         field("offset").split_whitespace().next().unwrap().parse().unwrap(),
@@ -64,8 +74,12 @@ fn layout(img: &str) -> (u64, String, u32) {
 
 fn cipher(spec: &str, key: &[u8], ss: u32) -> SectorCipher {
     let s: CipherSpec = spec.parse().unwrap();
-    SectorCipher::new(&s, &VolumeKey::from_slice(key), SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false })
-        .unwrap()
+    SectorCipher::new(
+        &s,
+        &VolumeKey::from_slice(key),
+        SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
+    )
+    .unwrap()
 }
 
 /// A LUKS2 image (cryptsetup on the host) whose data area holds `plaintext`.
@@ -164,7 +178,11 @@ sync
     .unwrap();
     let log = boot_kernel(&kr, &[pass.clone()], &[a.clone(), b.clone()], &script);
     let sums = tagged_lines(&log, "SHA");
-    assert_eq!(sums.get("a"), Some(&want), "dm-crypt does not read the original data after sealdisk→cryptsetup");
+    assert_eq!(
+        sums.get("a"),
+        Some(&want),
+        "dm-crypt does not read the original data after sealdisk→cryptsetup"
+    );
 
     // B: sealdisk resumes what the guest's cryptsetup left.
     let bi = b.to_str().unwrap();

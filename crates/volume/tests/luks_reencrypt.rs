@@ -208,9 +208,12 @@ fn crash_during_recovery_is_recovered_again() {
     let dev = CrashDevice::from_vec(img, 512).crash_at_flush(9);
     let _ = init_and_run(&dev, &params("checksum"), MIB);
     let crashed = dev.crash().to_vec();
-    assert!(reencrypt::status(&Luks::load(&MemDevice::from_vec(crashed.clone(), 512), false).unwrap())
-        .unwrap()
-        .is_some_and(|s| s.hot.is_some()), "flush 9 should fall inside a hotzone");
+    assert!(
+        reencrypt::status(&Luks::load(&MemDevice::from_vec(crashed.clone(), 512), false).unwrap())
+            .unwrap()
+            .is_some_and(|s| s.hot.is_some()),
+        "flush 9 should fall inside a hotzone"
+    );
     let resume = |d: &dyn BlockDevice| {
         let mut l = Luks::load(d, true)?;
         let opts = RunOptions { hotzone_size: Some(MIB), ..RunOptions::default() };
@@ -237,10 +240,12 @@ fn bad_input_gets_cryptsetup_errors_and_changes_nothing() {
     let dev = MemDevice::from_vec(img.clone(), 512);
     let mut l = Luks::load(&dev, true).unwrap();
     // Not in progress.
-    let e = reencrypt::run(&dev, &dev, &mut l, &pass("pw"), &RunOptions::default(), &mut |_, _| true).unwrap_err();
+    let e = reencrypt::run(&dev, &dev, &mut l, &pass("pw"), &RunOptions::default(), &mut |_, _| true)
+        .unwrap_err();
     assert_eq!(e.to_string(), "Device reencryption not in progress.");
     // Wrong passphrase: nothing written.
-    let e = reencrypt::init(&dev, dev.geometry().size, &mut l, &pass("nope"), &params("checksum")).unwrap_err();
+    let e =
+        reencrypt::init(&dev, dev.geometry().size, &mut l, &pass("nope"), &params("checksum")).unwrap_err();
     assert!(matches!(e, LuksError::WrongPassphrase), "{e:?}");
     assert!(dev.to_vec() == img, "a refused init wrote something");
     // Unknown resilience mode: nothing written.

@@ -129,7 +129,8 @@ impl Progress {
 pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
         bail!(UsageError(
-            "reencrypt --encrypt, --decrypt and --reduce-device-size are not implemented in sealdisk yet".into()
+            "reencrypt --encrypt, --decrypt and --reduce-device-size are not implemented in sealdisk yet"
+                .into()
         ));
     }
     if a.init_only && a.resume_only {

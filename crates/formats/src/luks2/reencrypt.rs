@@ -144,9 +144,9 @@ impl Resilience {
     /// The data shift in bytes (0 without one).
     pub fn shift(&self) -> u64 {
         match self {
-            Self::Datashift { shift } | Self::DatashiftChecksum { shift, .. } | Self::DatashiftJournal { shift } => {
-                *shift
-            }
+            Self::Datashift { shift }
+            | Self::DatashiftChecksum { shift, .. }
+            | Self::DatashiftJournal { shift } => *shift,
             _ => 0,
         }
     }
@@ -270,13 +270,19 @@ impl ReencryptKeyslot {
             "reencrypt" => ReencryptMode::Reencrypt,
             "encrypt" => ReencryptMode::Encrypt,
             "decrypt" => ReencryptMode::Decrypt,
-            v => return Err(ReencryptMetaError::UnknownValue { keyslot: id, field: "mode", value: v.into() }),
+            v => {
+                return Err(ReencryptMetaError::UnknownValue { keyslot: id, field: "mode", value: v.into() })
+            }
         };
         let direction = match s(&ks.extra, "direction")?.as_str() {
             "forward" => Direction::Forward,
             "backward" => Direction::Backward,
             v => {
-                return Err(ReencryptMetaError::UnknownValue { keyslot: id, field: "direction", value: v.into() })
+                return Err(ReencryptMetaError::UnknownValue {
+                    keyslot: id,
+                    field: "direction",
+                    value: v.into(),
+                })
             }
         };
         let a = &ks.area.extra;
@@ -311,7 +317,11 @@ impl ReencryptKeyslot {
             }
             "datashift-journal" => Resilience::DatashiftJournal { shift: shift()? },
             v => {
-                return Err(ReencryptMetaError::UnknownValue { keyslot: id, field: "area type", value: v.into() })
+                return Err(ReencryptMetaError::UnknownValue {
+                    keyslot: id,
+                    field: "area type",
+                    value: v.into(),
+                })
             }
         };
         Ok(Self { id, mode, direction, resilience, area_offset: ks.area.offset, area_size: ks.area.size })
@@ -349,16 +359,22 @@ impl ReencryptState {
         for r in m.config.requirements.iter().flat_map(|r| r.mandatory.iter().flatten()) {
             match Requirement::parse(r) {
                 Requirement::OnlineReencrypt { version: v @ (2 | 3) } => version = Some(v),
-                Requirement::OnlineReencrypt { .. } => return Err(ReencryptMetaError::UnknownVersion(r.clone())),
+                Requirement::OnlineReencrypt { .. } => {
+                    return Err(ReencryptMetaError::UnknownVersion(r.clone()))
+                }
                 _ => {}
             }
         }
         let Some(version) = version else { return Ok(None) };
-        let (&id, ks) =
-            m.keyslots.iter().find(|(_, k)| k.type_name == KEYSLOT_REENCRYPT).ok_or(ReencryptMetaError::NoKeyslot)?;
+        let (&id, ks) = m
+            .keyslots
+            .iter()
+            .find(|(_, k)| k.type_name == KEYSLOT_REENCRYPT)
+            .ok_or(ReencryptMetaError::NoKeyslot)?;
         let keyslot = ReencryptKeyslot::decode(id, ks)?;
         let by_flag = |f: &str| m.segments.iter().find(|(_, s)| s.has_flag(f)).map(|(&i, _)| i);
-        let previous = by_flag(FLAG_BACKUP_PREVIOUS).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+        let previous =
+            by_flag(FLAG_BACKUP_PREVIOUS).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
         let final_ = by_flag(FLAG_BACKUP_FINAL).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
         let hots: Vec<u32> =
             m.segments.iter().filter(|(_, s)| s.has_flag(FLAG_IN_REENCRYPTION)).map(|(&i, _)| i).collect();
@@ -401,7 +417,10 @@ impl ReencryptState {
         let regular = Self::regular_segments(m);
         match regular.len() {
             1 => Ok(0),
-            2 => regular[0].1.fixed_size().ok_or(ReencryptMetaError::Layout("first of two segments is dynamic")),
+            2 => regular[0]
+                .1
+                .fixed_size()
+                .ok_or(ReencryptMetaError::Layout("first of two segments is dynamic")),
             _ => Err(ReencryptMetaError::Layout("more than two segments outside a hotzone")),
         }
     }
@@ -456,7 +475,9 @@ impl ReencryptState {
             Ok(())
         };
         let shift = |out: &mut Vec<u8>| -> Result<(), ReencryptMetaError> {
-            let v = area_str("shift_size").parse::<u64>().map_err(|_| ReencryptMetaError::Serialize("shift_size"))?;
+            let v = area_str("shift_size")
+                .parse::<u64>()
+                .map_err(|_| ReencryptMetaError::Serialize("shift_size"))?;
             out.extend_from_slice(&v.to_be_bytes());
             Ok(())
         };
@@ -571,12 +592,16 @@ pub fn forward_layout(
     let data_offset = fin.offset;
     let new_seg = |off: u64, size: Option<u64>, hot: bool| match (st.keyslot.mode, &fin.crypt) {
         (ReencryptMode::Decrypt, _) => Ok(linear_segment(data_offset + off, size, hot)),
-        (_, Some(c)) => Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, hot)),
+        (_, Some(c)) => {
+            Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, hot))
+        }
         (_, None) => Err(ReencryptMetaError::Layout("backup-final is not a crypt segment")),
     };
     let old_seg = |off: u64, size: Option<u64>| match (st.keyslot.mode, &prev.crypt) {
         (ReencryptMode::Encrypt, _) => Ok(linear_segment(data_offset + off, size, false)),
-        (_, Some(c)) => Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, false)),
+        (_, Some(c)) => {
+            Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, false))
+        }
         (_, None) => Err(ReencryptMetaError::Layout("backup-previous is not a crypt segment")),
     };
     let mut out = Vec::new();
@@ -674,7 +699,10 @@ pub fn assign_segments(
 /// mandatory requirements (cryptsetup `reencrypt_update_flag`). An emptied `requirements`
 /// object is dropped.
 pub fn set_requirement(m: &mut Luks2Metadata, version: Option<u8>) {
-    let reqs = m.config.requirements.get_or_insert_with(|| super::Requirements { mandatory: None, extra: Map::new() });
+    let reqs = m
+        .config
+        .requirements
+        .get_or_insert_with(|| super::Requirements { mandatory: None, extra: Map::new() });
     let list = reqs.mandatory.get_or_insert_with(Vec::new);
     list.retain(|r| !super::config::is_reencrypt_candidate(r));
     if let Some(v) = version {

@@ -94,9 +94,9 @@ pub enum RunEnd {
 fn v2(luks: &mut Luks) -> Result<&mut Luks2State, LuksError> {
     match &mut luks.header {
         LuksHeader::V2(s) => Ok(s),
-        LuksHeader::V1(_) => {
-            Err(LuksError::Params("Reencryption is supported only for LUKS2 in this version of sealdisk.".into()))
-        }
+        LuksHeader::V1(_) => Err(LuksError::Params(
+            "Reencryption is supported only for LUKS2 in this version of sealdisk.".into(),
+        )),
     }
 }
 
@@ -160,7 +160,8 @@ fn check_pbkdf2(p: &DigestPbkdf2, data: &[u8]) -> Result<bool, LuksError> {
 fn cipher(spec: &str, vk: &VolumeKey, sector_size: u32) -> Result<SectorCipher, LuksError> {
     let err = |source| LuksError::Cipher { spec: spec.to_owned(), source };
     let s: CipherSpec = spec.parse().map_err(err)?;
-    SectorCipher::new(&s, vk, SectorParams { sector_size, iv_offset: 0, iv_large_sectors: false }).map_err(err)
+    SectorCipher::new(&s, vk, SectorParams { sector_size, iv_offset: 0, iv_large_sectors: false })
+        .map_err(err)
 }
 
 /// Starts a reencryption (cryptsetup `reencrypt --init-only`): unlocks the current key with
@@ -178,7 +179,9 @@ pub fn init(
     }
     luks.check_supported()?;
     if luks.aead()?.is_some() {
-        return Err(LuksError::Unsupported("reencryption of an authenticated (integrity) volume is not supported".into()));
+        return Err(LuksError::Unsupported(
+            "reencryption of an authenticated (integrity) volume is not supported".into(),
+        ));
     }
     let resilience_name = p.resilience.as_str();
     if !matches!(resilience_name, "checksum" | "journal" | "none") {
@@ -254,7 +257,8 @@ pub fn init(
     // Header #2: the reencryption metadata.
     let mut next = s.clone();
     let m = &mut next.header.metadata;
-    let digest_old = m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
+    let digest_old =
+        m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
     let digest_new = m.keyslot_digest(new_slot).unwrap_or(0);
     let seg0 = m.segments[&0].clone();
     let first = m.segments.keys().max().map_or(0, |k| k + 1);
@@ -274,8 +278,7 @@ pub fn init(
         _ => Resilience::None,
     };
     let rslot = first_free_keyslot(m)?;
-    let (area_offset, area_size) =
-        max_gap(m).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?;
+    let (area_offset, area_size) = max_gap(m).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?;
     let rks = ReencryptKeyslot {
         id: rslot,
         mode: ReencryptMode::Reencrypt,
@@ -286,8 +289,10 @@ pub fn init(
     };
     m.keyslots.insert(rslot, rks.to_keyslot());
     re::set_requirement(m, Some(2));
-    let st = ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
-    let vdata = st.verification_data(m, 2, Some(vk_old.as_bytes()), Some(vk_new.as_bytes())).map_err(meta_err)?;
+    let st =
+        ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
+    let vdata =
+        st.verification_data(m, 2, Some(vk_old.as_bytes()), Some(vk_new.as_bytes())).map_err(meta_err)?;
     let iterations = p.pbkdf.digest_iterations(vdata.len());
     let vdigest = make_digest(&vdata, p.pbkdf.hash, iterations)?;
     let vid = first_free_digest(m);
@@ -319,7 +324,13 @@ fn unlock_digest(
         .metadata
         .digests
         .get(&digest)
-        .map(|d| d.keyslots.iter().copied().filter(|k| h.metadata.keyslots.get(k).is_some_and(|ks| ks.is_luks2())).collect())
+        .map(|d| {
+            d.keyslots
+                .iter()
+                .copied()
+                .filter(|k| h.metadata.keyslots.get(k).is_some_and(|ks| ks.is_luks2()))
+                .collect()
+        })
         .unwrap_or_default();
     for &k in &slots {
         luks2::check_slot_costs(h, k, limits)?;
@@ -374,7 +385,8 @@ pub fn run(
         return Err(meta_err(re::ReencryptMetaError::Layout("reencryption without both digests")));
     };
     let vk_new = unlock_digest(s, meta, pass, d_new, &opts.kdf_limits)?;
-    let vk_old = if d_old == d_new { vk_new.clone() } else { unlock_digest(s, meta, pass, d_old, &opts.kdf_limits)? };
+    let vk_old =
+        if d_old == d_new { vk_new.clone() } else { unlock_digest(s, meta, pass, d_old, &opts.kdf_limits)? };
     // The verification digest binds the metadata to both keys.
     {
         let m = &s.header.metadata;
@@ -424,7 +436,9 @@ pub fn run(
         _ => None,
     };
     let mut length = match (&rk.resilience, hash_len) {
-        (Resilience::Checksum { block_size, .. }, Some(h)) => rk.area_size / h.output_len() as u64 * u64::from(*block_size),
+        (Resilience::Checksum { block_size, .. }, Some(h)) => {
+            rk.area_size / h.output_len() as u64 * u64::from(*block_size)
+        }
         (Resilience::Journal, _) => rk.area_size,
         _ => re::DEFAULT_NONE_HOTZONE_LENGTH,
     };
@@ -472,7 +486,9 @@ pub fn run(
                 let hl = hash.output_len();
                 let count = buf.len() / bs;
                 if (count * hl) as u64 > rk.area_size {
-                    return Err(meta_err(re::ReencryptMetaError::Layout("hotzone larger than the checksum area")));
+                    return Err(meta_err(re::ReencryptMetaError::Layout(
+                        "hotzone larger than the checksum area",
+                    )));
                 }
                 let sums = io::read_bytes(meta, rk.area_offset, count * hl, "reencryption checksums")?;
                 let mut sum = vec![0u8; hl];
@@ -483,8 +499,12 @@ pub fn run(
                         let sector = (offset + (b * bs) as u64) / 512;
                         old.decrypt(sector, blk).map_err(crypto_err(&pc.encryption))?;
                         new.encrypt(sector, blk).map_err(crypto_err(&fc.encryption))?;
-                        data.write_at(data_offset + offset + (b * bs) as u64, blk, blockdev::WriteFlags::empty())
-                            .map_err(io_err("hotzone"))?;
+                        data.write_at(
+                            data_offset + offset + (b * bs) as u64,
+                            blk,
+                            blockdev::WriteFlags::empty(),
+                        )
+                        .map_err(io_err("hotzone"))?;
                     }
                 }
             }
@@ -496,7 +516,8 @@ pub fn run(
                 buf.copy_from_slice(&j);
                 old.decrypt(offset / 512, &mut buf).map_err(crypto_err(&pc.encryption))?;
                 new.encrypt(offset / 512, &mut buf).map_err(crypto_err(&fc.encryption))?;
-                data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty()).map_err(io_err("hotzone"))?;
+                data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
+                    .map_err(io_err("hotzone"))?;
             }
             _ => {
                 return Err(LuksError::Params(
@@ -507,7 +528,8 @@ pub fn run(
         data.flush().map_err(io_err("data device"))?;
         offset += len;
         let mut next = s.clone();
-        let layout = re::forward_layout(&st, &next.header.metadata, offset, None, device_size, fixed).map_err(meta_err)?;
+        let layout = re::forward_layout(&st, &next.header.metadata, offset, None, device_size, fixed)
+            .map_err(meta_err)?;
         re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
         luks2::write_header(&mut next, meta)?;
         *s = next;
@@ -523,7 +545,8 @@ pub fn run(
         let len = length.min(device_size - offset);
         let chunk = &mut buf[..len as usize];
         let mut next = s.clone();
-        let layout = re::forward_layout(&st, &next.header.metadata, offset, Some(len), device_size, fixed).map_err(meta_err)?;
+        let layout = re::forward_layout(&st, &next.header.metadata, offset, Some(len), device_size, fixed)
+            .map_err(meta_err)?;
         let mut st_next = st.clone();
         re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         data.read_at(data_offset + offset, chunk).map_err(io_err("hotzone"))?;
@@ -550,12 +573,14 @@ pub fn run(
         }
         old.decrypt(offset / 512, chunk).map_err(crypto_err(&pc.encryption))?;
         new.encrypt(offset / 512, chunk).map_err(crypto_err(&fc.encryption))?;
-        data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty()).map_err(io_err("hotzone"))?;
+        data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty())
+            .map_err(io_err("hotzone"))?;
         if !none {
             data.flush().map_err(io_err("data device"))?;
         }
         offset += len;
-        let layout = re::forward_layout(&st_next, &next.header.metadata, offset, None, device_size, fixed).map_err(meta_err)?;
+        let layout = re::forward_layout(&st_next, &next.header.metadata, offset, None, device_size, fixed)
+            .map_err(meta_err)?;
         re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         if !none {
             luks2::write_header(&mut next, meta)?;
@@ -584,7 +609,13 @@ pub fn run(
 /// with a header write each, which leaves a window where a crash makes the run impossible to
 /// resume (the verification digest needs the old key); here a crash at worst leaves
 /// unreferenced old key material, and the header is already final.
-fn finish(s: &mut Luks2State, meta: &dyn BlockDevice, st: &ReencryptState, d_old: u32, d_new: u32) -> Result<(), LuksError> {
+fn finish(
+    s: &mut Luks2State,
+    meta: &dyn BlockDevice,
+    st: &ReencryptState,
+    d_old: u32,
+    d_new: u32,
+) -> Result<(), LuksError> {
     let mut next = s.clone();
     let m = &mut next.header.metadata;
     let mut wipe = Vec::new();
