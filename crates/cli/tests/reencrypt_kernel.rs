@@ -176,7 +176,7 @@ sync
 "#,
     )
     .unwrap();
-    let log = boot_kernel(&kr, &[pass.clone()], &[a.clone(), b.clone()], &script);
+    let log = boot_kernel(&kr, std::slice::from_ref(&pass), &[a.clone(), b.clone()], &script);
     let sums = tagged_lines(&log, "SHA");
     assert_eq!(
         sums.get("a"),
