@@ -252,6 +252,23 @@ fn bad_input_gets_cryptsetup_errors_and_changes_nothing() {
     let e = reencrypt::init(&dev, dev.geometry().size, &mut l, &pass("pw"), &params("sideways")).unwrap_err();
     assert_eq!(e.to_string(), "Unsupported resilience mode sideways");
     assert!(dev.to_vec() == img);
+    // Several keyslots: refused unless the one to keep is named (the others would go).
+    let two = MemDevice::from_vec(img.clone(), 512);
+    let mut l2 = Luks::load(&two, true).unwrap();
+    let vk = l2.unlock(&two, &pass("pw"), None).unwrap().1;
+    l2.add_keyslot(&two, &vk, &pass("other"), Some(3), &pbkdf()).unwrap();
+    let with_two = two.to_vec();
+    let e =
+        reencrypt::init(&two, two.geometry().size, &mut l2, &pass("pw"), &params("checksum")).unwrap_err();
+    assert!(e.to_string().contains("--key-slot"), "{e}");
+    assert!(two.to_vec() == with_two);
+    let p = ReencryptParams { key_slot: Some(0), ..params("checksum") };
+    reencrypt::init(&two, two.geometry().size, &mut l2, &pass("pw"), &p).unwrap();
+    let opts = RunOptions { hotzone_size: Some(MIB), ..RunOptions::default() };
+    reencrypt::run(&two, &two, &mut l2, &pass("pw"), &opts, &mut |_, _| true).unwrap();
+    let l2 = Luks::load(&two, false).unwrap();
+    assert_eq!(l2.active_keyslots(), vec![1], "keyslot 3 was removed with the old key");
+    assert!(decrypted(&two) == plaintext(2 * MIB as usize));
     // A second init on a volume in progress.
     reencrypt::init(&dev, dev.geometry().size, &mut l, &pass("pw"), &params("checksum")).unwrap();
     let after_init = dev.to_vec();

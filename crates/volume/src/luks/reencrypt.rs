@@ -189,6 +189,30 @@ pub fn init(
     }
     let rhash = parse_hash(&p.resilience_hash)
         .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    // Only the keyslot of the passphrase given gets a new-key keyslot; the others are
+    // removed when the run finishes. With several, the caller must name the one to keep.
+    if let LuksHeader::V2(s) = &luks.header {
+        let m = &s.header.metadata;
+        let bound: Vec<u32> = m
+            .segment_digest(0)
+            .and_then(|d| m.digests.get(&d))
+            .map(|d| {
+                d.keyslots
+                    .iter()
+                    .copied()
+                    .filter(|k| m.keyslots.get(k).is_some_and(|ks| ks.is_luks2()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if bound.len() > 1 && p.key_slot.is_none() {
+            return Err(LuksError::Params(format!(
+                "The volume has {} keyslots ({}): reencryption keeps only one passphrase and removes the other \
+                 keyslots at the end. Name the one to keep with --key-slot.",
+                bound.len(),
+                bound.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
     let (old_slot, vk_old) = luks.unlock_with(meta, passphrase, p.key_slot, &p.kdf_limits)?;
     log::info!("reencrypt: keyslot {old_slot} opened the current volume key");
     let seg = luks.segment()?;
