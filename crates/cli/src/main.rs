@@ -106,6 +106,9 @@ enum Action {
     Man(actions::docs::ManArgs),
     /// Wipe every LUKS keyslot.
     Erase(actions::luks_keyslot::EraseArgs),
+    /// LUKS2 reencryption (new volume key and/or cipher), offline, resumable, on-disk
+    /// compatible with cryptsetup's.
+    Reencrypt(Box<actions::reencrypt::ReencryptArgs>),
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
     /// back by a real NBD client, with a short summary.
     Demo(actions::demo::DemoArgs),
@@ -213,6 +216,7 @@ fn main() -> ExitCode {
         Action::LuksHeaderBackup(a) => actions::luks_header::backup(a),
         Action::LuksHeaderRestore(a) => actions::luks_header::restore(a),
         Action::Erase(a) => actions::luks_keyslot::erase(a),
+        Action::Reencrypt(a) => actions::reencrypt::reencrypt(*a),
         Action::LuksResumeWipe(a) => actions::wipe::resume(*a),
         Action::Completions(a) => actions::docs::completions(a, Cli::command()),
         Action::Man(a) => actions::docs::man(a, Cli::command()),

@@ -14,6 +14,7 @@ pub mod luks_keyslot;
 pub mod luks_open;
 pub mod open;
 pub mod probe;
+pub mod reencrypt;
 pub mod tcrypt;
 pub mod wipe;
 

@@ -33,7 +33,9 @@
 //!        ├── digest    digests (pbkdf2)
 //!        ├── segment   segments (crypt, linear, hw-opal*, flags, integrity)
 //!        ├── token     tokens (opaque apart from type and keyslots)
-//!        └── config    json_size, keyslots_size, flags, requirements
+//!        ├── config    json_size, keyslots_size, flags, requirements
+//!        └── reencrypt reencrypt keyslot, backup segments, hotzone segment layout,
+//!                      verification data (online-reencrypt-v2)
 //! ```
 //!
 //! Loading, as the caller does it (see [`load`] for the same on an in-memory image):
@@ -56,6 +58,7 @@ mod disk_metadata;
 mod internal;
 mod json;
 mod keyslot;
+pub mod reencrypt;
 mod segment;
 mod token;
 

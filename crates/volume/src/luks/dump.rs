@@ -124,9 +124,12 @@ fn dump2(h: &Luks2Header) -> String {
     }
     // Keyslots.
     o.push_str("Keyslots:\n");
-    let seg_digest = m.default_segment().and_then(|s| m.segment_digest(s));
+    // cryptsetup `LUKS2_keyslot_for_segment(.., CRYPT_ONE_SEGMENT)`: a keyslot whose digest
+    // is the digest of no regular segment is unbound (during reencryption, the new key's).
+    let regular_digests: Vec<u32> =
+        m.segments.iter().filter(|(_, s)| !s.is_backup()).filter_map(|(&i, _)| m.segment_digest(i)).collect();
     for (id, k) in &m.keyslots {
-        let unbound = k.is_luks2() && m.keyslot_digest(*id) != seg_digest;
+        let unbound = m.keyslot_digest(*id).is_some_and(|d| !regular_digests.contains(&d));
         let _ = writeln!(o, "  {id}: {}{}", k.type_name, if unbound { " (unbound)" } else { "" });
         let _ = writeln!(o, "\tKey:        {} bits", k.key_size * 8);
         let prio = match k.priority.unwrap_or(1) {
@@ -168,6 +171,22 @@ fn dump2(h: &Luks2Header) -> String {
             if let Some(af) = &k.af {
                 let _ = writeln!(o, "\tAF stripes: {}", af.stripes);
                 let _ = writeln!(o, "\tAF hash:    {}", af.hash);
+            }
+            let _ = writeln!(o, "\tArea offset:{} [bytes]", k.area.offset);
+            let _ = writeln!(o, "\tArea length:{} [bytes]", k.area.size);
+        } else if k.type_name == luks2::KEYSLOT_REENCRYPT {
+            // cryptsetup `reenc_keyslot_dump`.
+            let get = |o: &serde_json::Map<String, serde_json::Value>, f: &str| {
+                o.get(f).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).unwrap_or_default()
+            };
+            let _ = writeln!(o, "\tMode:       {}", get(&k.extra, "mode"));
+            let _ = writeln!(o, "\tDirection:  {}", get(&k.extra, "direction"));
+            let _ = writeln!(o, "\tResilience: {}", k.area.type_name);
+            if k.area.type_name == "checksum" {
+                let _ = writeln!(o, "\tHash:       {}", get(&k.area.extra, "hash"));
+                let _ = writeln!(o, "\tHash data:  {} [bytes]", get(&k.area.extra, "sector_size"));
+            } else if k.area.type_name == "datashift" {
+                let _ = writeln!(o, "\tShift size: {}[bytes]", get(&k.area.extra, "shift_size"));
             }
             let _ = writeln!(o, "\tArea offset:{} [bytes]", k.area.offset);
             let _ = writeln!(o, "\tArea length:{} [bytes]", k.area.size);

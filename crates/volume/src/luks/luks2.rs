@@ -102,7 +102,7 @@ pub(super) fn write_header(s: &mut Luks2State, meta: &dyn BlockDevice) -> Result
     Ok(())
 }
 
-fn default_segment(h: &Luks2Header) -> Result<(u32, &JsonSegment), LuksError> {
+pub(super) fn default_segment(h: &Luks2Header) -> Result<(u32, &JsonSegment), LuksError> {
     let id = h
         .metadata
         .default_segment()
@@ -136,7 +136,7 @@ pub(super) fn check_supported(h: &Luks2Header) -> Result<(), LuksError> {
     for r in h.metadata.config.mandatory_requirements() {
         let what = match r {
             Requirement::OfflineReencrypt | Requirement::OnlineReencrypt { .. } => {
-                "LUKS2 reencryption in progress is not supported yet"
+                "LUKS2 reencryption is in progress: finish it with `sealdisk reencrypt` (opening a volume mid-reencryption is not supported yet)"
             }
             Requirement::InlineHwTags => "LUKS2 inline hardware integrity tags are not supported",
             Requirement::Opal { .. } => "LUKS2 OPAL hardware encryption is not supported",
@@ -216,7 +216,7 @@ pub(super) fn segment(h: &Luks2Header) -> Result<Segment, LuksError> {
     })
 }
 
-fn verify_digest(d: &Digest, vk: &VolumeKey) -> Result<bool, LuksError> {
+pub(super) fn verify_digest(d: &Digest, vk: &VolumeKey) -> Result<bool, LuksError> {
     let p = d.pbkdf2.as_ref().ok_or_else(|| {
         LuksError::Unsupported(format!("LUKS2 digest type {:?} is not supported", d.type_name))
     })?;
@@ -286,7 +286,7 @@ fn material(slot: u32, ks: &Keyslot) -> Result<Material<'_>, LuksError> {
     Ok(m)
 }
 
-fn try_slot(
+pub(super) fn try_slot(
     h: &Luks2Header,
     meta: &dyn BlockDevice,
     slot: u32,
@@ -312,7 +312,7 @@ fn try_slot(
 }
 
 /// The costs of trying `slot`: its KDF, its key material's bounds and its digest's PBKDF2.
-fn check_slot_costs(h: &Luks2Header, slot: u32, limits: &KdfLimits) -> Result<(), LuksError> {
+pub(super) fn check_slot_costs(h: &Luks2Header, slot: u32, limits: &KdfLimits) -> Result<(), LuksError> {
     let Some(ks) = h.metadata.keyslots.get(&slot) else { return Ok(()) };
     if !ks.is_luks2() {
         return Ok(());
@@ -372,7 +372,7 @@ pub(super) fn unlock(
 }
 
 /// First-fit free range of `len` bytes in the keyslots area, ignoring keyslot `except`.
-fn find_area(m: &Luks2Metadata, len: u64, except: Option<u32>) -> Option<u64> {
+pub(super) fn find_area(m: &Luks2Metadata, len: u64, except: Option<u32>) -> Option<u64> {
     let start = 2 * m.metadata_size();
     let end = start + m.config.keyslots_size;
     let mut used: Vec<(u64, u64)> = m
@@ -433,7 +433,7 @@ pub(super) fn slot_key(
 
 /// Builds a keyslot for `vk` at `offset` with an already derived `key`, writes its
 /// material, flushes.
-fn new_keyslot(
+pub(super) fn new_keyslot(
     h: &Luks2Header,
     meta: &dyn BlockDevice,
     offset: u64,
@@ -483,7 +483,7 @@ fn new_keyslot(
     })
 }
 
-fn area_size(key_len: usize) -> u64 {
+pub(super) fn area_size(key_len: usize) -> u64 {
     ((af::split_sectors(key_len, STRIPES) * 512) as u64).div_ceil(4096) * 4096
 }
 
@@ -515,7 +515,7 @@ pub(super) fn add_keyslot(
     Ok(())
 }
 
-fn drop_keyslot(m: &mut Luks2Metadata, slot: u32) {
+pub(super) fn drop_keyslot(m: &mut Luks2Metadata, slot: u32) {
     m.keyslots.remove(&slot);
     for d in m.digests.values_mut() {
         d.keyslots.retain(|&k| k != slot);

@@ -17,6 +17,7 @@
 //!
 //!  format(FormatParams) ── header + keyslot 0                             format.rs
 //!      (crate::format adds the dm-integrity area of --integrity: aead.rs)
+//!  reencrypt: init / run / recover / finish (cryptsetup's on-disk state)  reencrypt.rs
 //!  LuksError (typed by cause: LuksError::kind)                            error.rs
 //! ```
 //!
@@ -31,7 +32,8 @@
 //! [`targets::AeadCryptTarget`] over a dm-integrity target with external tags at the data
 //! offset, as cryptsetup does (`aead.rs`).
 //!
-//! Not supported (refused with a clear error rather than opened wrongly): reencryption in progress, OPAL
+//! Not supported (refused with a clear error rather than opened wrongly): opening a volume whose
+//! reencryption is in progress (`reencrypt::run` finishes it), OPAL
 //! segments, unknown mandatory requirements, tokens as unlock methods (tokens are kept
 //! verbatim through every header rewrite).
 
@@ -42,6 +44,7 @@ mod keyslot;
 mod luks1;
 mod luks2;
 mod pbkdf;
+pub mod reencrypt;
 
 mod activate;
 mod error;

@@ -1,0 +1,212 @@
+//! `reencrypt`: LUKS2 reencryption, offline, cryptsetup-compatible on disk (see
+//! `volume::luks::reencrypt`). Without `--init-only`/`--resume-only` it initializes a new
+//! reencryption, or resumes the one in progress, and runs it to the end. The first
+//! SIGINT/SIGTERM stops it cleanly after the current hotzone (resume later).
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use volume::luks::reencrypt::{self, ReencryptParams, RunEnd, RunOptions};
+use volume::luks::Luks;
+
+use super::luks::{luks_err, open_meta, parse_size, with_passphrase, KdfLimitArgs, KeyArgs, PbkdfArgs};
+use super::UsageError;
+
+/// Arguments of `reencrypt DEVICE`.
+#[derive(Debug, Args)]
+pub struct ReencryptArgs {
+    #[command(flatten)]
+    pub key: KeyArgs,
+    #[command(flatten)]
+    pub kdf_limits: KdfLimitArgs,
+    #[command(flatten)]
+    pub pbkdf: PbkdfArgs,
+    /// Detached header file holding the LUKS metadata.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<String>,
+    /// Only write the reencryption metadata; do not touch data.
+    #[arg(long)]
+    pub init_only: bool,
+    /// Only resume a reencryption already in progress.
+    #[arg(long)]
+    pub resume_only: bool,
+    /// New cipher (default: keep the current one).
+    #[arg(long, short = 'c')]
+    pub cipher: Option<String>,
+    /// New volume key size in bits.
+    #[arg(long, short = 's', value_name = "BITS")]
+    pub key_size: Option<usize>,
+    /// New encryption sector size.
+    #[arg(long, value_name = "BYTES")]
+    pub sector_size: Option<u32>,
+    /// The keyslot whose passphrase is given.
+    #[arg(long, short = 'S')]
+    pub key_slot: Option<u32>,
+    /// Hotzone protection: checksum (default), journal or none.
+    #[arg(long, default_value = "checksum")]
+    pub resilience: String,
+    /// Hash of the checksum resilience mode.
+    #[arg(long, default_value = "sha256")]
+    pub resilience_hash: String,
+    /// Largest hotzone (k/m/g suffixes).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub hotzone_size: Option<u64>,
+    /// Print progress every N seconds (default: 1 on a terminal, else none).
+    #[arg(long, value_name = "SECONDS")]
+    pub progress_frequency: Option<u64>,
+    /// Encrypt a plaintext device in place (not implemented yet).
+    #[arg(long)]
+    pub encrypt: bool,
+    /// Decrypt a device in place (not implemented yet).
+    #[arg(long)]
+    pub decrypt: bool,
+    /// Shrink the data device by this many bytes for the header (with --encrypt; not
+    /// implemented yet).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub reduce_device_size: Option<u64>,
+    /// Do not ask for confirmation.
+    #[arg(long = "batch-mode", short = 'q')]
+    pub batch_mode: bool,
+    /// The LUKS2 device.
+    pub device: String,
+}
+
+/// cryptsetup's progress line: percent, ETA, bytes written, speed.
+struct Progress {
+    every: Option<Duration>,
+    start: Instant,
+    last: Option<Instant>,
+    first_done: Option<u64>,
+    printed: bool,
+}
+
+impl Progress {
+    fn new(frequency: Option<u64>) -> Self {
+        let every = match frequency {
+            Some(0) => None,
+            Some(s) => Some(Duration::from_secs(s)),
+            None if std::io::stderr().is_terminal() => Some(Duration::from_secs(1)),
+            None => None,
+        };
+        Self { every, start: Instant::now(), last: None, first_done: None, printed: false }
+    }
+
+    fn update(&mut self, done: u64, total: u64) {
+        let first = *self.first_done.get_or_insert(done);
+        let Some(every) = self.every else { return };
+        let now = Instant::now();
+        if done < total && self.last.is_some_and(|l| now.duration_since(l) < every) {
+            return;
+        }
+        self.last = Some(now);
+        let secs = now.duration_since(self.start).as_secs_f64().max(1e-3);
+        let rate = (done - first) as f64 / secs;
+        let left = total.saturating_sub(done) as f64;
+        let eta = if rate > 0.0 { (left / rate) as u64 } else { 0 };
+        let pct = if total == 0 { 100.0 } else { done as f64 * 100.0 / total as f64 };
+        let end = if std::io::stderr().is_terminal() { "\r" } else { "\n" };
+        eprint!(
+            "Progress: {pct:5.1}%, ETA {:02}:{:02}, {} MiB written, speed {:5.1} MiB/s{end}",
+            eta / 60,
+            eta % 60,
+            (done - first) >> 20,
+            rate / f64::from(1 << 20)
+        );
+        let _ = std::io::stderr().flush();
+        self.printed = true;
+    }
+
+    fn finish(&self) {
+        if self.printed && std::io::stderr().is_terminal() {
+            eprintln!();
+        }
+    }
+}
+
+/// Runs `reencrypt`.
+pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
+    if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+        bail!(UsageError(
+            "reencrypt --encrypt, --decrypt and --reduce-device-size are not implemented in sealdisk yet"
+                .into()
+        ));
+    }
+    if a.init_only && a.resume_only {
+        bail!(UsageError("Options --init-only and --resume-only are mutually exclusive.".into()));
+    }
+    if a.key_size.is_some_and(|b| b % 8 != 0) {
+        bail!(UsageError("Key size must be a multiple of 8 bits".into()));
+    }
+    let meta_path = a.header.as_deref().unwrap_or(&a.device);
+    let meta = open_meta(meta_path, false)?;
+    let data = match &a.header {
+        Some(_) => Some(open_meta(&a.device, false)?),
+        None => None,
+    };
+    let data_dev: &dyn blockdev::BlockDevice = match &data {
+        Some(d) => &*d.device,
+        None => &*meta.device,
+    };
+    let mut luks = Luks::load(&*meta.device, true).map_err(luks_err(meta_path))?;
+    let in_progress = reencrypt::status(&luks).map_err(luks_err(meta_path))?.is_some();
+    if a.resume_only && !in_progress {
+        bail!(UsageError("Device reencryption not in progress.".into()));
+    }
+    let limits = a.kdf_limits.limits();
+    let pass = if in_progress {
+        if a.init_only {
+            bail!(UsageError("LUKS2 reencryption already initialized. Aborting operation.".into()));
+        }
+        super::luks::passphrase(&a.key, "Enter passphrase: ")?
+    } else {
+        let params = ReencryptParams {
+            cipher: a.cipher.clone(),
+            key_bytes: a.key_size.map(|b| b / 8),
+            sector_size: a.sector_size,
+            resilience: a.resilience.clone(),
+            resilience_hash: a.resilience_hash.clone(),
+            key_slot: a.key_slot,
+            pbkdf: a.pbkdf.params()?,
+            kdf_limits: limits,
+        };
+        let data_size = data_dev.geometry().size;
+        let mut pass_used = None;
+        with_passphrase(&a.key, "Enter passphrase for key slot: ", |p| {
+            let slot = reencrypt::init(&*meta.device, data_size, &mut luks, p, &params)
+                .map_err(luks_err(meta_path))
+                .context("initializing LUKS2 reencryption")?;
+            log::info!("reencrypt: new volume key in keyslot {slot}");
+            pass_used = Some(p.clone());
+            Ok(())
+        })?;
+        match pass_used {
+            Some(p) => p,
+            None => bail!("no passphrase"),
+        }
+    };
+    if a.init_only {
+        return Ok(());
+    }
+    let opts = RunOptions { hotzone_size: a.hotzone_size, kdf_limits: limits };
+    let mut progress = Progress::new(a.progress_frequency);
+    crate::hardening::wiping(true);
+    let r = reencrypt::run(data_dev_meta(&meta), data_dev, &mut luks, &pass, &opts, &mut |done, total| {
+        progress.update(done, total);
+        crate::hardening::stop_requested().is_none()
+    });
+    crate::hardening::wiping(false);
+    progress.finish();
+    match r.map_err(luks_err(meta_path)).context("reencrypting")? {
+        RunEnd::Finished => Ok(()),
+        RunEnd::Interrupted => {
+            eprintln!("Reencryption was interrupted; run `sealdisk reencrypt {}` to resume.", a.device);
+            Ok(())
+        }
+    }
+}
+
+fn data_dev_meta(s: &volume::Storage) -> &dyn blockdev::BlockDevice {
+    &*s.device
+}

@@ -1,0 +1,198 @@
+//! LUKS2 reencryption against the real kernel (Linux 6.1 dm-crypt and its cryptsetup 2.6,
+//! under /work/shared/oracle/kernel-run, one boot), both directions:
+//!
+//! * disk A: sealdisk's run is SIGKILLed on the host mid-way; in the guest cryptsetup
+//!   (`repair` if a hotzone was mid-write, then `reencrypt --resume-only`) finishes it on a
+//!   block device, and dm-crypt (`cryptsetup open`) reads the original plaintext back.
+//! * disk B: in the guest cryptsetup's run on a block device is SIGKILLed mid-way; on the
+//!   host sealdisk resumes and finishes it; the data decrypts to the original plaintext with
+//!   the key cryptsetup prints.
+//!
+//! Boots a kernel (~1 min under TCG): `cargo test -p sealdisk --test reencrypt_kernel -- --ignored`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{bin, boot_kernel, kernel_run, run as sealdisk, sha_hex, tagged_lines, FAST_PBKDF2};
+use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+
+const SIZE: u64 = 64 << 20;
+const PASS: &str = "kernel horse";
+
+fn cs(args: &[&str]) -> std::process::Output {
+    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
+}
+
+fn ok(out: &std::process::Output, what: &str) -> String {
+    assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn plaintext(len: usize) -> Vec<u8> {
+    let mut x = 0x0123_4567_89ab_cdefu64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn volume_key(img: &str, pass: &str) -> Vec<u8> {
+    let out =
+        ok(&cs(&["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", pass, img]), "dump key");
+    hex::decode(
+        out.split("MK dump:").nth(1).unwrap().chars().filter(|c| c.is_ascii_hexdigit()).collect::<String>(),
+    )
+    .unwrap()
+}
+
+fn layout(img: &str) -> (u64, String, u32) {
+    let out = ok(&cs(&["luksDump", img]), "luksDump");
+    let seg = out.split("Data segments:").nth(1).unwrap();
+    let field = |k: &str| {
+        seg.lines()
+            .find(|l| l.trim_start().starts_with(k))
+            .unwrap()
+            .split(':')
+            .nth(1)
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    (
+        field("offset").split_whitespace().next().unwrap().parse().unwrap(),
+        field("cipher"),
+        field("sector").split_whitespace().next().unwrap().parse().unwrap(),
+    )
+}
+
+fn cipher(spec: &str, key: &[u8], ss: u32) -> SectorCipher {
+    let s: CipherSpec = spec.parse().unwrap();
+    SectorCipher::new(
+        &s,
+        &VolumeKey::from_slice(key),
+        SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
+    )
+    .unwrap()
+}
+
+/// A LUKS2 image (cryptsetup on the host) whose data area holds `plaintext`.
+fn make(img: &Path, pass: &str) -> u64 {
+    std::fs::File::create(img).unwrap().set_len(SIZE).unwrap();
+    let i = img.to_str().unwrap();
+    let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", pass];
+    args.extend(FAST_PBKDF2);
+    args.push(i);
+    ok(&cs(&args), "luksFormat");
+    let (off, spec, ss) = layout(i);
+    let mut data = plaintext((SIZE - off) as usize);
+    cipher(&spec, &volume_key(i, pass), ss).encrypt(0, &mut data).unwrap();
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(img).unwrap().write_all_at(&data, off).unwrap();
+    off
+}
+
+fn in_progress(img: &str) -> bool {
+    ok(&cs(&["luksDump", img]), "luksDump").contains("online-reencrypt")
+}
+
+#[test]
+#[ignore = "boots Linux under qemu (kernel-run), ~1 min"]
+fn reencryption_interrupted_in_one_resumes_in_the_other_with_the_kernel() {
+    let Some(kr) = kernel_run() else { return };
+    if !common::have("cryptsetup") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pass = dir.path().join("pass");
+    std::fs::write(&pass, PASS).unwrap();
+    let p = pass.to_str().unwrap();
+    let a = dir.path().join("a.img");
+    let b = dir.path().join("b.img");
+
+    // Disk A: sealdisk killed mid-run on the host.
+    let mut caught = false;
+    for ms in [600u64, 300, 150, 80, 40] {
+        let off = make(&a, p);
+        assert_eq!(off, 16 << 20);
+        let mut child = Command::new(bin())
+            .args(["reencrypt", "--hotzone-size", "1M", "--key-file", p])
+            .args(FAST_PBKDF2)
+            .arg(&a)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(ms));
+        let _ = child.kill();
+        let _ = child.wait();
+        if in_progress(a.to_str().unwrap()) {
+            caught = true;
+            break;
+        }
+    }
+    assert!(caught, "sealdisk was never caught mid-run");
+    make(&b, p);
+    let want = sha_hex(&plaintext((SIZE - (16 << 20)) as usize));
+
+    let script = dir.path().join("guest.sh");
+    std::fs::write(
+        &script,
+        r#"set -e
+P=/kr/pass
+# A: finish sealdisk's run with cryptsetup on a block device, then read it through dm-crypt.
+if cryptsetup luksDump /dev/vda | grep -q in-reencryption; then
+  echo "A hotzone-mid-write"
+  cryptsetup repair --batch-mode --key-file $P /dev/vda
+fi
+cryptsetup reencrypt --batch-mode --resume-only --key-file $P /dev/vda
+cryptsetup luksDump /dev/vda | grep -q online-reencrypt && { echo "A still-in-progress"; exit 1; }
+cryptsetup open --key-file $P /dev/vda a
+echo "SHA a $(sha256sum /dev/mapper/a | cut -d' ' -f1)"
+cryptsetup close a
+# B: start cryptsetup's run (init first: the KDFs are slow under TCG) and kill it mid-way.
+cryptsetup reencrypt --batch-mode --init-only --key-file $P --pbkdf pbkdf2 --pbkdf-force-iterations 1000 /dev/vdb
+cryptsetup reencrypt --batch-mode --resume-only --hotzone-size 1M --key-file $P /dev/vdb &
+pid=$!
+for i in $(seq 1 100); do
+  sleep 0.05
+  n=$(cryptsetup luksDump /dev/vdb | grep -c "^  [0-9]: crypt" || true)
+  [ "$n" -ge 4 ] && break
+done
+kill -9 $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+if cryptsetup luksDump /dev/vdb | grep -q online-reencrypt; then
+  echo "B killed-mid-run segments=$(cryptsetup luksDump /dev/vdb | grep -c '^  [0-9]: crypt') hot=$(cryptsetup luksDump /dev/vdb | grep -c in-reencryption)"
+else
+  echo "B finished-before-kill"
+fi
+sync
+"#,
+    )
+    .unwrap();
+    let log = boot_kernel(&kr, std::slice::from_ref(&pass), &[a.clone(), b.clone()], &script);
+    let sums = tagged_lines(&log, "SHA");
+    assert_eq!(
+        sums.get("a"),
+        Some(&want),
+        "dm-crypt does not read the original data after sealdisk→cryptsetup"
+    );
+
+    // B: sealdisk resumes what the guest's cryptsetup left.
+    let bi = b.to_str().unwrap();
+    assert!(log.contains("B killed-mid-run"), "cryptsetup in the guest was not caught mid-run: {log}");
+    assert!(in_progress(bi));
+    let out = sealdisk(&["reencrypt", "--key-file", p, bi]);
+    assert!(out.status.success(), "sealdisk resume: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!in_progress(bi));
+    let (off, spec, ss) = layout(bi);
+    let mut data = std::fs::read(&b).unwrap().split_off(off as usize);
+    cipher(&spec, &volume_key(bi, p), ss).decrypt(0, &mut data).unwrap();
+    assert_eq!(sha_hex(&data), want, "data lost in cryptsetup(kernel)→sealdisk");
+}

@@ -1,0 +1,764 @@
+//! LUKS2 reencryption metadata (cryptsetup `luks2_reencrypt.c`, `luks2_keyslot_reenc.c`,
+//! `luks2_reencrypt_digest.c`): the `reencrypt` keyslot, the backup segments, the segment
+//! layout while a hotzone is being rewritten, and the verification data whose digest binds
+//! the reencryption metadata to the volume keys. Sans-IO: metadata in, metadata or bytes out.
+//!
+//! ```text
+//!  config.requirements.mandatory = ["online-reencrypt-v2"]
+//!  keyslots.N = {"type":"reencrypt", "key_size":1, "priority":0,
+//!                "mode":"reencrypt"|"encrypt"|"decrypt", "direction":"forward"|"backward",
+//!                "area":{"type":"none"|"checksum"|"journal"|"datashift"..., "offset", "size",
+//!                        checksum: "hash", "sector_size"; datashift*: "shift_size"}}
+//!  segments   = regular segments (forward, mid-run):
+//!                 0: new data  [data_offset, +done)                    digest new
+//!                 1: hotzone   [.., +len) flags ["in-reencryption"]    digests new and old
+//!                 2: old data  [.., dynamic)                           digest old
+//!               then "backup-previous" (old segment, digest old) and "backup-final"
+//!               (new segment, digest new), and "backup-moved-segment" with a data shift
+//!  digests    = old digest, new digest, and a pbkdf2 digest of the verification data
+//!               assigned to the reencrypt keyslot (no segments)
+//! ```
+//!
+//! Verification data (`reencrypt_assembly_verification_data`): `'v'`, `'0' + version`, the
+//! old volume key, the new volume key (if its digest differs), the reencrypt keyslot's
+//! mode, direction and area fields, then the backup-previous, backup-final (and
+//! backup-moved) segments' fields. Strings as raw bytes (at most 64), 64-bit values
+//! big-endian, `"dynamic"` sizes as the text, 32-bit ints big-endian.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+use zeroize::Zeroizing;
+
+use super::config::Requirement;
+use super::json::Luks2Metadata;
+use super::keyslot::{Area, Keyslot, KEYSLOT_REENCRYPT};
+use super::segment::{CryptParams, Segment, SegmentSize};
+
+/// The requirement cryptsetup 2.4+ writes while a reencryption is in progress.
+pub const REQUIREMENT_V2: &str = "online-reencrypt-v2";
+/// Segment flag of the hotzone being rewritten (present only after a crash).
+pub const FLAG_IN_REENCRYPTION: &str = "in-reencryption";
+/// Backup segment flag: the segment as it was before.
+pub const FLAG_BACKUP_PREVIOUS: &str = "backup-previous";
+/// Backup segment flag: the segment as it will be.
+pub const FLAG_BACKUP_FINAL: &str = "backup-final";
+/// Backup segment flag: the first segment's data moved away (encryption with data shift).
+pub const FLAG_BACKUP_MOVED: &str = "backup-moved-segment";
+/// cryptsetup `LUKS2_REENCRYPT_MAX_HOTZONE_LENGTH` (1 GiB).
+pub const MAX_HOTZONE_LENGTH: u64 = 0x4000_0000;
+/// cryptsetup `LUKS2_DEFAULT_NONE_REENCRYPTION_LENGTH` (20 MiB).
+pub const DEFAULT_NONE_HOTZONE_LENGTH: u64 = 0x140_0000;
+/// Longest string the verification data takes (cryptsetup `MAX_STR`).
+const MAX_STR: usize = 64;
+
+/// What the reencryption does (keyslot `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReencryptMode {
+    /// Old key and cipher to new ones.
+    Reencrypt,
+    /// Plaintext to ciphertext.
+    Encrypt,
+    /// Ciphertext to plaintext.
+    Decrypt,
+}
+
+impl ReencryptMode {
+    /// The JSON word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reencrypt => "reencrypt",
+            Self::Encrypt => "encrypt",
+            Self::Decrypt => "decrypt",
+        }
+    }
+}
+
+/// Which end the hotzone starts from (keyslot `direction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// From the data offset up.
+    Forward,
+    /// From the end down.
+    Backward,
+}
+
+impl Direction {
+    /// The JSON word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Forward => "forward",
+            Self::Backward => "backward",
+        }
+    }
+}
+
+/// How a hotzone survives a crash (reencrypt keyslot `area.type`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resilience {
+    /// Nothing: the metadata is written only when the run stops.
+    None,
+    /// One hash per `block_size` block of the hotzone's old content, in the area.
+    Checksum {
+        /// Hash name (`sha256`).
+        hash: String,
+        /// Block size in bytes (the area's `sector_size`).
+        block_size: u32,
+    },
+    /// The hotzone's old content itself, in the area.
+    Journal,
+    /// The data moves by `shift` bytes; the old copy is the protection.
+    Datashift {
+        /// `shift_size` in bytes.
+        shift: u64,
+    },
+    /// Datashift, with checksums for the moved first segment.
+    DatashiftChecksum {
+        /// Hash name.
+        hash: String,
+        /// Block size.
+        block_size: u32,
+        /// `shift_size`.
+        shift: u64,
+    },
+    /// Datashift, with a journal for the moved first segment.
+    DatashiftJournal {
+        /// `shift_size`.
+        shift: u64,
+    },
+}
+
+impl Resilience {
+    /// The area `type` word.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Checksum { .. } => "checksum",
+            Self::Journal => "journal",
+            Self::Datashift { .. } => "datashift",
+            Self::DatashiftChecksum { .. } => "datashift-checksum",
+            Self::DatashiftJournal { .. } => "datashift-journal",
+        }
+    }
+
+    /// The data shift in bytes (0 without one).
+    pub fn shift(&self) -> u64 {
+        match self {
+            Self::Datashift { shift }
+            | Self::DatashiftChecksum { shift, .. }
+            | Self::DatashiftJournal { shift } => *shift,
+            _ => 0,
+        }
+    }
+
+    /// The area object's fields after `offset` and `size` (cryptsetup
+    /// `reencrypt_keyslot_area_jobj`).
+    fn area_extra(&self) -> Map<String, Value> {
+        let mut o = Map::new();
+        match self {
+            Self::Checksum { hash, block_size } => {
+                o.insert("hash".into(), hash.as_str().into());
+                o.insert("sector_size".into(), (*block_size).into());
+            }
+            Self::DatashiftChecksum { hash, block_size, shift } => {
+                o.insert("hash".into(), hash.as_str().into());
+                o.insert("sector_size".into(), (*block_size).into());
+                o.insert("shift_size".into(), Value::String(shift.to_string()));
+            }
+            Self::Datashift { shift } | Self::DatashiftJournal { shift } => {
+                o.insert("shift_size".into(), Value::String(shift.to_string()));
+            }
+            Self::None | Self::Journal => {}
+        }
+        o
+    }
+}
+
+/// Why the reencryption metadata is refused (cryptsetup `reenc_keyslot_validate` and the
+/// checks of `reencrypt_load`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReencryptMetaError {
+    /// A field of the reencrypt keyslot is missing or of the wrong type.
+    #[error("reencrypt keyslot {keyslot}: {field} is missing or invalid")]
+    BadField {
+        /// Keyslot id.
+        keyslot: u32,
+        /// The field.
+        field: &'static str,
+    },
+    /// The keyslot's `key_size` is not 1.
+    #[error("reencrypt keyslot {0}: key_size must be 1")]
+    BadKeySize(u32),
+    /// Unknown `mode`, `direction` or area `type`.
+    #[error("reencrypt keyslot {keyslot}: unknown {field} {value:?}")]
+    UnknownValue {
+        /// Keyslot id.
+        keyslot: u32,
+        /// `mode`, `direction` or `area type`.
+        field: &'static str,
+        /// The value.
+        value: String,
+    },
+    /// The online reencryption requirement is there but no reencrypt keyslot.
+    #[error("online reencryption requirement without a reencrypt keyslot")]
+    NoKeyslot,
+    /// A backup segment is missing.
+    #[error("reencryption backup segment {0:?} is missing")]
+    NoBackup(&'static str),
+    /// A requirement version this implementation does not know.
+    #[error("unsupported LUKS2 reencryption requirement {0:?}")]
+    UnknownVersion(String),
+    /// A segment or keyslot field cannot be serialized into the verification data.
+    #[error("reencryption metadata cannot be serialized for verification ({0})")]
+    Serialize(&'static str),
+    /// Two segments are in reencryption, or the layout is not one reencryption makes.
+    #[error("unexpected reencryption segment layout: {0}")]
+    Layout(&'static str),
+}
+
+/// The reencrypt keyslot, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReencryptKeyslot {
+    /// Keyslot id.
+    pub id: u32,
+    /// `mode`.
+    pub mode: ReencryptMode,
+    /// `direction`.
+    pub direction: Direction,
+    /// `area.type` and its parameters.
+    pub resilience: Resilience,
+    /// `area.offset`.
+    pub area_offset: u64,
+    /// `area.size`.
+    pub area_size: u64,
+}
+
+impl ReencryptKeyslot {
+    /// The keyslot JSON object (cryptsetup `reenc_keyslot_alloc`: key_size 1, priority 0).
+    pub fn to_keyslot(&self) -> Keyslot {
+        let mut extra = Map::new();
+        extra.insert("mode".into(), self.mode.as_str().into());
+        extra.insert("direction".into(), self.direction.as_str().into());
+        Keyslot {
+            type_name: KEYSLOT_REENCRYPT.into(),
+            key_size: 1,
+            priority: Some(0),
+            af: None,
+            area: Area {
+                type_name: self.resilience.type_name().into(),
+                offset: self.area_offset,
+                size: self.area_size,
+                encryption: None,
+                key_size: None,
+                extra: self.resilience.area_extra(),
+            },
+            kdf: None,
+            extra,
+        }
+    }
+
+    fn decode(id: u32, ks: &Keyslot) -> Result<Self, ReencryptMetaError> {
+        let bad = |field| ReencryptMetaError::BadField { keyslot: id, field };
+        if ks.key_size != 1 {
+            return Err(ReencryptMetaError::BadKeySize(id));
+        }
+        let s = |o: &Map<String, Value>, f: &'static str| -> Result<String, ReencryptMetaError> {
+            o.get(f).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned).ok_or(bad(f))
+        };
+        let mode = match s(&ks.extra, "mode")?.as_str() {
+            "reencrypt" => ReencryptMode::Reencrypt,
+            "encrypt" => ReencryptMode::Encrypt,
+            "decrypt" => ReencryptMode::Decrypt,
+            v => {
+                return Err(ReencryptMetaError::UnknownValue { keyslot: id, field: "mode", value: v.into() })
+            }
+        };
+        let direction = match s(&ks.extra, "direction")?.as_str() {
+            "forward" => Direction::Forward,
+            "backward" => Direction::Backward,
+            v => {
+                return Err(ReencryptMetaError::UnknownValue {
+                    keyslot: id,
+                    field: "direction",
+                    value: v.into(),
+                })
+            }
+        };
+        let a = &ks.area.extra;
+        let checksum = || -> Result<(String, u32), ReencryptMetaError> {
+            let hash = s(a, "hash")?;
+            let bs = a
+                .get("sector_size")
+                .and_then(Value::as_u64)
+                .and_then(|v| u32::try_from(v).ok())
+                .filter(|v| *v >= 512 && v.is_power_of_two())
+                .ok_or(bad("area sector_size"))?;
+            Ok((hash, bs))
+        };
+        let shift = || -> Result<u64, ReencryptMetaError> {
+            s(a, "shift_size")?
+                .parse::<u64>()
+                .ok()
+                .filter(|v| *v != 0 && v % 512 == 0)
+                .ok_or(bad("area shift_size"))
+        };
+        let resilience = match ks.area.type_name.as_str() {
+            "none" => Resilience::None,
+            "journal" => Resilience::Journal,
+            "checksum" => {
+                let (hash, block_size) = checksum()?;
+                Resilience::Checksum { hash, block_size }
+            }
+            "datashift" => Resilience::Datashift { shift: shift()? },
+            "datashift-checksum" => {
+                let (hash, block_size) = checksum()?;
+                Resilience::DatashiftChecksum { hash, block_size, shift: shift()? }
+            }
+            "datashift-journal" => Resilience::DatashiftJournal { shift: shift()? },
+            v => {
+                return Err(ReencryptMetaError::UnknownValue {
+                    keyslot: id,
+                    field: "area type",
+                    value: v.into(),
+                })
+            }
+        };
+        Ok(Self { id, mode, direction, resilience, area_offset: ks.area.offset, area_size: ks.area.size })
+    }
+}
+
+/// A reencryption in progress, as the metadata describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReencryptState {
+    /// Requirement version (2 for `online-reencrypt-v2`).
+    pub version: u8,
+    /// The reencrypt keyslot.
+    pub keyslot: ReencryptKeyslot,
+    /// Segment id flagged `backup-previous`.
+    pub previous: u32,
+    /// Segment id flagged `backup-final`.
+    pub final_: u32,
+    /// Segment id flagged `backup-moved-segment`.
+    pub moved: Option<u32>,
+    /// Digest of the old key (`None` when encrypting).
+    pub digest_old: Option<u32>,
+    /// Digest of the new key (`None` when decrypting).
+    pub digest_new: Option<u32>,
+    /// The verification digest (the one assigned to the reencrypt keyslot).
+    pub digest_verify: Option<u32>,
+    /// The segment flagged `in-reencryption`: a hotzone was being rewritten when the run
+    /// stopped (cryptsetup's "crash" state, which needs recovery).
+    pub hot: Option<u32>,
+}
+
+impl ReencryptState {
+    /// Reads the reencryption state: `Ok(None)` without an online reencryption requirement.
+    pub fn from_metadata(m: &Luks2Metadata) -> Result<Option<Self>, ReencryptMetaError> {
+        let mut version = None;
+        for r in m.config.requirements.iter().flat_map(|r| r.mandatory.iter().flatten()) {
+            match Requirement::parse(r) {
+                Requirement::OnlineReencrypt { version: v @ (2 | 3) } => version = Some(v),
+                Requirement::OnlineReencrypt { .. } => {
+                    return Err(ReencryptMetaError::UnknownVersion(r.clone()))
+                }
+                _ => {}
+            }
+        }
+        let Some(version) = version else { return Ok(None) };
+        let (&id, ks) = m
+            .keyslots
+            .iter()
+            .find(|(_, k)| k.type_name == KEYSLOT_REENCRYPT)
+            .ok_or(ReencryptMetaError::NoKeyslot)?;
+        let keyslot = ReencryptKeyslot::decode(id, ks)?;
+        let by_flag = |f: &str| m.segments.iter().find(|(_, s)| s.has_flag(f)).map(|(&i, _)| i);
+        let previous =
+            by_flag(FLAG_BACKUP_PREVIOUS).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+        let final_ = by_flag(FLAG_BACKUP_FINAL).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
+        let hots: Vec<u32> =
+            m.segments.iter().filter(|(_, s)| s.has_flag(FLAG_IN_REENCRYPTION)).map(|(&i, _)| i).collect();
+        if hots.len() > 1 {
+            return Err(ReencryptMetaError::Layout("more than one segment is in reencryption"));
+        }
+        Ok(Some(Self {
+            version,
+            previous,
+            final_,
+            moved: by_flag(FLAG_BACKUP_MOVED),
+            digest_old: m.segment_digest(previous),
+            digest_new: m.segment_digest(final_),
+            digest_verify: m.keyslot_digest(id),
+            hot: hots.first().copied(),
+            keyslot,
+        }))
+    }
+
+    /// Regular (non-backup) segments, ascending.
+    pub fn regular_segments(m: &Luks2Metadata) -> Vec<(u32, &Segment)> {
+        m.segments.iter().filter(|(_, s)| !s.is_backup()).map(|(&i, s)| (i, s)).collect()
+    }
+
+    /// Data offset of the new layout (backup-final's offset).
+    pub fn data_offset_new(&self, m: &Luks2Metadata) -> u64 {
+        m.segments.get(&self.final_).map_or(0, |s| s.offset)
+    }
+
+    /// Where the next hotzone starts, relative to the new data offset, for a forward run
+    /// without data shift (cryptsetup `reencrypt_offset` / `_offset_forward`).
+    pub fn forward_offset(&self, m: &Luks2Metadata) -> Result<u64, ReencryptMetaError> {
+        if let Some(h) = self.hot {
+            let s = &m.segments[&h];
+            return s
+                .offset
+                .checked_sub(self.data_offset_new(m))
+                .ok_or(ReencryptMetaError::Layout("hotzone before the data offset"));
+        }
+        let regular = Self::regular_segments(m);
+        match regular.len() {
+            1 => Ok(0),
+            2 => regular[0]
+                .1
+                .fixed_size()
+                .ok_or(ReencryptMetaError::Layout("first of two segments is dynamic")),
+            _ => Err(ReencryptMetaError::Layout("more than two segments outside a hotzone")),
+        }
+    }
+
+    /// The verification data of `version` for these keys (cryptsetup
+    /// `reencrypt_assembly_verification_data`). `vk_old` is needed unless encrypting,
+    /// `vk_new` unless decrypting or the digests are the same.
+    pub fn verification_data(
+        &self,
+        m: &Luks2Metadata,
+        version: u8,
+        vk_old: Option<&[u8]>,
+        vk_new: Option<&[u8]>,
+    ) -> Result<Zeroizing<Vec<u8>>, ReencryptMetaError> {
+        let mut out = Zeroizing::new(vec![b'v', b'0'.wrapping_add(version)]);
+        let mut any = false;
+        if self.digest_old.is_some() {
+            out.extend_from_slice(vk_old.ok_or(ReencryptMetaError::Serialize("old volume key"))?);
+            any = true;
+        }
+        if self.digest_new.is_some() && self.digest_new != self.digest_old {
+            out.extend_from_slice(vk_new.ok_or(ReencryptMetaError::Serialize("new volume key"))?);
+            any = true;
+        }
+        if !any {
+            return Err(ReencryptMetaError::Serialize("no volume key"));
+        }
+        let ks = &m.keyslots[&self.keyslot.id];
+        let str_ = |out: &mut Vec<u8>, s: &str, what| {
+            if s.is_empty() || s.len() > MAX_STR {
+                return Err(ReencryptMetaError::Serialize(what));
+            }
+            out.extend_from_slice(s.as_bytes());
+            Ok(())
+        };
+        let ks_str = |f: &'static str| ks.extra.get(f).and_then(Value::as_str).unwrap_or("");
+        str_(&mut out, ks_str("mode"), "mode")?;
+        str_(&mut out, ks_str("direction"), "direction")?;
+        str_(&mut out, &ks.area.type_name, "area type")?;
+        out.extend_from_slice(&ks.area.offset.to_be_bytes());
+        out.extend_from_slice(&ks.area.size.to_be_bytes());
+        let a = &ks.area.extra;
+        let area_str = |f| a.get(f).and_then(Value::as_str).unwrap_or("");
+        let checksum = |out: &mut Vec<u8>| -> Result<(), ReencryptMetaError> {
+            str_(out, area_str("hash"), "area hash")?;
+            let bs = a
+                .get("sector_size")
+                .and_then(Value::as_u64)
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or(ReencryptMetaError::Serialize("area sector_size"))?;
+            out.extend_from_slice(&bs.to_be_bytes());
+            Ok(())
+        };
+        let shift = |out: &mut Vec<u8>| -> Result<(), ReencryptMetaError> {
+            let v = area_str("shift_size")
+                .parse::<u64>()
+                .map_err(|_| ReencryptMetaError::Serialize("shift_size"))?;
+            out.extend_from_slice(&v.to_be_bytes());
+            Ok(())
+        };
+        match ks.area.type_name.as_str() {
+            "checksum" => checksum(&mut out)?,
+            "datashift-checksum" => {
+                checksum(&mut out)?;
+                shift(&mut out)?;
+            }
+            "datashift" | "datashift-journal" => shift(&mut out)?,
+            _ => {}
+        }
+        for id in [Some(self.previous), Some(self.final_), self.moved].into_iter().flatten() {
+            serialize_segment(&m.segments[&id], &mut out)?;
+        }
+        Ok(out)
+    }
+}
+
+fn serialize_segment(s: &Segment, out: &mut Vec<u8>) -> Result<(), ReencryptMetaError> {
+    if s.type_name.is_empty() || s.type_name.len() > MAX_STR {
+        return Err(ReencryptMetaError::Serialize("segment type"));
+    }
+    out.extend_from_slice(s.type_name.as_bytes());
+    out.extend_from_slice(&s.offset.to_be_bytes());
+    match s.size {
+        SegmentSize::Dynamic => out.extend_from_slice(b"dynamic"),
+        SegmentSize::Bytes(b) => out.extend_from_slice(&b.to_be_bytes()),
+    }
+    match (s.type_name.as_str(), &s.crypt) {
+        ("crypt", Some(c)) => {
+            out.extend_from_slice(&c.iv_tweak.to_be_bytes());
+            if c.encryption.len() > MAX_STR {
+                return Err(ReencryptMetaError::Serialize("segment encryption"));
+            }
+            out.extend_from_slice(c.encryption.as_bytes());
+            out.extend_from_slice(&c.sector_size.to_be_bytes());
+            Ok(())
+        }
+        ("linear", _) => Ok(()),
+        _ => Err(ReencryptMetaError::Serialize("segment type")),
+    }
+}
+
+/// A `crypt` segment at `offset` (cryptsetup `json_segment_create_crypt`): `iv_tweak` in
+/// 512-byte sectors, `in-reencryption` flag when `hot`.
+pub fn crypt_segment(
+    offset: u64,
+    iv_tweak: u64,
+    size: Option<u64>,
+    encryption: &str,
+    sector_size: u32,
+    hot: bool,
+) -> Segment {
+    Segment {
+        type_name: "crypt".into(),
+        offset,
+        size: size.map_or(SegmentSize::Dynamic, SegmentSize::Bytes),
+        crypt: Some(CryptParams { iv_tweak, encryption: encryption.into(), sector_size, integrity: None }),
+        opal: None,
+        flags: hot.then(|| vec![FLAG_IN_REENCRYPTION.to_owned()]),
+        extra: Map::new(),
+    }
+}
+
+/// A `linear` segment (cryptsetup `json_segment_create_linear`).
+pub fn linear_segment(offset: u64, size: Option<u64>, hot: bool) -> Segment {
+    Segment {
+        type_name: "linear".into(),
+        offset,
+        size: size.map_or(SegmentSize::Dynamic, SegmentSize::Bytes),
+        crypt: None,
+        opal: None,
+        flags: hot.then(|| vec![FLAG_IN_REENCRYPTION.to_owned()]),
+        extra: Map::new(),
+    }
+}
+
+/// A copy of `s` carrying only `flag` (a backup segment).
+pub fn backup_of(s: &Segment, flag: &str) -> Segment {
+    let mut b = s.clone();
+    b.flags = Some(vec![flag.to_owned()]);
+    b
+}
+
+/// Which part of a forward layout a regular segment is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Already rewritten (new key).
+    New,
+    /// The hotzone (both keys).
+    Hot,
+    /// Not reached yet (old key).
+    Old,
+}
+
+/// The regular segments of a forward run without data shift (cryptsetup
+/// `reencrypt_make_hot_segments_forward` / `reencrypt_make_post_segments_forward`):
+/// `done` bytes rewritten, then (if `hot_len` is set) a hotzone of that length, then the
+/// old data up to `device_size` (relative to `data_offset`). Sizes are fixed except the
+/// last segment's, which is dynamic unless `fixed` (a `--device-size` run).
+pub fn forward_layout(
+    st: &ReencryptState,
+    m: &Luks2Metadata,
+    done: u64,
+    hot_len: Option<u64>,
+    device_size: u64,
+    fixed: bool,
+) -> Result<Vec<(Part, Segment)>, ReencryptMetaError> {
+    let fin = &m.segments[&st.final_];
+    let prev = &m.segments[&st.previous];
+    let data_offset = fin.offset;
+    let new_seg = |off: u64, size: Option<u64>, hot: bool| match (st.keyslot.mode, &fin.crypt) {
+        (ReencryptMode::Decrypt, _) => Ok(linear_segment(data_offset + off, size, hot)),
+        (_, Some(c)) => {
+            Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, hot))
+        }
+        (_, None) => Err(ReencryptMetaError::Layout("backup-final is not a crypt segment")),
+    };
+    let old_seg = |off: u64, size: Option<u64>| match (st.keyslot.mode, &prev.crypt) {
+        (ReencryptMode::Encrypt, _) => Ok(linear_segment(data_offset + off, size, false)),
+        (_, Some(c)) => {
+            Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, false))
+        }
+        (_, None) => Err(ReencryptMetaError::Layout("backup-previous is not a crypt segment")),
+    };
+    let mut out = Vec::new();
+    let end = done + hot_len.unwrap_or(0);
+    let tail = (end < device_size).then(|| if fixed { Some(device_size - end) } else { None });
+    match hot_len {
+        Some(len) => {
+            if done > 0 {
+                out.push((Part::New, new_seg(0, Some(done), false)?));
+            }
+            out.push((Part::Hot, new_seg(done, Some(len), true)?));
+        }
+        None => {
+            if end > 0 {
+                out.push((Part::New, new_seg(0, tail.is_some().then_some(end), false)?));
+            }
+        }
+    }
+    if let Some(size) = tail {
+        out.push((Part::Old, old_seg(end, size)?));
+    }
+    Ok(out)
+}
+
+/// Replaces the regular segments of `m` with `layout` and reattaches the backup segments
+/// and digests as cryptsetup's `reencrypt_assign_segments` does: every digest loses its
+/// segments; new parts go to the new digest, old parts to the old one, the hotzone to
+/// both; then backup-previous (old digest) and backup-final (new digest) follow, and
+/// backup-moved-segment (old digest) after them. Updates `st`'s segment ids.
+pub fn assign_segments(
+    st: &mut ReencryptState,
+    m: &mut Luks2Metadata,
+    layout: Vec<(Part, Segment)>,
+) -> Result<(), ReencryptMetaError> {
+    let prev = m.segments[&st.previous].clone();
+    let fin = m.segments[&st.final_].clone();
+    let moved = st.moved.map(|i| m.segments[&i].clone());
+    for d in m.digests.values_mut() {
+        d.segments.clear();
+    }
+    let mut segs = BTreeMap::new();
+    let assign = |m: &mut Luks2Metadata, seg: u32, digest: Option<u32>| {
+        if let Some(d) = digest.and_then(|d| m.digests.get_mut(&d)) {
+            if !d.segments.contains(&seg) {
+                d.segments.push(seg);
+                d.segments.sort_unstable();
+            }
+        }
+    };
+    let mut hot = None;
+    let mut id = 0u32;
+    for (part, seg) in layout {
+        let crypt = seg.type_name == "crypt";
+        if crypt {
+            match part {
+                Part::New => assign(m, id, st.digest_new),
+                Part::Old => assign(m, id, st.digest_old),
+                Part::Hot => {
+                    assign(m, id, st.digest_new);
+                    assign(m, id, st.digest_old);
+                }
+            }
+        }
+        if part == Part::Hot {
+            hot = Some(id);
+        }
+        segs.insert(id, seg);
+        id += 1;
+    }
+    st.previous = id;
+    if prev.type_name == "crypt" {
+        assign(m, id, st.digest_old);
+    }
+    segs.insert(id, prev);
+    id += 1;
+    st.final_ = id;
+    if fin.type_name == "crypt" {
+        assign(m, id, st.digest_new);
+    }
+    segs.insert(id, fin);
+    if let Some(mv) = moved {
+        id += 1;
+        st.moved = Some(id);
+        if mv.type_name == "crypt" {
+            assign(m, id, st.digest_old);
+        }
+        segs.insert(id, mv);
+    }
+    st.hot = hot;
+    m.segments = segs;
+    Ok(())
+}
+
+/// Sets (`Some(version)`) or clears the online reencryption requirement, keeping other
+/// mandatory requirements (cryptsetup `reencrypt_update_flag`). An emptied `requirements`
+/// object is dropped.
+pub fn set_requirement(m: &mut Luks2Metadata, version: Option<u8>) {
+    let reqs = m
+        .config
+        .requirements
+        .get_or_insert_with(|| super::Requirements { mandatory: None, extra: Map::new() });
+    let list = reqs.mandatory.get_or_insert_with(Vec::new);
+    list.retain(|r| !super::config::is_reencrypt_candidate(r));
+    if let Some(v) = version {
+        list.push(format!("online-reencrypt-v{v}"));
+    }
+    if list.is_empty() {
+        reqs.mandatory = None;
+    }
+    if reqs.mandatory.is_none() && reqs.extra.is_empty() {
+        m.config.requirements = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resilience_area_fields_round_trip() {
+        for r in [
+            Resilience::None,
+            Resilience::Journal,
+            Resilience::Checksum { hash: "sha256".into(), block_size: 4096 },
+            Resilience::Datashift { shift: 1 << 20 },
+        ] {
+            let k = ReencryptKeyslot {
+                id: 3,
+                mode: ReencryptMode::Reencrypt,
+                direction: Direction::Forward,
+                resilience: r.clone(),
+                area_offset: 32768,
+                area_size: 4096,
+            };
+            let back = ReencryptKeyslot::decode(3, &k.to_keyslot()).unwrap();
+            assert_eq!(back, k);
+        }
+    }
+
+    #[test]
+    fn bad_reencrypt_keyslot_is_refused() {
+        let k = ReencryptKeyslot {
+            id: 1,
+            mode: ReencryptMode::Reencrypt,
+            direction: Direction::Forward,
+            resilience: Resilience::Checksum { hash: "sha256".into(), block_size: 4096 },
+            area_offset: 32768,
+            area_size: 4096,
+        };
+        let mut ks = k.to_keyslot();
+        ks.key_size = 64;
+        assert_eq!(ReencryptKeyslot::decode(1, &ks), Err(ReencryptMetaError::BadKeySize(1)));
+        let mut ks = k.to_keyslot();
+        ks.extra.insert("mode".into(), "sideways".into());
+        assert!(matches!(ReencryptKeyslot::decode(1, &ks), Err(ReencryptMetaError::UnknownValue { .. })));
+        let mut ks = k.to_keyslot();
+        ks.area.extra.insert("sector_size".into(), 1000.into());
+        assert!(matches!(ReencryptKeyslot::decode(1, &ks), Err(ReencryptMetaError::BadField { .. })));
+    }
+}
