@@ -12,6 +12,7 @@ pub mod luks_format;
 pub mod luks_header;
 pub mod luks_keyslot;
 pub mod luks_open;
+pub mod luks_token;
 pub mod open;
 pub mod probe;
 pub mod tcrypt;

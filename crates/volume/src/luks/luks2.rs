@@ -102,7 +102,7 @@ pub(super) fn write_header(s: &mut Luks2State, meta: &dyn BlockDevice) -> Result
     Ok(())
 }
 
-fn default_segment(h: &Luks2Header) -> Result<(u32, &JsonSegment), LuksError> {
+pub(super) fn default_segment(h: &Luks2Header) -> Result<(u32, &JsonSegment), LuksError> {
     let id = h
         .metadata
         .default_segment()
@@ -286,7 +286,7 @@ fn material(slot: u32, ks: &Keyslot) -> Result<Material<'_>, LuksError> {
     Ok(m)
 }
 
-fn try_slot(
+pub(super) fn try_slot(
     h: &Luks2Header,
     meta: &dyn BlockDevice,
     slot: u32,
@@ -372,7 +372,7 @@ pub(super) fn unlock(
 }
 
 /// First-fit free range of `len` bytes in the keyslots area, ignoring keyslot `except`.
-fn find_area(m: &Luks2Metadata, len: u64, except: Option<u32>) -> Option<u64> {
+pub(super) fn find_area(m: &Luks2Metadata, len: u64, except: Option<u32>) -> Option<u64> {
     let start = 2 * m.metadata_size();
     let end = start + m.config.keyslots_size;
     let mut used: Vec<(u64, u64)> = m
@@ -394,7 +394,7 @@ fn find_area(m: &Luks2Metadata, len: u64, except: Option<u32>) -> Option<u64> {
 
 /// Keyslot area cipher for new keyslots: the segment's, when it works as a keyslot cipher
 /// (cryptsetup's default), else aes-xts-plain64 with a 512-bit key.
-fn keyslot_cipher(h: &Luks2Header, vk_len: usize) -> (String, usize) {
+pub(super) fn keyslot_cipher(h: &Luks2Header, vk_len: usize) -> (String, usize) {
     if let Ok((_, seg)) = default_segment(h) {
         if let Some(c) = &seg.crypt {
             let ok = c.integrity.is_none()
@@ -442,7 +442,23 @@ fn new_keyslot(
     key: &SlotKey,
     af_hash: HashAlg,
 ) -> Result<Keyslot, LuksError> {
-    let (cipher, area_key_len) = keyslot_cipher(h, vk.len());
+    new_keyslot_for(h, meta, offset, area_size, vk, key, af_hash, vk.len())
+}
+
+/// [`new_keyslot`] with the area cipher chosen for a `cipher_key_len`-byte volume key (an
+/// unbound key of another size keeps the volume's keyslot cipher, as cryptsetup does).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn new_keyslot_for(
+    h: &Luks2Header,
+    meta: &dyn BlockDevice,
+    offset: u64,
+    area_size: u64,
+    vk: &VolumeKey,
+    key: &SlotKey,
+    af_hash: HashAlg,
+    cipher_key_len: usize,
+) -> Result<Keyslot, LuksError> {
+    let (cipher, area_key_len) = keyslot_cipher(h, cipher_key_len);
     if key.area_key.len() != area_key_len {
         return Err(LuksError::Params("keyslot key derived for another cipher".into()));
     }
@@ -483,7 +499,7 @@ fn new_keyslot(
     })
 }
 
-fn area_size(key_len: usize) -> u64 {
+pub(super) fn area_size(key_len: usize) -> u64 {
     ((af::split_sectors(key_len, STRIPES) * 512) as u64).div_ceil(4096) * 4096
 }
 

@@ -39,6 +39,7 @@ pub(crate) mod aead;
 mod dump;
 mod io;
 mod keyslot;
+mod lifecycle;
 mod luks1;
 mod luks2;
 mod pbkdf;
@@ -50,7 +51,7 @@ mod header;
 
 pub use activate::{load_checked, open, OpenParams, Opened};
 pub use aead::{format_integrity, format_integrity_until, wipe_integrity, AeadOpen, LuksIntegrity, WipeEnd};
-pub use dump::{dump, dump_volume_key};
+pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
 pub use error::LuksError;
 pub use format::{default_key_bits, format, header_size, open_header_for_format, FormatParams};
 pub(crate) use format::{parse_hash, SlotKey};
@@ -61,6 +62,7 @@ pub use formats::limits::{KdfLimits, LimitError};
 pub use header::{
     check_uuid, kdf_cost, probe, random_uuid, Luks, Luks2State, LuksHeader, LuksVersion, Segment,
 };
+pub use lifecycle::{KeyslotPriority, LUKS2_TOKENS};
 pub use pbkdf::{default_parallel, PbkdfParams, PbkdfType};
 
 /// LUKS1 keyslots.
