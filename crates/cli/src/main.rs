@@ -104,6 +104,8 @@ enum Action {
     Token(actions::luks_token::TokenArgs),
     /// Set LUKS2 header options: --label, --subsystem, --priority (with --key-slot).
     Config(actions::luks_token::ConfigArgs),
+    /// Convert a LUKS header in place: --type luks1 or luks2.
+    Convert(actions::luks_token::ConvertArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(actions::docs::CompletionsArgs),
     /// Print the man page (roff) to stdout, or write one page per command to --out-dir.
@@ -220,6 +222,7 @@ fn main() -> ExitCode {
         Action::LuksResumeWipe(a) => actions::wipe::resume(*a),
         Action::Token(a) => actions::luks_token::token(a),
         Action::Config(a) => actions::luks_token::config(a),
+        Action::Convert(a) => actions::luks_token::convert(a),
         Action::Completions(a) => actions::docs::completions(a, Cli::command()),
         Action::Man(a) => actions::docs::man(a, Cli::command()),
         Action::Bench(a) => actions::bench::run(*a),

@@ -392,3 +392,143 @@ fn open_persistent_stores_the_activation_flags() {
     let dump = ok(&cs(&["luksDump", &v.img]), "cryptsetup luksDump");
     assert!(dump.contains("Flags:       \t(no flags)\n"), "{dump}");
 }
+
+/// `luksDump --dump-volume-key` of `img` with `pass`, by cryptsetup: the key's hex.
+fn cs_volume_key(img: &str, pass: &str) -> String {
+    let out =
+        ok(&cs(&["luksDump", "-q", "--dump-volume-key", "--key-file", pass, img]), "cryptsetup key dump");
+    let start = out.find("MK dump:").expect("MK dump");
+    out[start + 8..].split_whitespace().collect()
+}
+
+#[test]
+fn convert_both_ways_as_cryptsetup_does() {
+    if !cryptsetup() {
+        return;
+    }
+    // LUKS2 (512-byte sectors, PBKDF2, keyslots 0 and 3) → LUKS1 → LUKS2, by each tool on
+    // its own copy: the dumps agree at every step, the other tool opens the result with
+    // both passphrases and finds the same volume key.
+    let v = Vol::new(true);
+    let second = v.file("second", b"second passphrase");
+    let img2 = v.dir.path().join("by-cryptsetup.img").to_str().unwrap().to_owned();
+    let mut fmt = vec!["luksFormat", "-q", "--type", "luks2", "--sector-size", "512", "--key-file", &v.pass];
+    fmt.extend(FAST_PBKDF2);
+    fmt.push(&v.img);
+    ok(&cs(&fmt), "cryptsetup luksFormat");
+    let mut add = vec!["luksAddKey", "-S", "3", "--key-file", &v.pass, &v.img, &second];
+    add.extend(FAST_PBKDF2);
+    ok(&cs(&add), "cryptsetup luksAddKey");
+    let vk = cs_volume_key(&v.img, &v.pass);
+    std::fs::copy(&v.img, &img2).unwrap();
+    for to in ["luks1", "luks2"] {
+        ok(&sealdisk(&["convert", "-q", "--type", to, &v.img]), "sealdisk convert");
+        ok(&cs(&["convert", "-q", "--type", to, &img2]), "cryptsetup convert");
+        let a = ok(&sealdisk(&["luksDump", &v.img]), "sealdisk dump");
+        let b = ok(&cs(&["luksDump", &img2]), "cryptsetup dump").replace(&img2, &v.img);
+        assert_eq!(a, b, "after convert --type {to}");
+        for p in [&v.pass, &second] {
+            ok(&cs(&["open", "--test-passphrase", "--key-file", p, &v.img]), "cryptsetup opens sealdisk's");
+            ok(
+                &sealdisk(&["open", "--test-passphrase", "--key-file", p, &img2]),
+                "sealdisk opens cryptsetup's",
+            );
+        }
+        assert_eq!(cs_volume_key(&v.img, &second), vk, "volume key after convert --type {to}");
+    }
+    // A sealdisk-made LUKS1 volume (standard layout) becomes LUKS2 that cryptsetup reads.
+    let dir = tempfile::tempdir().unwrap();
+    let l1 = dir.path().join("l1.img");
+    std::fs::File::create(&l1).unwrap().set_len(8 << 20).unwrap();
+    let l1 = l1.to_str().unwrap();
+    let mut fmt = vec!["luksFormat", "-q", "--type", "luks1", "--key-file", &v.pass];
+    fmt.extend(FAST_PBKDF2);
+    fmt.push(l1);
+    ok(&sealdisk(&fmt), "sealdisk luksFormat luks1");
+    let vk = cs_volume_key(l1, &v.pass);
+    ok(&sealdisk(&["convert", "-q", "--type", "luks2", l1]), "sealdisk convert luks2");
+    assert!(ok(&cs(&["luksDump", l1]), "dump").starts_with("LUKS header information\nVersion:       \t2\n"));
+    assert_eq!(cs_volume_key(l1, &v.pass), vk);
+    assert_eq!(ok(&sealdisk(&["isLuks", "--type", "luks2", l1]), "isLuks"), "");
+}
+
+#[test]
+fn convert_refusals_match_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let v = Vol::new(false);
+    let ub = v.file("ub", b"unbound passphrase");
+    let dir = v.dir.path();
+    // Each image, the setup that makes it unconvertible, the message both tools print.
+    let make = |name: &str, fmt_extra: &[&str]| -> String {
+        let img = dir.join(name);
+        std::fs::File::create(&img).unwrap().set_len(20 << 20).unwrap();
+        let img = img.to_str().unwrap().to_owned();
+        let mut args = vec!["luksFormat", "-q", "--key-file", &v.pass];
+        args.extend(fmt_extra);
+        args.push(&img);
+        ok(&sealdisk(&args), "luksFormat");
+        img
+    };
+    let pb =
+        ["--type", "luks2", "--sector-size", "512", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+    let argon = make(
+        "argon.img",
+        &[
+            "--type",
+            "luks2",
+            "--sector-size",
+            "512",
+            "--pbkdf",
+            "argon2id",
+            "--pbkdf-force-iterations",
+            "4",
+            "--pbkdf-memory",
+            "32",
+        ],
+    );
+    let sector4k = make(
+        "4k.img",
+        &[
+            "--type",
+            "luks2",
+            "--sector-size",
+            "4096",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+        ],
+    );
+    let token = make("token.img", &pb);
+    ok(&sealdisk(&["token", "add", "--key-description", "x", &token]), "token add");
+    let unbound = make("unbound.img", &pb);
+    let mut args = vec!["luksAddKey", "--unbound", "-s", "256", &unbound, &ub];
+    args.extend(FAST_PBKDF2);
+    ok(&sealdisk(&args), "luksAddKey --unbound");
+    let slot9 = make("slot9.img", &pb);
+    let mut args = vec!["luksAddKey", "-S", "9", "--key-file", &v.pass, &slot9, &ub];
+    args.extend(FAST_PBKDF2);
+    ok(&sealdisk(&args), "luksAddKey -S 9");
+    let cases = [
+        (&argon, "luks1", "Cannot convert to LUKS1 format - keyslot 0 is not LUKS1 compatible."),
+        (
+            &sector4k,
+            "luks1",
+            "Cannot convert to LUKS1 format - default segment encryption sector size is not 512 bytes.",
+        ),
+        (&token, "luks1", "Cannot convert to LUKS1 format - LUKS2 header contains 1 token(s)."),
+        (&unbound, "luks1", "Cannot convert to LUKS1 format - key slot digests are not LUKS1 compatible."),
+        (&slot9, "luks1", "Cannot convert to LUKS1 format - slot 9 (over maximum slots) is still active."),
+        (&argon, "luks2", "Device is already LUKS2 type."),
+        (&argon, "luks3", "Invalid LUKS type, only luks1 and luks2 are supported."),
+    ];
+    for (img, to, msg) in cases {
+        let before = std::fs::read(img).unwrap();
+        fails(&sealdisk(&["convert", "-q", "--type", to, img]), 1, msg, &format!("sealdisk {img} {to}"));
+        assert!(std::fs::read(img).unwrap() == before, "sealdisk convert {img} changed it");
+        fails(&cs(&["convert", "-q", "--type", to, img]), 1, msg, &format!("cryptsetup {img} {to}"));
+        assert!(std::fs::read(img).unwrap() == before, "cryptsetup convert {img} changed it");
+    }
+}

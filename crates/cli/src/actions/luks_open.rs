@@ -56,6 +56,9 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
     let data = volume::storage::open(&device, &opts.storage())?;
     let keys = a.key_args();
     let lc = &a.lifecycle;
+    if lc.persistent && a.test_passphrase {
+        bail!(UsageError("Option --persistent is not allowed with --test-passphrase.".into()));
+    }
     if lc.unbound {
         // `open --unbound --test-passphrase`: any keyslot, bound or not (luks_token.rs).
         return super::luks_token::test_unbound(a, header.as_ref().unwrap_or(&data), &keys);

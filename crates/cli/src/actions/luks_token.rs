@@ -392,3 +392,41 @@ pub fn store_persistent(meta: &volume::Storage, flags: &[&str]) -> Result<()> {
     luks.set_persistent_flags(&*meta.device, flags).map_err(luks_err(&path))?;
     Ok(())
 }
+
+/// Arguments of `convert DEVICE --type luks1|luks2`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// The format to convert to: luks1 or luks2.
+    #[arg(long = "type", short = 'M', required = true)]
+    pub kind: String,
+    /// Detached header file.
+    #[arg(long, value_name = "FILE")]
+    pub header: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(long = "batch-mode", short = 'q')]
+    pub batch_mode: bool,
+    /// The device.
+    pub device: String,
+}
+
+/// Runs `convert`: the header changes format in place (volume::luks, convert.rs); the
+/// device is locked exclusively, so a served volume is refused (exit 5).
+pub fn convert(a: ConvertArgs) -> Result<()> {
+    let to = match a.kind.as_str() {
+        "luks1" => volume::luks::LuksVersion::V1,
+        "luks2" => volume::luks::LuksVersion::V2,
+        _ => bail!(UsageError("Invalid LUKS type, only luks1 and luks2 are supported.".into())),
+    };
+    let path = a.header.as_deref().unwrap_or(&a.device).to_owned();
+    let meta = open_meta(&path, false)?;
+    let mut luks = Luks::load(&*meta.device, true).map_err(luks_err(&path))?;
+    if luks.version() == to {
+        bail!(UsageError(format!("Device is already {} type.", a.kind.to_uppercase())));
+    }
+    super::luks::confirm(
+        &format!("This operation will convert {path} to {} format.\n", a.kind.to_uppercase()),
+        a.batch_mode,
+    )?;
+    luks.convert(&*meta.device, to).map_err(luks_err(&path))?;
+    Ok(())
+}

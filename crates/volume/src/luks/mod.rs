@@ -36,6 +36,7 @@
 //! verbatim through every header rewrite).
 
 pub(crate) mod aead;
+mod convert;
 mod dump;
 mod io;
 mod keyslot;
