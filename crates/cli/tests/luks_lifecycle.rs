@@ -532,3 +532,41 @@ fn convert_refusals_match_cryptsetup() {
         assert!(std::fs::read(img).unwrap() == before, "cryptsetup convert {img} changed it");
     }
 }
+
+#[test]
+fn offline_resize_grows_the_image() {
+    let v = Vol::new(false);
+    let len = |p: &str| std::fs::metadata(p).unwrap().len();
+    // 20 MiB, data at 16 MiB: 8192 sectors. Grow to 65536 sectors (32 MiB of data).
+    ok(&sealdisk(&["resize", &v.img, "--size", "65536"]), "offline resize");
+    assert_eq!(len(&v.img), (16 << 20) + (32 << 20));
+    let srv = serve(v.dir.path(), "vol", &["--print-table", "--key-file", &v.pass, &v.img, "vol"], None);
+    // The table of the next open spans the new size; the server holds the image locked, so
+    // an offline resize meanwhile is refused (exit 5) and changes nothing.
+    fails(&sealdisk(&["resize", &v.img, "--size", "131072"]), 5, "in use", "resize while served");
+    assert_eq!(len(&v.img), (16 << 20) + (32 << 20));
+    let out = srv.stop_ok();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("0 65536 crypt aes-xts-plain64 "), "{table}");
+    if cryptsetup() {
+        ok(&cs(&["open", "--test-passphrase", "--key-file", &v.pass, &v.img]), "cryptsetup after resize");
+    }
+    let before = v.bytes();
+    for (args, msg) in [
+        (vec!["resize", &v.img, "--size", "4096"], "would cut off its data"),
+        (vec!["resize", &v.img], "needs --size"),
+    ] {
+        fails(&sealdisk(&args), 1, msg, &format!("{args:?}"));
+        assert!(v.bytes() == before, "{args:?} changed the image");
+    }
+    // A plain image: the data after --offset.
+    let plain = v.file("plain.img", &[]);
+    ok(
+        &sealdisk(&["resize", "--type", "plain", "--offset", "2048", "--size", "4096", &plain]),
+        "plain resize",
+    );
+    assert_eq!(len(&plain), (2048 + 4096) * 512);
+    let out = sealdisk(&["resize", "--type", "plain", "--sector-size", "4096", "--size", "8193", &plain]);
+    fails(&out, 1, "Device size is not aligned to requested sector size.", "misaligned");
+    assert_eq!(len(&plain), (2048 + 4096) * 512);
+}

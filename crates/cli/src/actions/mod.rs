@@ -15,6 +15,7 @@ pub mod luks_open;
 pub mod luks_token;
 pub mod open;
 pub mod probe;
+pub mod resize_offline;
 pub mod tcrypt;
 pub mod wipe;
 
