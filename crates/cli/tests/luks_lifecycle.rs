@@ -570,3 +570,41 @@ fn offline_resize_grows_the_image() {
     fails(&out, 1, "Device size is not aligned to requested sector size.", "misaligned");
     assert_eq!(len(&plain), (2048 + 4096) * 512);
 }
+
+/// A keyslot whose KDF is named `argon2` (the legacy name, as early LUKS2 writers used):
+/// `luksDump` prints it as cryptsetup does, with the Argon2 fields.
+#[test]
+fn legacy_argon2_kdf_name_dumps_as_cryptsetup() {
+    use volume::luks::{Luks, LuksHeader};
+    let v = Vol::new(false);
+    let dev = blockdev::MemDevice::from_vec(v.bytes(), 512);
+    let mut l = Luks::load(&dev, false).unwrap();
+    let LuksHeader::V2(s) = &mut l.header else { panic!("LUKS2") };
+    let ks = s.header.metadata.keyslots.get_mut(&0).unwrap();
+    let obj: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+        r#"{"type":"argon2","time":4,"memory":1024,"cpus":2,"salt":"cFk3bJQhY6fqcncwEtjRz6y/5ry9Xsdwa0FLNu8/Hqs="}"#,
+    )
+    .unwrap();
+    ks.kdf = Some(formats::luks2::Kdf::Other(obj));
+    let plan = s.header.write_plan(s.header.seqid + 1, &s.salts).unwrap();
+    let mut image = v.bytes();
+    for step in &plan.steps {
+        if let formats::luks2::WriteStep::Write { offset, bytes } = step {
+            image[*offset as usize..*offset as usize + bytes.len()].copy_from_slice(bytes);
+        }
+    }
+    std::fs::write(&v.img, &image).unwrap();
+    let ours = ok(&sealdisk(&["luksDump", &v.img]), "sealdisk luksDump");
+    assert!(
+        ours.contains("\tPBKDF:      argon2\n\tTime cost:  4\n\tMemory:     1024\n\tThreads:    2\n\tSalt:       70 59 37 6c"),
+        "{ours}"
+    );
+    if cryptsetup() {
+        let theirs = cs(&["luksDump", &v.img]);
+        if theirs.status.success() {
+            assert_eq!(ours, String::from_utf8_lossy(&theirs.stdout));
+        } else {
+            eprintln!("cryptsetup refuses the legacy name: {}", String::from_utf8_lossy(&theirs.stderr));
+        }
+    }
+}
