@@ -275,7 +275,7 @@ fn add_unbound(
     new_file: Option<&str>,
 ) -> Result<()> {
     let bits = a.key_size.unwrap_or(0);
-    if bits == 0 || bits % 8 != 0 || bits > 8 * 512 {
+    if bits == 0 || !bits.is_multiple_of(8) || bits > 8 * 512 {
         bail!(UsageError(format!(
             "Invalid key size {bits} for --unbound (a multiple of 8 bits, at most 4096)."
         )));

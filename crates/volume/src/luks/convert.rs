@@ -256,7 +256,7 @@ fn luks1_compatible(ks: &Keyslot, key_bytes: u32, cipher: &str, hash: &str) -> b
         && ks.area.encryption.as_deref() == Some(cipher)
         && ks.area.key_size == Some(key_bytes)
         && ks.area.offset >= 2 * HDR_16K
-        && ks.area.offset % 512 == 0
+        && ks.area.offset.is_multiple_of(512)
 }
 
 fn to_luks1(h: &Luks2Header, meta: &dyn BlockDevice) -> Result<Luks1Header, LuksError> {
