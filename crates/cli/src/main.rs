@@ -100,6 +100,12 @@ enum Action {
     /// Finish the data-area wipe of an interrupted `luksFormat --integrity` (from --from).
     #[command(name = "luksResumeWipe")]
     LuksResumeWipe(Box<actions::wipe::ResumeWipeArgs>),
+    /// LUKS2 tokens: add (luks2-keyring), remove, import or export (JSON).
+    Token(actions::luks_token::TokenArgs),
+    /// Set LUKS2 header options: --label, --subsystem, --priority (with --key-slot).
+    Config(actions::luks_token::ConfigArgs),
+    /// Convert a LUKS header in place: --type luks1 or luks2.
+    Convert(actions::luks_token::ConvertArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(actions::docs::CompletionsArgs),
     /// Print the man page (roff) to stdout, or write one page per command to --out-dir.
@@ -218,6 +224,9 @@ fn main() -> ExitCode {
         Action::Erase(a) => actions::luks_keyslot::erase(a),
         Action::Reencrypt(a) => actions::reencrypt::reencrypt(*a),
         Action::LuksResumeWipe(a) => actions::wipe::resume(*a),
+        Action::Token(a) => actions::luks_token::token(a),
+        Action::Config(a) => actions::luks_token::config(a),
+        Action::Convert(a) => actions::luks_token::convert(a),
         Action::Completions(a) => actions::docs::completions(a, Cli::command()),
         Action::Man(a) => actions::docs::man(a, Cli::command()),
         Action::Bench(a) => actions::bench::run(*a),

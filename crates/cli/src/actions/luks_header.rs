@@ -32,6 +32,12 @@ pub struct DumpArgs {
     /// Do not ask for confirmation.
     #[arg(long = "batch-mode", short = 'q')]
     pub batch_mode: bool,
+    /// LUKS2: print the JSON metadata (cryptsetup's layout) instead of the dump.
+    #[arg(long, conflicts_with_all = ["dump_volume_key", "unbound"])]
+    pub dump_json_metadata: bool,
+    /// LUKS2: print the unbound key of --key-slot (needs its passphrase).
+    #[arg(long, conflicts_with = "dump_volume_key")]
+    pub unbound: bool,
     /// The device.
     pub device: String,
 }
@@ -42,7 +48,31 @@ pub fn dump(a: DumpArgs) -> Result<()> {
     let meta = open_meta(path, true)?;
     let luks = Luks::load(&*meta.device, false).map_err(luks_err(path))?;
     let name = a.device.clone();
-    let text = if a.dump_volume_key {
+    if a.dump_json_metadata {
+        let Some(json) = luks::dump_json_metadata(&luks, &*meta.device) else {
+            bail!(UsageError(format!("Device {path} is not a valid LUKS2 device.")));
+        };
+        std::io::stdout().lock().write_all(json.as_bytes()).context("writing the dump")?;
+        return Ok(());
+    }
+    let text = if a.unbound {
+        let Some(slot) = a.key_slot else {
+            bail!(UsageError("Keyslot specification is required.".into()));
+        };
+        if !luks.is_unbound(slot) {
+            bail!(UsageError(format!("Keyslot {slot} does not contain unbound key.")));
+        }
+        let (_, key) = with_passphrase(&a.key, &format!("Enter passphrase for {}: ", a.device), |pass| {
+            luks.unlock_any_keyslot(&*meta.device, pass, Some(slot), &a.kdf_limits.limits())
+                .map_err(luks_err(path))
+        })?;
+        if let Some(f) = &a.volume_key_file {
+            write_private(f, key.as_bytes()).with_context(|| format!("writing the unbound key to {f}"))?;
+            log::info!("Unbound key of keyslot {slot} stored to {f}.");
+            return Ok(());
+        }
+        zeroize::Zeroizing::new(luks::dump_unbound_key(&luks, &name, slot, &key))
+    } else if a.dump_volume_key {
         confirm(
             "The header dump with volume key is sensitive information\n\
              that allows access to encrypted partition without a passphrase.\n\

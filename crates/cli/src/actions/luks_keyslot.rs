@@ -85,6 +85,13 @@ pub struct AddKeyArgs {
     /// Authorize with the volume key in FILE instead of an existing passphrase.
     #[arg(long, alias = "master-key-file", value_name = "FILE")]
     pub volume_key_file: Option<String>,
+    /// LUKS2: add a keyslot holding a new random key of --key-size bits that is not the
+    /// volume key (an unbound key); no existing passphrase is needed.
+    #[arg(long, requires = "key_size")]
+    pub unbound: bool,
+    /// With --unbound: the key size in bits.
+    #[arg(long, short = 's', value_name = "BITS")]
+    pub key_size: Option<u32>,
     /// DEVICE, then optionally the new key file.
     #[arg(value_name = "DEVICE [NEW_KEYFILE]", required = true, num_args = 1..=2)]
     pub positional: Vec<String>,
@@ -96,6 +103,9 @@ pub fn add_key(a: AddKeyArgs) -> Result<()> {
     let new_file = a.new_key.file(&a.positional, &a.common)?;
     let path = a.common.meta_path(device);
     let (meta, mut luks) = load(path)?;
+    if a.unbound {
+        return add_unbound(&a, path, &meta, &mut luks, new_file);
+    }
     let vk = match &a.volume_key_file {
         Some(f) => {
             let src = crate::keys::KeySource { path: f.clone(), offset: 0, size: None };
@@ -252,5 +262,35 @@ pub fn erase(a: EraseArgs) -> Result<()> {
         a.common.batch_mode,
     )?;
     luks.erase(&*meta.device).map_err(luks_err(path))?;
+    Ok(())
+}
+
+/// `luksAddKey --unbound -s BITS`: a keyslot for a fresh random key that is not the volume
+/// key (cryptsetup needs no existing passphrase for it either).
+fn add_unbound(
+    a: &AddKeyArgs,
+    path: &str,
+    meta: &volume::Storage,
+    luks: &mut Luks,
+    new_file: Option<&str>,
+) -> Result<()> {
+    let bits = a.key_size.unwrap_or(0);
+    if bits == 0 || !bits.is_multiple_of(8) || bits > 8 * 512 {
+        bail!(UsageError(format!(
+            "Invalid key size {bits} for --unbound (a multiple of 8 bits, at most 4096)."
+        )));
+    }
+    if luks.version() != volume::luks::LuksVersion::V2 {
+        bail!(UsageError(format!("Device {path} is not a valid LUKS2 device.")));
+    }
+    let new = a.new_key.read(new_file, "Enter new passphrase for key slot: ")?;
+    let mut key = sector_crypto::secure::SecretBuf::zeroed((bits / 8) as usize);
+    sector_crypto::kdf::random_bytes(&mut key).context("generating the unbound key")?;
+    let key = sector_crypto::VolumeKey::from_secret(key);
+    let slot = luks
+        .add_unbound_keyslot(&*meta.device, &key, &new, a.key_slot, &a.pbkdf.params()?)
+        .map_err(luks_err(path))
+        .with_context(|| format!("adding an unbound keyslot to {path}"))?;
+    log::info!("Key slot {slot} created.");
     Ok(())
 }

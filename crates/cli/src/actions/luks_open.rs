@@ -55,7 +55,22 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
     };
     let data = volume::storage::open(&device, &opts.storage())?;
     let keys = a.key_args();
-    let mut passphrases = Passphrases::new(&keys, format!("Enter passphrase for {device}: "));
+    let lc = &a.lifecycle;
+    if lc.persistent && a.test_passphrase {
+        bail!(UsageError("Option --persistent is not allowed with --test-passphrase.".into()));
+    }
+    if lc.unbound {
+        // `open --unbound --test-passphrase`: any keyslot, bound or not (luks_token.rs).
+        return super::luks_token::test_unbound(a, header.as_ref().unwrap_or(&data), &keys);
+    }
+    let passphrases = Passphrases::new(&keys, format!("Enter passphrase for {device}: "));
+    // LUKS2 tokens first (luks2-keyring), then the passphrase unless --token-only.
+    let tokens = if lc.try_tokens(keys.key_file.is_some()) {
+        super::luks_token::open_tokens(header.as_ref().unwrap_or(&data), lc)?
+    } else {
+        Vec::new()
+    };
+    let mut passphrases = super::luks_token::TokenFirst::new(tokens, (!lc.token_only).then_some(passphrases));
     let mut spec = LuksSpec {
         version,
         header,
@@ -80,9 +95,15 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         return Ok(());
     };
     let (storage, header) = (data.clone(), spec.header.clone());
+    let persistent =
+        lc.persistent.then(|| super::luks_token::persistent_flags(&spec.flags, a.integrity_no_journal));
     let vol = volume::open(volume::Spec::Luks(spec), data, opts)
         .map_err(not_luks)
         .with_context(|| format!("opening {device} as LUKS"))?;
+    if let Some(flags) = persistent {
+        // `--persistent`: after the unlock, the flags become the header's.
+        super::luks_token::store_persistent(header.as_ref().unwrap_or(&storage), &flags)?;
+    }
     if let Some(u) = &vol.luks {
         log::info!("Key slot {} unlocked.", u.keyslot);
     }

@@ -12,9 +12,11 @@ pub mod luks_format;
 pub mod luks_header;
 pub mod luks_keyslot;
 pub mod luks_open;
+pub mod luks_token;
 pub mod open;
 pub mod probe;
 pub mod reencrypt;
+pub mod resize_offline;
 pub mod tcrypt;
 pub mod wipe;
 

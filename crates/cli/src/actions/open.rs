@@ -121,6 +121,8 @@ pub struct OpenArgs {
     pub showkeys: bool,
     #[command(flatten)]
     pub tcrypt: super::tcrypt::TcryptArgs,
+    #[command(flatten)]
+    pub lifecycle: super::luks_token::OpenTokenArgs,
     /// DEVICE NAME; only DEVICE with --test-passphrase, only NAME with --table-file.
     #[arg(value_name = "DEVICE NAME", required = true, num_args = 1..=2)]
     pub positional: Vec<String>,

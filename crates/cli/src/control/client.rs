@@ -72,9 +72,11 @@ pub struct ResizeArgs {
     /// New size in 512-byte sectors (default: all the device has after the data offset).
     #[arg(long, short = 'b', value_name = "SECTORS")]
     pub size: Option<u64>,
-    /// Accepted for cryptsetup compatibility.
+    /// Accepted for cryptsetup compatibility; offline, `plain` for a plain image.
     #[arg(long = "type", short = 't', value_name = "TYPE")]
     pub kind: Option<String>,
+    #[command(flatten)]
+    pub offline: crate::actions::resize_offline::OfflineArgs,
 }
 
 /// `luksSuspend NAME`.
@@ -259,6 +261,12 @@ pub fn refresh(a: RefreshArgs) -> Result<()> {
 /// Runs `resize`. Clients that connect afterwards see the new size (NBD has no way to tell
 /// a connected client).
 pub fn resize(a: ResizeArgs) -> Result<()> {
+    // An image path (not a running volume's name): grow it offline.
+    if crate::actions::resize_offline::is_offline(&a.name)
+        && (a.name.contains('/') || connect(&a.name)?.is_none())
+    {
+        return crate::actions::resize_offline::resize(&a.name, a.size, a.kind.as_deref(), &a.offline);
+    }
     super::check_name(&a.name)?;
     call(&a.name, Command::Resize { size: a.size }, &[], Some(Duration::from_secs(60)))?;
     Ok(())

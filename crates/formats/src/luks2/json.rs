@@ -414,6 +414,11 @@ pub struct Luks2Metadata {
     pub extra: Obj,
 }
 
+/// Nesting depth of a JSON value (objects and arrays count one level each).
+pub(crate) fn depth_of(v: &Value) -> usize {
+    depth(v)
+}
+
 fn depth(v: &Value) -> usize {
     match v {
         Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
@@ -839,6 +844,12 @@ impl Luks2Metadata {
         o.insert("config".into(), self.config.encode());
         internal::append_extra(&mut o, &self.extra);
         Value::Object(o)
+    }
+
+    /// The JSON as `cryptsetup luksDump --dump-json-metadata` prints it (json-c's pretty
+    /// layout, [`super::pretty::json_c_pretty`]).
+    pub fn to_json_pretty(&self) -> String {
+        super::pretty::json_c_pretty(&self.to_value())
     }
 
     /// Compact JSON text, as cryptsetup writes it (`JSON_C_TO_STRING_PLAIN`).

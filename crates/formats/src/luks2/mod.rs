@@ -59,6 +59,7 @@ mod internal;
 mod json;
 mod keyslot;
 pub mod reencrypt;
+mod pretty;
 mod segment;
 mod token;
 
@@ -70,8 +71,9 @@ pub use disk_metadata::{
 };
 pub use json::{Luks2Metadata, MetadataError, MAX_DEPTH};
 pub use keyslot::{Af, Area, Kdf, Keyslot, KEYSLOT_LUKS2, KEYSLOT_REENCRYPT};
+pub use pretty::json_c_pretty;
 pub use segment::{CryptParams, OpalParams, Segment, SegmentIntegrity, SegmentSize};
-pub use token::Token;
+pub use token::{Token, TokenJsonError, KEYRING};
 
 /// Binary header size; the JSON area starts right after it.
 pub const BINARY_HEADER_SIZE: u64 = 4096;

@@ -32,3 +32,66 @@ impl Token {
         Value::Object(o)
     }
 }
+
+/// Why a token's JSON (`token import --json-file`) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenJsonError {
+    /// Not one JSON object, or one nested deeper than json-c accepts.
+    #[error("token JSON is not valid: {0}")]
+    Syntax(String),
+    /// A malformed member (`type`, `keyslots`), as the metadata codec names it.
+    #[error("{0}")]
+    Field(#[from] super::json::MetadataError),
+    /// A `luks2-keyring` token without a string `key_description` (cryptsetup
+    /// `keyring_validate`).
+    #[error("luks2-keyring token has no string \"key_description\"")]
+    KeyringDescription,
+}
+
+impl Token {
+    /// Parses a token as `cryptsetup token import` takes it: one JSON object with a
+    /// non-empty string `type` and a `keyslots` array of decimal id strings; every other
+    /// member is kept verbatim, in its order. The caller checks the keyslot ids against the
+    /// header. A `luks2-keyring` token must have a string `key_description`.
+    pub fn from_json(text: &str) -> Result<Self, TokenJsonError> {
+        let v: Value = serde_json::from_str(text.trim_end_matches(['\n', '\0']))
+            .map_err(|e| TokenJsonError::Syntax(e.to_string()))?;
+        if super::json::depth_of(&v) > super::json::MAX_DEPTH {
+            return Err(TokenJsonError::Syntax("nested too deeply".into()));
+        }
+        let Value::Object(mut o) = v else {
+            return Err(TokenJsonError::Syntax("not a JSON object".into()));
+        };
+        let type_name = internal::take_str(&mut o, "token", "type")?;
+        let refs = internal::take_str_array(&mut o, "token", "keyslots")?;
+        let keyslots =
+            refs.iter().map(|r| internal::parse_id("keyslots", r)).collect::<Result<Vec<u32>, _>>()?;
+        if type_name == KEYRING && !matches!(o.get("key_description"), Some(Value::String(_))) {
+            return Err(TokenJsonError::KeyringDescription);
+        }
+        Ok(Token { type_name, keyslots, extra: o })
+    }
+
+    /// A `luks2-keyring` token for `key_description` bound to `keyslots`
+    /// (`cryptsetup token add --key-description`).
+    pub fn keyring(key_description: &str, keyslots: Vec<u32>) -> Self {
+        let mut extra = Obj::new();
+        extra.insert("key_description".into(), Value::String(key_description.to_owned()));
+        Token { type_name: KEYRING.into(), keyslots, extra }
+    }
+
+    /// The `key_description` of a `luks2-keyring` token.
+    pub fn key_description(&self) -> Option<&str> {
+        (self.type_name == KEYRING).then(|| self.extra.get("key_description")?.as_str())?
+    }
+
+    /// Compact JSON, as `cryptsetup token export` prints it.
+    pub fn to_json_string(&self) -> String {
+        // Serializing a Value to a String cannot fail.
+        serde_json::to_string(&self.encode()).unwrap_or_default()
+    }
+}
+
+/// The token type cryptsetup handles itself, without a plugin: a passphrase in the kernel
+/// keyring (a `user` key named by `key_description`).
+pub const KEYRING: &str = "luks2-keyring";

@@ -147,6 +147,7 @@ fn dump2(h: &Luks2Header) -> String {
                 let _ = writeln!(o, "\tCipher key: {} bits", ks * 8);
             }
             if let Some(kdf) = &k.kdf {
+                let other_salt: Option<Vec<u8>>;
                 let _ = writeln!(o, "\tPBKDF:      {}", kdf.type_name());
                 let salt = match kdf {
                     luks2::Kdf::Pbkdf2 { hash, iterations, salt } => {
@@ -160,7 +161,19 @@ fn dump2(h: &Luks2Header) -> String {
                         let _ = writeln!(o, "\tThreads:    {cpus}");
                         Some(salt)
                     }
-                    luks2::Kdf::Other(_) => None,
+                    // cryptsetup prints every non-pbkdf2 KDF as Argon2 (the legacy
+                    // `argon2` name included): whatever time/memory/cpus/salt it has.
+                    luks2::Kdf::Other(obj) => {
+                        let num = |k: &str| obj.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+                        let _ = writeln!(o, "\tTime cost:  {}", num("time"));
+                        let _ = writeln!(o, "\tMemory:     {}", num("memory"));
+                        let _ = writeln!(o, "\tThreads:    {}", num("cpus"));
+                        other_salt = obj.get("salt").and_then(serde_json::Value::as_str).and_then(|b| {
+                            use base64::Engine as _;
+                            base64::engine::general_purpose::STANDARD.decode(b).ok()
+                        });
+                        other_salt.as_ref()
+                    }
                 };
                 if let Some(salt) = salt {
                     o.push_str("\tSalt:       ");
@@ -257,6 +270,53 @@ pub fn dump_volume_key(luks: &Luks, device: &str, vk: &VolumeKey, key_file: Opti
     }
     o.push_str("MK dump:\t");
     hex_lines(&mut o, vk.as_bytes(), 16, "\n\t\t");
+    o.push('\n');
+    o
+}
+
+/// `luksDump --dump-json-metadata`: the LUKS2 JSON in json-c's pretty layout, without a
+/// final newline, as cryptsetup prints it. `None` for LUKS1.
+///
+/// cryptsetup prints the JSON as parsed from disk, members in their on-disk order (json-c
+/// keeps insertion order: a header cryptsetup changed may list token 4 before token 2).
+/// So the JSON area of the copy that was loaded (the one whose seqid is the header's) is
+/// read again from `meta` and printed in its own order; if neither copy can be read back
+/// as it was loaded, the decoded metadata is printed in cryptsetup's canonical order.
+pub fn dump_json_metadata(luks: &Luks, meta: &dyn blockdev::BlockDevice) -> Option<String> {
+    let LuksHeader::V2(s) = &luks.header else { return None };
+    let h = &s.header;
+    let raw = [0, h.hdr_size].into_iter().find_map(|off| {
+        let bin = super::io::read_bytes(meta, off, 24, "LUKS2 header").ok()?;
+        let hdr_size = u64::from_be_bytes(bin[8..16].try_into().ok()?);
+        let seqid = u64::from_be_bytes(bin[16..24].try_into().ok()?);
+        if hdr_size != h.hdr_size || seqid != h.seqid {
+            return None;
+        }
+        let len = usize::try_from(hdr_size.checked_sub(formats::luks2::BINARY_HEADER_SIZE)?).ok()?;
+        let area =
+            super::io::read_bytes(meta, off + formats::luks2::BINARY_HEADER_SIZE, len, "LUKS2 JSON area")
+                .ok()?;
+        let end = area.iter().position(|&b| b == 0)?;
+        let v: serde_json::Value = serde_json::from_slice(&area[..end]).ok()?;
+        // Only what decodes to the loaded metadata (a concurrent rewrite would not).
+        (formats::luks2::Luks2Metadata::from_value(v.clone(), len as u64).ok()? == h.metadata).then_some(v)
+    });
+    Some(match raw {
+        Some(v) => formats::luks2::json_c_pretty(&v),
+        None => h.metadata.to_json_pretty(),
+    })
+}
+
+/// `luksDump --unbound --key-slot N` (cryptsetup `luksDump_with_unbound_key`): the unbound
+/// key of keyslot `slot`. Built in one allocation sized up front; wipe it after printing.
+pub fn dump_unbound_key(luks: &Luks, device: &str, slot: u32, key: &VolumeKey) -> String {
+    let mut o = String::with_capacity(256 + device.len() + luks.uuid().len() + key.len() * 4);
+    let _ = writeln!(o, "LUKS header information for {device}");
+    let _ = writeln!(o, "UUID:    \t{}", luks.uuid());
+    let _ = writeln!(o, "Keyslot: \t{slot}");
+    let _ = writeln!(o, "Key bits:\t{}", key.len() * 8);
+    o.push_str("Unbound Key:\t");
+    hex_lines(&mut o, key.as_bytes(), 16, "\n\t\t");
     o.push('\n');
     o
 }

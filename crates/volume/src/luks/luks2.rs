@@ -394,7 +394,7 @@ pub(super) fn find_area(m: &Luks2Metadata, len: u64, except: Option<u32>) -> Opt
 
 /// Keyslot area cipher for new keyslots: the segment's, when it works as a keyslot cipher
 /// (cryptsetup's default), else aes-xts-plain64 with a 512-bit key.
-fn keyslot_cipher(h: &Luks2Header, vk_len: usize) -> (String, usize) {
+pub(super) fn keyslot_cipher(h: &Luks2Header, vk_len: usize) -> (String, usize) {
     if let Ok((_, seg)) = default_segment(h) {
         if let Some(c) = &seg.crypt {
             let ok = c.integrity.is_none()
@@ -442,7 +442,23 @@ pub(super) fn new_keyslot(
     key: &SlotKey,
     af_hash: HashAlg,
 ) -> Result<Keyslot, LuksError> {
-    let (cipher, area_key_len) = keyslot_cipher(h, vk.len());
+    new_keyslot_for(h, meta, offset, area_size, vk, key, af_hash, vk.len())
+}
+
+/// [`new_keyslot`] with the area cipher chosen for a `cipher_key_len`-byte volume key (an
+/// unbound key of another size keeps the volume's keyslot cipher, as cryptsetup does).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn new_keyslot_for(
+    h: &Luks2Header,
+    meta: &dyn BlockDevice,
+    offset: u64,
+    area_size: u64,
+    vk: &VolumeKey,
+    key: &SlotKey,
+    af_hash: HashAlg,
+    cipher_key_len: usize,
+) -> Result<Keyslot, LuksError> {
+    let (cipher, area_key_len) = keyslot_cipher(h, cipher_key_len);
     if key.area_key.len() != area_key_len {
         return Err(LuksError::Params("keyslot key derived for another cipher".into()));
     }

@@ -38,9 +38,11 @@
 //! verbatim through every header rewrite).
 
 pub(crate) mod aead;
+mod convert;
 mod dump;
 mod io;
 mod keyslot;
+mod lifecycle;
 mod luks1;
 mod luks2;
 mod pbkdf;
@@ -53,7 +55,7 @@ mod header;
 
 pub use activate::{load_checked, open, OpenParams, Opened};
 pub use aead::{format_integrity, format_integrity_until, wipe_integrity, AeadOpen, LuksIntegrity, WipeEnd};
-pub use dump::{dump, dump_volume_key};
+pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
 pub use error::LuksError;
 pub use format::{default_key_bits, format, header_size, open_header_for_format, FormatParams};
 pub(crate) use format::{parse_hash, SlotKey};
@@ -64,6 +66,7 @@ pub use formats::limits::{KdfLimits, LimitError};
 pub use header::{
     check_uuid, kdf_cost, probe, random_uuid, Luks, Luks2State, LuksHeader, LuksVersion, Segment,
 };
+pub use lifecycle::{KeyslotPriority, LUKS2_TOKENS};
 pub use pbkdf::{default_parallel, PbkdfParams, PbkdfType};
 
 /// LUKS1 keyslots.
