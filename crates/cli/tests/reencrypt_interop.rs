@@ -317,6 +317,11 @@ fn bad_input_gets_cryptsetup_errors() {
         .contains("LUKS2 reencryption already initialized. Aborting operation."));
     let cs_out = cs_reencrypt(&v, &["--init-only"]);
     assert_eq!(cs_out.status.code(), Some(1), "cryptsetup's own answer to the same");
+    // Changing the resilience mode on resume is refused, nothing written.
+    let mid = std::fs::read(&v.img).unwrap();
+    let out = sd_reencrypt(&v, &["--resilience", "none"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(std::fs::read(&v.img).unwrap() == mid);
     // Not yet implemented modes say so.
     let out = sd_reencrypt(&v, &["--decrypt"]);
     assert_eq!(out.status.code(), Some(1));

@@ -45,8 +45,8 @@ pub struct ReencryptArgs {
     #[arg(long, short = 'S')]
     pub key_slot: Option<u32>,
     /// Hotzone protection: checksum (default), journal or none.
-    #[arg(long, default_value = "checksum")]
-    pub resilience: String,
+    #[arg(long)]
+    pub resilience: Option<String>,
     /// Hash of the checksum resilience mode.
     #[arg(long, default_value = "sha256")]
     pub resilience_hash: String,
@@ -150,7 +150,16 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
         None => &*meta.device,
     };
     let mut luks = Luks::load(&*meta.device, true).map_err(luks_err(meta_path))?;
-    let in_progress = reencrypt::status(&luks).map_err(luks_err(meta_path))?.is_some();
+    let state = reencrypt::status(&luks).map_err(luks_err(meta_path))?;
+    if let (Some(st), Some(r)) = (&state, &a.resilience) {
+        if st.keyslot.resilience.type_name() != r {
+            bail!(UsageError(format!(
+                "The reencryption in progress uses resilience {}; changing it on resume is not supported yet.",
+                st.keyslot.resilience.type_name()
+            )));
+        }
+    }
+    let in_progress = state.is_some();
     if a.resume_only && !in_progress {
         bail!(UsageError("Device reencryption not in progress.".into()));
     }
@@ -165,7 +174,7 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
             cipher: a.cipher.clone(),
             key_bytes: a.key_size.map(|b| b / 8),
             sector_size: a.sector_size,
-            resilience: a.resilience.clone(),
+            resilience: a.resilience.clone().unwrap_or_else(|| "checksum".into()),
             resilience_hash: a.resilience_hash.clone(),
             key_slot: a.key_slot,
             pbkdf: a.pbkdf.params()?,
