@@ -72,7 +72,7 @@ use sector_crypto::tag::TagHash;
 pub use tagged::TaggedDevice;
 
 use self::bitmap::BitmapState;
-use self::journal::JournalState;
+use self::journal::Journal;
 use self::meta::MetaCache;
 
 /// The superblock as last written, and its encoded area (rewritten in place).
@@ -111,7 +111,7 @@ struct Inner<D> {
     meta: MetaCache,
     locks: RangeLock,
     sb: Mutex<SbState>,
-    journal: Option<Mutex<JournalState>>,
+    journal: Option<Journal>,
     /// Blocks in the journal index (read fast path: 0 = no lookup needed).
     journal_blocks: AtomicU64,
     bitmap: Option<Mutex<BitmapState>>,
@@ -172,7 +172,7 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         let i = &self.inner;
         let (commits, copyouts, pending) = match &i.journal {
             Some(j) => {
-                let j = lock(j);
+                let j = j.lock();
                 (j.commits, j.copyouts, j.pending_entries() as u64)
             }
             None => (0, 0, 0),
@@ -220,6 +220,9 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
     fn stop_workers(&mut self) {
         *lock(&self.stop.stopped) = true;
         self.stop.wake.notify_all();
+        if let Some(j) = &self.inner.journal {
+            j.stop();
+        }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
