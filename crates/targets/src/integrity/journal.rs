@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use blockdev::{BlockDevice, BlockError, BlockErrorKind, BlockResult, WriteFlags};
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockErrorKind, BlockResult, WriteFlags};
 use formats::integrity::journal::{
     self as fj, commit_section, init_section, next_commit_seq, section_mac_bytes, section_mac_input,
     store_section_mac, CommitIds, JournalGeometry, JournalView, SECTOR_HI_UNUSED,
@@ -97,7 +97,8 @@ pub(crate) trait JournalSink {
 /// One run of consecutive blocks a copy-out writes.
 struct Run {
     sector: u64,
-    data: Vec<u8>,
+    /// Aligned for O_DIRECT below (no bounce copy).
+    data: AlignedBuf,
     tags: Vec<u8>,
     /// (block, absolute section, entry) of each block.
     from: Vec<(u64, u64, u32)>,
@@ -226,18 +227,19 @@ impl JournalState {
 
     /// The device image of `n` sections from slot `start` (no wrap): encrypted if the journal
     /// is.
-    fn image(&self, start: u32, n: u32) -> Vec<u8> {
+    fn image(&self, start: u32, n: u32) -> AlignedBuf {
         let sb = self.geom.section_bytes();
-        let mut v = self.bytes[start as usize * sb..(start + n) as usize * sb].to_vec();
+        let mut v = AlignedBuf::for_direct_io(n as usize * sb);
+        v.as_mut_slice().copy_from_slice(&self.bytes[start as usize * sb..(start + n) as usize * sb]);
         if let Some(c) = &self.crypt {
-            c.encrypt(start, &mut v);
+            c.encrypt(start, v.as_mut_slice());
         }
         v
     }
 
     /// Device images of `n` sections from slot `start`, split where the ring wraps: (byte
     /// offset on the device, bytes).
-    fn images(&self, start: u32, n: u32) -> Vec<(u64, Vec<u8>)> {
+    fn images(&self, start: u32, n: u32) -> Vec<(u64, AlignedBuf)> {
         let sb = self.geom.section_bytes() as u64;
         let first = n.min(self.sections - start);
         let mut v = vec![(self.base + start as u64 * sb, self.image(start, first))];
@@ -253,7 +255,7 @@ impl JournalState {
             return Ok(());
         }
         for (off, bytes) in self.images(start, n) {
-            dev.write_at(off, &bytes, WriteFlags::empty())?;
+            dev.write_at(off, bytes.as_slice(), WriteFlags::empty())?;
         }
         Ok(())
     }
@@ -261,7 +263,7 @@ impl JournalState {
     /// Pads the head section (its unused entries stay unused) and stamps every full section
     /// not stamped yet (commit ids with the current sequence, MACs); returns the device images
     /// and the new `stamped`.
-    fn stamp<S: JournalSink>(&mut self, sink: &S, pad: bool) -> (Vec<(u64, Vec<u8>)>, u64) {
+    fn stamp<S: JournalSink>(&mut self, sink: &S, pad: bool) -> (Vec<(u64, AlignedBuf)>, u64) {
         if pad && self.free_entry != 0 {
             self.free_entry = 0;
             self.head += 1;
@@ -301,7 +303,9 @@ impl JournalState {
             Some(&(na, ne)) => (na, ne) == (a, e) || na >= self.durable,
             None => false,
         };
-        let mut runs: Vec<Run> = Vec::new();
+        // Runs of consecutive blocks first, then one aligned buffer per run filled straight
+        // from the sections (one copy).
+        let mut spans: Vec<(u64, Vec<(u64, u32)>)> = Vec::new();
         for a in self.copied..self.durable {
             let i = self.slot(a);
             for j in 0..entries {
@@ -309,23 +313,36 @@ impl JournalState {
                 if !wanted(sec, a, j) {
                     continue;
                 }
-                let e = view.entry(i, j);
                 // The sink splits a merged write at interleave-area boundaries.
-                match runs.last_mut() {
-                    Some(r) if r.sector + r.from.len() as u64 * spb == sec => {
-                        r.data.extend_from_slice(&view.entry_data(i, j));
-                        r.tags.extend_from_slice(&e.tag);
-                        r.from.push((sec, a, j));
-                    }
-                    _ => runs.push(Run {
-                        sector: sec,
-                        data: view.entry_data(i, j),
-                        tags: e.tag.clone(),
-                        from: vec![(sec, a, j)],
-                    }),
+                match spans.last_mut() {
+                    Some((s0, v)) if *s0 + v.len() as u64 * spb == sec => v.push((a, j)),
+                    _ => spans.push((sec, vec![(a, j)])),
                 }
             }
         }
+        let bs = spb as usize * 512;
+        let ts = self.geom.tag_size as usize;
+        let runs = spans
+            .into_iter()
+            .map(|(sector, v)| {
+                let mut data = AlignedBuf::for_direct_io(v.len() * bs);
+                let mut tags = Vec::with_capacity(v.len() * ts);
+                let mut from = Vec::with_capacity(v.len());
+                for (k, &(a, j)) in v.iter().enumerate() {
+                    let i = self.slot(a);
+                    let e = view.entry(i, j);
+                    let start = self.geom.data_sector(j) as usize * 512;
+                    let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
+                    out.copy_from_slice(&view.section(i)[start..start + bs]);
+                    for (s, lb) in e.last_bytes.iter().enumerate() {
+                        out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
+                    }
+                    tags.extend_from_slice(&e.tag);
+                    from.push((sector + k as u64 * spb, a, j));
+                }
+                Run { sector, data, tags, from }
+            })
+            .collect();
         Ok((runs, self.durable))
     }
 
@@ -483,7 +500,7 @@ impl Journal {
             drop(j);
             let r = images
                 .iter()
-                .try_for_each(|(off, bytes)| sink.dev().write_at(*off, bytes, WriteFlags::empty()))
+                .try_for_each(|(off, bytes)| sink.dev().write_at(*off, bytes.as_slice(), WriteFlags::empty()))
                 .and_then(|_| sink.dev().flush());
             j = self.lock();
             j.committing = false;
@@ -525,7 +542,7 @@ impl Journal {
         drop(j);
         let r = runs
             .iter()
-            .try_for_each(|r| sink.write_blocks(r.sector, &r.data, &r.tags))
+            .try_for_each(|r| sink.write_blocks(r.sector, r.data.as_slice(), &r.tags))
             .and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;

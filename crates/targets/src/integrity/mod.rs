@@ -7,9 +7,10 @@
 //!                                     │
 //!     ┌───────────── mode J ──────────┼──────── modes D, B ──────────────────────┐
 //!     │ journal entries (memory) ─────┤  B: set bitmap bits, write+flush them     │
-//!     │ commit: flush/FUA/timer/      │     first (bitmap.rs)                     │
-//!     │   watermark (journal.rs)      │  data → data area (split per interleave   │
-//!     │ writer: copy out ─────────────┼──►  area), tags → metadata buffers       │
+//!     │ commit: flush/FUA/timer, one  │     first (bitmap.rs)                     │
+//!     │   leader, grouped (journal.rs)│  data → data area (split per interleave   │
+//!     │ writer thread: copy out at ───┼──►  area), tags → metadata buffers       │
+//!     │   the watermark               │                                           │
 //!     └───────────────────────────────┼───────────────────────────────────────────┘
 //!                                     │
 //!       MetaCache: tag buffers of buffer_sectors, locked per buffer, write-back (meta.rs)
@@ -23,7 +24,7 @@
 //! | kernel (Linux 6.1)                                  | here                                         |
 //! |-----------------------------------------------------|----------------------------------------------|
 //! | `replay_journal` at resume (all modes but R)        | [`IntegrityTarget::open`], same rule          |
-//! | journal writes, commit, `integrity_writer`          | journal.rs, on the request thread + a timer  |
+//! | journal writes, commit, `integrity_writer`          | journal.rs: group commit, writer thread      |
 //! | bitmap set before write, cleared by a timer          | bitmap.rs, timer thread, clean close        |
 //! | dirty bitmap after a crash → RECALCULATING, recalc  | recalculated synchronously at open          |
 //! | `recalculate`: background recalc from recalc_sector | background thread, position in `status()`   |
