@@ -76,8 +76,37 @@ pub(crate) struct JournalState {
     crypt: Option<Arc<JournalCrypt>>,
 }
 
+/// Journal and copy-out writes are cut into pieces of at most this many bytes, written on up
+/// to [`IO_THREADS`] threads: the device below takes requests in parallel (the kernel submits
+/// many bios at once; one synchronous stream would leave an O_DIRECT file or disk idle).
+const IO_PIECE: usize = 256 << 10;
+const IO_THREADS: usize = 4;
+
+/// Runs `f` on every item, spread over up to [`IO_THREADS`] scoped threads; the first error.
+fn parallel<T: Sync>(items: &[T], f: impl Fn(&T) -> BlockResult<()> + Sync) -> BlockResult<()> {
+    if items.len() <= 1 {
+        return items.iter().try_for_each(&f);
+    }
+    let n = items.len().min(IO_THREADS);
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> =
+            (0..n).map(|t| s.spawn(move || items.iter().skip(t).step_by(n).try_for_each(f))).collect();
+        let mut r = Ok(());
+        for h in hs {
+            let x = h.join().unwrap_or_else(|_| {
+                Err(BlockError::new(BlockErrorKind::Io, "a journal I/O thread panicked"))
+            });
+            if r.is_ok() {
+                r = x;
+            }
+        }
+        r
+    })
+}
+
 /// What the journal needs from the engine to copy entries out and to MAC sections.
-pub(crate) trait JournalSink {
+pub(crate) trait JournalSink: Sync {
     /// The device below.
     type Dev: BlockDevice;
     /// The device below.
@@ -492,15 +521,23 @@ impl Journal {
             }
             let pad = target > j.head;
             let (images, upto) = j.stamp(sink, pad);
+            let section_bytes = j.geom.section_bytes();
             if upto < target {
                 // Cannot happen: `target` never passes what stamping can reach.
                 return Err(BlockError::new(BlockErrorKind::Io, "journal commit target beyond the journal"));
             }
             j.committing = true;
             drop(j);
-            let r = images
+            // Pieces on a section boundary at most IO_PIECE long (a torn commit is caught by
+            // the replay's commit-id check whatever the pieces are).
+            let step = (IO_PIECE / section_bytes).max(1) * section_bytes;
+            let pieces: Vec<(u64, &[u8])> = images
                 .iter()
-                .try_for_each(|(off, bytes)| sink.dev().write_at(*off, bytes.as_slice(), WriteFlags::empty()))
+                .flat_map(|(off, b)| {
+                    b.as_slice().chunks(step).enumerate().map(move |(k, c)| (off + (k * step) as u64, c))
+                })
+                .collect();
+            let r = parallel(&pieces, |(off, b)| sink.dev().write_at(*off, b, WriteFlags::empty()))
                 .and_then(|_| sink.dev().flush());
             j = self.lock();
             j.committing = false;
@@ -540,10 +577,24 @@ impl Journal {
         let (runs, upto) = j.plan_copy_out()?;
         j.copying = true;
         drop(j);
-        let r = runs
+        let pieces: Vec<(u64, &[u8], &[u8])> = runs
             .iter()
-            .try_for_each(|r| sink.write_blocks(r.sector, r.data.as_slice(), &r.tags))
-            .and_then(|_| sink.flush_all());
+            .flat_map(|r| {
+                let n = r.from.len();
+                let (bs, ts) = (r.data.len() / n, r.tags.len() / n);
+                let per = (IO_PIECE / bs).max(1);
+                let spb = bs as u64 / 512;
+                (0..n).step_by(per).map(move |k| {
+                    let m = per.min(n - k);
+                    (
+                        r.sector + k as u64 * spb,
+                        &r.data.as_slice()[k * bs..(k + m) * bs],
+                        &r.tags[k * ts..(k + m) * ts],
+                    )
+                })
+            })
+            .collect();
+        let r = parallel(&pieces, |&(sec, d, t)| sink.write_blocks(sec, d, t)).and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;
         if let Err(e) = r {
