@@ -1,5 +1,6 @@
 //! Background work: the timer thread (journal commit after `commit_time`, bitmap clearing
-//! after `bitmap_flush_interval`) and the recalculation thread (`recalculate`: tags
+//! after `bitmap_flush_interval`), the journal writer thread (copy-out at the watermark, the
+//! engine in journal.rs) and the recalculation thread (`recalculate`: tags
 //! recomputed from `recalc_sector` on, its position saved in the superblock every 64
 //! chunks and at the end). Both hold only a `Weak` to the target and stop when it closes.
 
@@ -40,10 +41,12 @@ pub(super) fn timer_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) 
             continue;
         }
         if let (Some(j), Some(_)) = (&i.journal, i.commit_time) {
-            let mut j = lock(j);
-            if j.has_uncommitted() {
-                if let Err(e) = j.commit(&*i) {
-                    i.poison("committing the journal (timer)", &e);
+            // A failed commit poisons the device (journal.rs).
+            let g = j.lock();
+            if g.has_uncommitted() {
+                let target = g.filled();
+                if let Ok(g) = j.commit_upto(&*i, g, target) {
+                    drop(g);
                 }
             }
         }
@@ -55,6 +58,15 @@ pub(super) fn timer_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) 
                 }
             }
         }
+    }
+}
+
+/// The journal writer (`integrity_writer`): copies committed sections out when the journal
+/// is filled to its watermark (journal.rs), until the target closes or fails.
+pub(super) fn writer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
+    let Some(i) = weak.upgrade() else { return };
+    if let Some(j) = &i.journal {
+        j.writer_loop(&*i);
     }
 }
 

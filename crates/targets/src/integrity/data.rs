@@ -33,6 +33,12 @@ impl<D: BlockDevice> JournalSink for Inner<D> {
     fn journal_mac(&self) -> Option<(&TagHash, Option<&[u8; 16]>)> {
         self.journal_mac.as_ref().map(|m| (m, self.salt.as_ref()))
     }
+    fn failed(&self) -> Option<BlockError> {
+        self.poisoned.load(Ordering::SeqCst).then(|| self.poisoned_err())
+    }
+    fn fail(&self, what: &str, e: &BlockError) {
+        self.poison(what, e);
+    }
 }
 impl<D: BlockDevice> Inner<D> {
     pub(super) fn spb(&self) -> u64 {
@@ -259,7 +265,7 @@ impl<D: BlockDevice> Inner<D> {
         let mut overlay: Vec<(usize, Vec<u8>, Vec<u8>)> = Vec::new();
         if let Some(j) = &self.journal {
             if self.journal_blocks.load(Ordering::Acquire) > 0 {
-                let j = lock(j);
+                let j = j.lock();
                 for (b, s) in skip.iter_mut().enumerate() {
                     let mut d = vec![0u8; bs];
                     let mut t = vec![0u8; ts];
@@ -323,10 +329,10 @@ impl<D: BlockDevice> Inner<D> {
         let _g = self.locks.write(off, buf.len() as u64);
         let fua = flags.contains(WriteFlags::FUA);
         if let Some(j) = &self.journal {
-            let mut j = lock(j);
-            let r = j.add(self, sector, buf, tags).and_then(|_| j.after_write(self, fua));
-            self.journal_blocks.store(j.pending_entries() as u64, Ordering::Release);
-            return r.inspect_err(|e| self.poison("writing the journal", e));
+            // The journal poisons the device itself when its I/O fails.
+            let n = j.write(self, sector, buf, tags, fua)?;
+            self.journal_blocks.store(n as u64, Ordering::Release);
+            return Ok(());
         }
         if let Some(b) = &self.bitmap {
             let mut b = lock(b);
@@ -380,8 +386,7 @@ impl<D: BlockDevice> Inner<D> {
             return Err(self.poisoned_err());
         }
         if let Some(j) = &self.journal {
-            let mut j = lock(j);
-            return j.commit(self).inspect_err(|e| self.poison("committing the journal", e));
+            return j.flush(self);
         }
         self.meta_io("writing tags", || self.meta.flush_dirty(&self.next))?;
         // A failed flush below may have lost tag buffers written back just before it (and
@@ -402,10 +407,8 @@ impl<D: BlockDevice> Inner<D> {
         let _g = self.locks.write(off, len);
         if let Some(j) = &self.journal {
             // Older journal copies of these blocks must not be copied out over the discard.
-            let mut j = lock(j);
-            let r = j.drain(self);
-            self.journal_blocks.store(j.pending_entries() as u64, Ordering::Release);
-            r.inspect_err(|e| self.poison("writing the journal", e))?;
+            let n = j.drain(self)?;
+            self.journal_blocks.store(n as u64, Ordering::Release);
         }
         let sector = off / 512;
         let n = len / 512;

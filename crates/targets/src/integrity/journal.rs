@@ -1,28 +1,36 @@
-//! Mode J: writes go to journal entries, commits stamp and write whole sections, and the
-//! writer copies committed sections to the data and tag areas (kernel
+//! Mode J: writes go to journal entries in memory, commits stamp and write whole sections, and
+//! a writer copies committed sections to the data and tag areas in the background (kernel
 //! `dm_integrity_map_continue` journal path, `integrity_commit`, `pad_uncommitted`,
 //! `integrity_writer`, `do_journal_write`). Byte formats and the replay rule are in
 //! `formats::integrity::journal`; this is the engine around them.
 //!
 //! ```text
-//!  ring of sections:  │ committed, not yet copied │ filled, uncommitted │ current (partly) │ free │
-//!                      committed_section            uncommitted_section   free_section
-//!  write:   entries allocated in ring order; data + last_bytes + tag copied in (in memory)
-//!  commit:  pad the current section (its unused entries stay unused), stamp every sector of
-//!           the uncommitted sections with commit_ids[commit_seq] (seq advances on wrap),
-//!           section MACs, write those sections, flush            (flush, FUA, timer, watermark)
-//!  writer:  commit, then copy every committed entry that is still the newest copy of its
-//!           block to data + tag areas, flush, mark the sections free          (watermark, full)
-//!  reads:   blocks with an entry in the journal are served from it (`index`)
+//!  positions are absolute section numbers (slot = n % sections), never decreasing:
+//!    copied ≤ durable ≤ stamped ≤ head,   head − copied ≤ sections
+//!  │ copied: free │ durable, being copied out │ stamped, commit in flight │ full │ head (partly) │ free │
+//!  write:    entries allocated at head in ring order; data, last_bytes and tag copied in
+//!            (memory); a full journal makes the writer commit and copy out itself
+//!  commit:   one leader at a time (group commit): pads the head section if a waiter needs it,
+//!            stamps [stamped, head) with commit_ids[commit_seq] (seq advances on wrap) and
+//!            section MACs, then writes them and flushes WITHOUT the lock; every request
+//!            waiting for a position below the new `durable` is released at once
+//!  copy-out: one at a time (the writer thread at the watermark, or a writer finding the
+//!            journal full, or drain): for durable sections, every entry whose block has no
+//!            newer *durable* copy is written to data + tag areas (merged runs), flush, then
+//!            the index forgets the copies still newest, and the sections are free
+//!  reads:    blocks with an entry in `index` are served from the journal
 //! ```
 //!
-//! One mutex guards the journal: a request fills its entries under it (the kernel also
-//! serialises entry allocation), and commit and copy-out run under it, so a reader that looks
-//! a block up in `index` sees either the journal copy or a data area the writer has finished.
+//! The lock guards memory only; journal and data-area I/O runs without it. A section is
+//! reused only after its copy-out was flushed, and until then it is durable on disk, so a
+//! FLUSH needs only the commit (the kernel's rule). Commits are written and flushed strictly
+//! in ring order (one leader), so a crash leaves the ring as the replay rule expects. A reader
+//! that finds a block in `index` copies it from the journal; a block not in `index` is not
+//! being copied out (the index forgets a copy only after its write).
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use blockdev::{BlockDevice, BlockResult, WriteFlags};
+use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockErrorKind, BlockResult, WriteFlags};
 use formats::integrity::journal::{
     self as fj, commit_section, init_section, next_commit_seq, section_mac_bytes, section_mac_input,
     store_section_mac, CommitIds, JournalGeometry, JournalView, SECTOR_HI_UNUSED,
@@ -38,19 +46,29 @@ pub(crate) struct JournalState {
     pub(crate) geom: JournalGeometry,
     pub(crate) sections: u32,
     pub(crate) ids: CommitIds,
+    /// Sequence the section at `stamped` gets.
     pub(crate) commit_seq: u8,
     /// Byte offset of the journal area on the device.
     pub(crate) base: u64,
-    free_section: u32,
+    /// Section being filled (absolute), and its next free entry.
+    head: u64,
     free_entry: u32,
-    free_entries: u64,
-    uncommitted_section: u32,
-    n_uncommitted: u32,
-    committed_section: u32,
-    n_committed: u32,
-    /// Newest journal copy of each block (block-aligned logical sector → (section, entry)).
-    pub(crate) index: HashMap<u64, (u32, u32)>,
-    /// Commit when free entries drop to this (`free_sectors_threshold`).
+    /// Sections below are stamped (their commit written or being written).
+    stamped: u64,
+    /// Sections below are committed and durable.
+    durable: u64,
+    /// Sections below are copied out and free.
+    copied: u64,
+    /// A commit leader is writing `[durable, stamped)`.
+    committing: bool,
+    /// A copy-out is running.
+    copying: bool,
+    /// The writer thread should stop.
+    pub(crate) stop: bool,
+    /// Newest journal copy of each block (block-aligned logical sector → (absolute section,
+    /// entry)).
+    index: HashMap<u64, (u64, u32)>,
+    /// Copy out when free entries drop to this (`free_sectors_threshold`).
     pub(crate) threshold: u64,
     pub(crate) commits: u64,
     pub(crate) copyouts: u64,
@@ -58,8 +76,37 @@ pub(crate) struct JournalState {
     crypt: Option<Arc<JournalCrypt>>,
 }
 
+/// Journal and copy-out writes are cut into pieces of at most this many bytes, written on up
+/// to [`IO_THREADS`] threads: the device below takes requests in parallel (the kernel submits
+/// many bios at once; one synchronous stream would leave an O_DIRECT file or disk idle).
+const IO_PIECE: usize = 256 << 10;
+const IO_THREADS: usize = 4;
+
+/// Runs `f` on every item, spread over up to [`IO_THREADS`] scoped threads; the first error.
+fn parallel<T: Sync>(items: &[T], f: impl Fn(&T) -> BlockResult<()> + Sync) -> BlockResult<()> {
+    if items.len() <= 1 {
+        return items.iter().try_for_each(&f);
+    }
+    let n = items.len().min(IO_THREADS);
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> =
+            (0..n).map(|t| s.spawn(move || items.iter().skip(t).step_by(n).try_for_each(f))).collect();
+        let mut r = Ok(());
+        for h in hs {
+            let x = h.join().unwrap_or_else(|_| {
+                Err(BlockError::new(BlockErrorKind::Io, "a journal I/O thread panicked"))
+            });
+            if r.is_ok() {
+                r = x;
+            }
+        }
+        r
+    })
+}
+
 /// What the journal needs from the engine to copy entries out and to MAC sections.
-pub(crate) trait JournalSink {
+pub(crate) trait JournalSink: Sync {
     /// The device below.
     type Dev: BlockDevice;
     /// The device below.
@@ -70,6 +117,20 @@ pub(crate) trait JournalSink {
     fn flush_all(&self) -> BlockResult<()>;
     /// The journal MAC and the FIXED_HMAC salt, if any.
     fn journal_mac(&self) -> Option<(&TagHash, Option<&[u8; 16]>)>;
+    /// An earlier failure fails every later journal operation.
+    fn failed(&self) -> Option<BlockError>;
+    /// Records a failure (the device refuses writes until reopened).
+    fn fail(&self, what: &str, e: &BlockError);
+}
+
+/// One run of consecutive blocks a copy-out writes.
+struct Run {
+    sector: u64,
+    /// Aligned for O_DIRECT below (no bounce copy).
+    data: AlignedBuf,
+    tags: Vec<u8>,
+    /// (block, absolute section, entry) of each block.
+    from: Vec<(u64, u64, u32)>,
 }
 
 impl JournalState {
@@ -86,6 +147,7 @@ impl JournalState {
         threshold: u64,
         crypt: Option<Arc<JournalCrypt>>,
     ) -> Self {
+        let s = section as u64;
         let mut j = JournalState {
             bytes,
             geom,
@@ -93,13 +155,14 @@ impl JournalState {
             ids: crypt.as_ref().map_or_else(CommitIds::plain, |c| c.commit_ids()),
             commit_seq,
             base,
-            free_section: section,
+            head: s,
             free_entry: 0,
-            free_entries: geom.section_entries as u64 * sections as u64,
-            uncommitted_section: section,
-            n_uncommitted: 0,
-            committed_section: section,
-            n_committed: 0,
+            stamped: s,
+            durable: s,
+            copied: s,
+            committing: false,
+            copying: false,
+            stop: false,
             index: HashMap::new(),
             threshold,
             commits: 0,
@@ -114,6 +177,10 @@ impl JournalState {
         j
     }
 
+    fn slot(&self, abs: u64) -> u32 {
+        (abs % self.sections as u64) as u32
+    }
+
     fn section_range(&self, i: u32) -> std::ops::Range<usize> {
         let n = self.geom.section_bytes();
         i as usize * n..(i as usize + 1) * n
@@ -124,72 +191,51 @@ impl JournalState {
         self.bytes[off + 4..off + 8].copy_from_slice(&SECTOR_HI_UNUSED.to_le_bytes());
     }
 
-    /// Whether anything is waiting to be committed.
-    pub(crate) fn has_uncommitted(&self) -> bool {
-        self.n_uncommitted > 0 || self.free_entry > 0
+    /// Sections that hold entries (the partly filled head included): what a FLUSH must make
+    /// durable.
+    pub(crate) fn filled(&self) -> u64 {
+        self.head + u64::from(self.free_entry > 0)
     }
 
-    /// Entries not yet copied out (committed or not).
+    /// Whether anything is waiting to be committed.
+    pub(crate) fn has_uncommitted(&self) -> bool {
+        self.filled() > self.durable
+    }
+
+    /// Blocks whose newest copy is in the journal (not yet copied out).
     pub(crate) fn pending_entries(&self) -> usize {
         self.index.len()
     }
 
-    fn alloc(&mut self) -> Option<(u32, u32)> {
-        if self.free_entries == 0 {
+    /// Entries still free for writes.
+    pub(crate) fn free_entries(&self) -> u64 {
+        let used = self.head - self.copied;
+        (self.sections as u64 - used) * self.geom.section_entries as u64 - self.free_entry as u64
+    }
+
+    /// Whether the writer should commit and copy out (the watermark).
+    pub(crate) fn wants_copy_out(&self) -> bool {
+        self.free_entries() <= self.threshold && self.filled() > self.copied
+    }
+
+    fn alloc(&mut self) -> Option<(u64, u32)> {
+        if self.head - self.copied >= self.sections as u64 {
             return None;
         }
-        let pos = (self.free_section, self.free_entry);
-        self.free_entries -= 1;
+        let pos = (self.head, self.free_entry);
         self.free_entry += 1;
         if self.free_entry == self.geom.section_entries {
             self.free_entry = 0;
-            self.free_section = (self.free_section + 1) % self.sections;
-            self.n_uncommitted += 1;
+            self.head += 1;
         }
         Some(pos)
-    }
-
-    /// Puts `data` (whole blocks from `sector`) with `tags` into journal entries, committing
-    /// and copying out when the journal is full.
-    pub(crate) fn add<S: JournalSink>(
-        &mut self,
-        sink: &S,
-        sector: u64,
-        data: &[u8],
-        tags: &[u8],
-    ) -> BlockResult<()> {
-        let spb = self.geom.sectors_per_block() as u64;
-        let bs = spb as usize * 512;
-        let ts = self.geom.tag_size as usize;
-        for (b, block) in data.chunks_exact(bs).enumerate() {
-            let (i, e) = match self.alloc() {
-                Some(p) => p,
-                None => {
-                    self.commit(sink)?;
-                    self.write_out(sink)?;
-                    match self.alloc() {
-                        Some(p) => p,
-                        None => {
-                            return Err(blockdev::BlockError::new(
-                                blockdev::BlockErrorKind::Io,
-                                "journal has no free entry after copy-out",
-                            ))
-                        }
-                    }
-                }
-            };
-            let s = sector + b as u64 * spb;
-            let r = self.section_range(i);
-            fj::write_entry(&self.geom, &mut self.bytes[r], e, s, block, &tags[b * ts..(b + 1) * ts]);
-            self.index.insert(s, (i, e));
-        }
-        Ok(())
     }
 
     /// Copies the newest journal copy of block `sector` into `out` (one block) and its tag
     /// into `tag`; false if the block is not in the journal.
     pub(crate) fn read_block(&self, sector: u64, out: &mut [u8], tag: Option<&mut [u8]>) -> bool {
-        let Some(&(i, e)) = self.index.get(&sector) else { return false };
+        let Some(&(a, e)) = self.index.get(&sector) else { return false };
+        let i = self.slot(a);
         let Ok(view) = JournalView::new(self.geom, self.sections, &self.bytes) else { return false };
         out.copy_from_slice(&view.entry_data(i, e));
         if let Some(t) = tag {
@@ -208,44 +254,56 @@ impl JournalState {
         }
     }
 
-    /// Writes `n` sections from `start` (wrapping) to the device.
-    fn write_sections<D: BlockDevice>(&self, dev: &D, start: u32, n: u32) -> BlockResult<()> {
+    /// The device image of `n` sections from slot `start` (no wrap): encrypted if the journal
+    /// is.
+    fn image(&self, start: u32, n: u32) -> AlignedBuf {
         let sb = self.geom.section_bytes();
-        let first = n.min(self.sections - start);
-        let write = |from: u32, count: u32| -> BlockResult<()> {
-            if count == 0 {
-                return Ok(());
-            }
-            let lo = from as usize * sb;
-            let hi = (from + count) as usize * sb;
-            match &self.crypt {
-                Some(c) => {
-                    let mut enc = self.bytes[lo..hi].to_vec();
-                    c.encrypt(from, &mut enc);
-                    dev.write_at(self.base + lo as u64, &enc, WriteFlags::empty())
-                }
-                None => dev.write_at(self.base + lo as u64, &self.bytes[lo..hi], WriteFlags::empty()),
-            }
-        };
-        write(start, first)?;
-        write(0, n - first)
+        let mut v = AlignedBuf::for_direct_io(n as usize * sb);
+        v.as_mut_slice().copy_from_slice(&self.bytes[start as usize * sb..(start + n) as usize * sb]);
+        if let Some(c) = &self.crypt {
+            c.encrypt(start, v.as_mut_slice());
+        }
+        v
     }
 
-    /// `integrity_commit`: pads the current section, stamps and writes every uncommitted
-    /// section, flushes.
-    pub(crate) fn commit<S: JournalSink>(&mut self, sink: &S) -> BlockResult<()> {
-        if self.free_entry != 0 {
-            self.free_entries -= (self.geom.section_entries - self.free_entry) as u64;
-            self.free_entry = 0;
-            self.free_section = (self.free_section + 1) % self.sections;
-            self.n_uncommitted += 1;
+    /// Device images of `n` sections from slot `start`, split where the ring wraps: (byte
+    /// offset on the device, bytes).
+    fn images(&self, start: u32, n: u32) -> Vec<(u64, AlignedBuf)> {
+        let sb = self.geom.section_bytes() as u64;
+        let first = n.min(self.sections - start);
+        let mut v = vec![(self.base + start as u64 * sb, self.image(start, first))];
+        if n > first {
+            v.push((self.base, self.image(0, n - first)));
         }
-        if self.n_uncommitted == 0 {
+        v
+    }
+
+    /// Writes `n` sections from slot `start` (wrapping) to the device.
+    fn write_sections<D: BlockDevice>(&self, dev: &D, start: u32, n: u32) -> BlockResult<()> {
+        if n == 0 {
             return Ok(());
         }
-        let start = self.uncommitted_section;
-        let n = self.n_uncommitted;
-        let mut i = start;
+        for (off, bytes) in self.images(start, n) {
+            dev.write_at(off, bytes.as_slice(), WriteFlags::empty())?;
+        }
+        Ok(())
+    }
+
+    /// Pads the head section (its unused entries stay unused) and stamps every full section
+    /// not stamped yet (commit ids with the current sequence, MACs); returns the device images
+    /// and the new `stamped`.
+    fn stamp<S: JournalSink>(&mut self, sink: &S, pad: bool) -> (Vec<(u64, AlignedBuf)>, u64) {
+        if pad && self.free_entry != 0 {
+            self.free_entry = 0;
+            self.head += 1;
+        }
+        let start = self.stamped;
+        let n = (self.head - start) as u32;
+        if n == 0 {
+            return (Vec::new(), start);
+        }
+        let first = self.slot(start);
+        let mut i = first;
         for _ in 0..n {
             let r = self.section_range(i);
             commit_section(&self.geom, &self.ids, &mut self.bytes[r], i, self.commit_seq);
@@ -256,103 +314,85 @@ impl JournalState {
                 i = 0;
             }
         }
-        self.write_sections(sink.dev(), start, n)?;
-        sink.dev().flush()?;
-        self.uncommitted_section = (start + n) % self.sections;
-        self.n_committed += n;
-        self.n_uncommitted = 0;
-        self.commits += 1;
-        Ok(())
+        self.stamped = self.head;
+        (self.images(first, n), self.head)
     }
 
-    /// `integrity_writer` / `do_journal_write`: copies every committed section out, newest
-    /// copy of each block only, merging consecutive entries into one write; then flushes and
-    /// frees the sections.
-    pub(crate) fn write_out<S: JournalSink>(&mut self, sink: &S) -> BlockResult<()> {
-        if self.n_committed == 0 {
-            return Ok(());
-        }
+    /// Plans a copy-out of `[copied, durable)`: the runs to write, and the new `copied`.
+    fn plan_copy_out(&self) -> BlockResult<(Vec<Run>, u64)> {
         let spb = self.geom.sectors_per_block() as u64;
         let entries = self.geom.section_entries;
-        let mut i = self.committed_section;
-        for _ in 0..self.n_committed {
-            let mut done: Vec<(u32, u64)> = Vec::new();
-            {
-                let view = JournalView::new(self.geom, self.sections, &self.bytes).map_err(|e| {
-                    blockdev::BlockError::new(
-                        blockdev::BlockErrorKind::Io,
-                        "the journal does not fit its geometry",
-                    )
-                    .with_source(e)
-                })?;
-                let mut j = 0;
-                while j < entries {
-                    let e = view.entry(i, j);
-                    let fj::EntryState::Sector(sec) = e.state() else {
-                        done.push((j, u64::MAX));
-                        j += 1;
-                        continue;
-                    };
-                    if self.index.get(&sec) != Some(&(i, j)) {
-                        // A newer copy is in the journal: it will be written instead.
-                        done.push((j, u64::MAX));
-                        j += 1;
-                        continue;
-                    }
-                    let mut k = j + 1;
-                    while k < entries {
-                        let e2 = view.entry(i, k);
-                        let want = sec + (k - j) as u64 * spb;
-                        match e2.state() {
-                            fj::EntryState::Sector(s2)
-                                // The sink splits a merged write at interleave-area boundaries.
-                                if s2 == want && self.index.get(&s2) == Some(&(i, k)) => {}
-                            _ => break,
-                        }
-                        k += 1;
-                    }
-                    let mut data = Vec::with_capacity((k - j) as usize * spb as usize * 512);
-                    let mut tags = Vec::with_capacity((k - j) as usize * self.geom.tag_size as usize);
-                    for m in j..k {
-                        data.extend_from_slice(&view.entry_data(i, m));
-                        tags.extend_from_slice(&view.entry(i, m).tag);
-                        done.push((m, sec + (m - j) as u64 * spb));
-                    }
-                    sink.write_blocks(sec, &data, &tags)?;
-                    self.copyouts += 1;
-                    j = k;
+        let view = JournalView::new(self.geom, self.sections, &self.bytes).map_err(|e| {
+            BlockError::new(BlockErrorKind::Io, "the journal does not fit its geometry").with_source(e)
+        })?;
+        // Write this copy unless a newer copy of the block is durable too (it is then written
+        // later in this copy-out, or replayed after it by a crash): the kernel's
+        // `find_newer_committed_node`. A newer copy not yet durable does not count.
+        let wanted = |sec: u64, a: u64, e: u32| match self.index.get(&sec) {
+            Some(&(na, ne)) => (na, ne) == (a, e) || na >= self.durable,
+            None => false,
+        };
+        // Runs of consecutive blocks first, then one aligned buffer per run filled straight
+        // from the sections (one copy).
+        let mut spans: Vec<(u64, Vec<(u64, u32)>)> = Vec::new();
+        for a in self.copied..self.durable {
+            let i = self.slot(a);
+            for j in 0..entries {
+                let fj::EntryState::Sector(sec) = view.entry(i, j).state() else { continue };
+                if !wanted(sec, a, j) {
+                    continue;
+                }
+                // The sink splits a merged write at interleave-area boundaries.
+                match spans.last_mut() {
+                    Some((s0, v)) if *s0 + v.len() as u64 * spb == sec => v.push((a, j)),
+                    _ => spans.push((sec, vec![(a, j)])),
                 }
             }
-            for (m, sec) in done {
-                self.set_unused(i, m);
-                if sec != u64::MAX && self.index.get(&sec) == Some(&(i, m)) {
+        }
+        let bs = spb as usize * 512;
+        let ts = self.geom.tag_size as usize;
+        let runs = spans
+            .into_iter()
+            .map(|(sector, v)| {
+                let mut data = AlignedBuf::for_direct_io(v.len() * bs);
+                let mut tags = Vec::with_capacity(v.len() * ts);
+                let mut from = Vec::with_capacity(v.len());
+                for (k, &(a, j)) in v.iter().enumerate() {
+                    let i = self.slot(a);
+                    let e = view.entry(i, j);
+                    let start = self.geom.data_sector(j) as usize * 512;
+                    let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
+                    out.copy_from_slice(&view.section(i)[start..start + bs]);
+                    for (s, lb) in e.last_bytes.iter().enumerate() {
+                        out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
+                    }
+                    tags.extend_from_slice(&e.tag);
+                    from.push((sector + k as u64 * spb, a, j));
+                }
+                Run { sector, data, tags, from }
+            })
+            .collect();
+        Ok((runs, self.durable))
+    }
+
+    /// After a copy-out up to `upto` was written and flushed: the index forgets the copies
+    /// still newest, the sections' entries become unused, the sections free.
+    fn finish_copy_out(&mut self, runs: &[Run], upto: u64) {
+        for r in runs {
+            for &(sec, a, e) in &r.from {
+                if self.index.get(&sec) == Some(&(a, e)) {
                     self.index.remove(&sec);
                 }
             }
-            i = (i + 1) % self.sections;
         }
-        sink.flush_all()?;
-        self.free_entries += self.n_committed as u64 * entries as u64;
-        self.committed_section = (self.committed_section + self.n_committed) % self.sections;
-        self.n_committed = 0;
-        Ok(())
-    }
-
-    /// Commits and copies everything out.
-    pub(crate) fn drain<S: JournalSink>(&mut self, sink: &S) -> BlockResult<()> {
-        self.commit(sink)?;
-        self.write_out(sink)
-    }
-
-    /// After a write: commit and copy out if free entries dropped to the watermark.
-    pub(crate) fn after_write<S: JournalSink>(&mut self, sink: &S, fua: bool) -> BlockResult<()> {
-        if fua {
-            self.commit(sink)?;
+        for a in self.copied..upto {
+            let i = self.slot(a);
+            for e in 0..self.geom.section_entries {
+                self.set_unused(i, e);
+            }
         }
-        if self.free_entries <= self.threshold {
-            self.drain(sink)?;
-        }
-        Ok(())
+        self.copyouts += runs.len() as u64;
+        self.copied = upto;
     }
 
     /// `init_journal` of every section with `seq` (in memory; the caller writes it).
@@ -381,5 +421,234 @@ impl JournalState {
             sink.dev().flush()?;
         }
         Ok(())
+    }
+}
+
+/// The journal shared by request threads, the timer and the writer thread: the state, and
+/// one condition variable for every wait (durable advanced, sections freed, work for the
+/// writer, stop).
+#[derive(Debug)]
+pub(crate) struct Journal {
+    state: Mutex<JournalState>,
+    cv: Condvar,
+}
+
+fn lock(m: &Mutex<JournalState>) -> MutexGuard<'_, JournalState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+type Guard<'a> = MutexGuard<'a, JournalState>;
+
+impl Journal {
+    pub(crate) fn new(state: JournalState) -> Self {
+        Journal { state: Mutex::new(state), cv: Condvar::new() }
+    }
+
+    /// The state (counters, reads).
+    pub(crate) fn lock(&self) -> Guard<'_> {
+        lock(&self.state)
+    }
+
+    fn wait<'a>(&self, g: Guard<'a>) -> Guard<'a> {
+        self.cv.wait(g).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `data` (whole blocks from `sector`) with `tags` into journal entries; when the
+    /// journal is full, commits and copies out (or waits for the writer doing it). With `fua`,
+    /// returns once the entries are durable. Returns the number of blocks in the index.
+    pub(crate) fn write<S: JournalSink>(
+        &self,
+        sink: &S,
+        sector: u64,
+        data: &[u8],
+        tags: &[u8],
+        fua: bool,
+    ) -> BlockResult<usize> {
+        let mut j = self.lock();
+        let spb = j.geom.sectors_per_block() as u64;
+        let bs = spb as usize * 512;
+        let ts = j.geom.tag_size as usize;
+        for (b, block) in data.chunks_exact(bs).enumerate() {
+            let (a, e) = loop {
+                if let Some(p) = j.alloc() {
+                    break p;
+                }
+                j = self.make_room(sink, j)?;
+            };
+            let s = sector + b as u64 * spb;
+            let i = j.slot(a);
+            let r = j.section_range(i);
+            let geom = j.geom;
+            fj::write_entry(&geom, &mut j.bytes[r], e, s, block, &tags[b * ts..(b + 1) * ts]);
+            j.index.insert(s, (a, e));
+        }
+        if fua {
+            let target = j.filled();
+            j = self.commit_upto(sink, j, target)?;
+        }
+        if j.wants_copy_out() {
+            self.cv.notify_all();
+        }
+        Ok(j.pending_entries())
+    }
+
+    /// The journal is full: commit it and copy it out, here or by whoever is already at it.
+    fn make_room<'a, S: JournalSink>(&'a self, sink: &S, j: Guard<'a>) -> BlockResult<Guard<'a>> {
+        let target = j.filled();
+        let j = self.commit_upto(sink, j, target)?;
+        self.copy_out(sink, j)
+    }
+
+    /// Returns once sections below `target` are durable: either a commit in flight covers
+    /// them, or this thread becomes the leader and commits everything stamped by then (group
+    /// commit). `target` above `head` pads the head section.
+    pub(crate) fn commit_upto<'a, S: JournalSink>(
+        &'a self,
+        sink: &S,
+        mut j: Guard<'a>,
+        target: u64,
+    ) -> BlockResult<Guard<'a>> {
+        loop {
+            if let Some(e) = sink.failed() {
+                return Err(e);
+            }
+            if j.durable >= target {
+                return Ok(j);
+            }
+            if j.committing {
+                j = self.wait(j);
+                continue;
+            }
+            let pad = target > j.head;
+            let (images, upto) = j.stamp(sink, pad);
+            let section_bytes = j.geom.section_bytes();
+            if upto < target {
+                // Cannot happen: `target` never passes what stamping can reach.
+                return Err(BlockError::new(BlockErrorKind::Io, "journal commit target beyond the journal"));
+            }
+            j.committing = true;
+            drop(j);
+            // Pieces on a section boundary at most IO_PIECE long (a torn commit is caught by
+            // the replay's commit-id check whatever the pieces are).
+            let step = (IO_PIECE / section_bytes).max(1) * section_bytes;
+            let pieces: Vec<(u64, &[u8])> = images
+                .iter()
+                .flat_map(|(off, b)| {
+                    b.as_slice().chunks(step).enumerate().map(move |(k, c)| (off + (k * step) as u64, c))
+                })
+                .collect();
+            let r = parallel(&pieces, |(off, b)| sink.dev().write_at(*off, b, WriteFlags::empty()))
+                .and_then(|_| sink.dev().flush());
+            j = self.lock();
+            j.committing = false;
+            self.cv.notify_all();
+            if let Err(e) = r {
+                sink.fail("committing the journal", &e);
+                return Err(e);
+            }
+            j.durable = upto;
+            j.commits += 1;
+        }
+    }
+
+    /// Copies every durable section out (one copy-out at a time; if one is running, waits for
+    /// it instead), flushes, frees the sections.
+    pub(crate) fn copy_out<'a, S: JournalSink>(
+        &'a self,
+        sink: &S,
+        mut j: Guard<'a>,
+    ) -> BlockResult<Guard<'a>> {
+        loop {
+            if let Some(e) = sink.failed() {
+                return Err(e);
+            }
+            if !j.copying {
+                break;
+            }
+            j = self.wait(j);
+            // The copy-out that was running freed what it could.
+            if j.free_entries() > 0 {
+                return Ok(j);
+            }
+        }
+        if j.durable == j.copied {
+            return Ok(j);
+        }
+        let (runs, upto) = j.plan_copy_out()?;
+        j.copying = true;
+        drop(j);
+        let pieces: Vec<(u64, &[u8], &[u8])> = runs
+            .iter()
+            .flat_map(|r| {
+                let n = r.from.len();
+                let (bs, ts) = (r.data.len() / n, r.tags.len() / n);
+                let per = (IO_PIECE / bs).max(1);
+                let spb = bs as u64 / 512;
+                (0..n).step_by(per).map(move |k| {
+                    let m = per.min(n - k);
+                    (
+                        r.sector + k as u64 * spb,
+                        &r.data.as_slice()[k * bs..(k + m) * bs],
+                        &r.tags[k * ts..(k + m) * ts],
+                    )
+                })
+            })
+            .collect();
+        let r = parallel(&pieces, |&(sec, d, t)| sink.write_blocks(sec, d, t)).and_then(|_| sink.flush_all());
+        let mut j = self.lock();
+        j.copying = false;
+        if let Err(e) = r {
+            self.cv.notify_all();
+            sink.fail("copying the journal out", &e);
+            return Err(e);
+        }
+        j.finish_copy_out(&runs, upto);
+        self.cv.notify_all();
+        Ok(j)
+    }
+
+    /// FLUSH: every entry written so far is durable when this returns.
+    pub(crate) fn flush<S: JournalSink>(&self, sink: &S) -> BlockResult<()> {
+        let j = self.lock();
+        let target = j.filled();
+        self.commit_upto(sink, j, target).map(drop)
+    }
+
+    /// Commits and copies out everything written before the call (discard, close). Returns
+    /// the number of blocks left in the index.
+    pub(crate) fn drain<S: JournalSink>(&self, sink: &S) -> BlockResult<usize> {
+        let mut j = self.lock();
+        let target = j.filled();
+        while j.copied < target {
+            j = self.commit_upto(sink, j, target)?;
+            j = self.copy_out(sink, j)?;
+        }
+        Ok(j.pending_entries())
+    }
+
+    /// The writer thread's loop: at the watermark, commit everything and copy it out, until
+    /// [`stop`](Self::stop).
+    pub(crate) fn writer_loop<S: JournalSink>(&self, sink: &S) {
+        let mut j = self.lock();
+        loop {
+            if j.stop || sink.failed().is_some() {
+                return;
+            }
+            if !j.wants_copy_out() {
+                j = self.wait(j);
+                continue;
+            }
+            let target = j.filled();
+            j = match self.commit_upto(sink, j, target).and_then(|j| self.copy_out(sink, j)) {
+                Ok(j) => j,
+                Err(_) => return,
+            };
+        }
+    }
+
+    /// Stops the writer thread.
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.cv.notify_all();
     }
 }

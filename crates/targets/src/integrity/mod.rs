@@ -7,9 +7,10 @@
 //!                                     │
 //!     ┌───────────── mode J ──────────┼──────── modes D, B ──────────────────────┐
 //!     │ journal entries (memory) ─────┤  B: set bitmap bits, write+flush them     │
-//!     │ commit: flush/FUA/timer/      │     first (bitmap.rs)                     │
-//!     │   watermark (journal.rs)      │  data → data area (split per interleave   │
-//!     │ writer: copy out ─────────────┼──►  area), tags → metadata buffers       │
+//!     │ commit: flush/FUA/timer, one  │     first (bitmap.rs)                     │
+//!     │   leader, grouped (journal.rs)│  data → data area (split per interleave   │
+//!     │ writer thread: copy out at ───┼──►  area), tags → metadata buffers       │
+//!     │   the watermark               │                                           │
 //!     └───────────────────────────────┼───────────────────────────────────────────┘
 //!                                     │
 //!       MetaCache: tag buffers of buffer_sectors, locked per buffer, write-back (meta.rs)
@@ -23,7 +24,7 @@
 //! | kernel (Linux 6.1)                                  | here                                         |
 //! |-----------------------------------------------------|----------------------------------------------|
 //! | `replay_journal` at resume (all modes but R)        | [`IntegrityTarget::open`], same rule          |
-//! | journal writes, commit, `integrity_writer`          | journal.rs, on the request thread + a timer  |
+//! | journal writes, commit, `integrity_writer`          | journal.rs: group commit, writer thread      |
 //! | bitmap set before write, cleared by a timer          | bitmap.rs, timer thread, clean close        |
 //! | dirty bitmap after a crash → RECALCULATING, recalc  | recalculated synchronously at open          |
 //! | `recalculate`: background recalc from recalc_sector | background thread, position in `status()`   |
@@ -72,7 +73,7 @@ use sector_crypto::tag::TagHash;
 pub use tagged::TaggedDevice;
 
 use self::bitmap::BitmapState;
-use self::journal::JournalState;
+use self::journal::Journal;
 use self::meta::MetaCache;
 
 /// The superblock as last written, and its encoded area (rewritten in place).
@@ -111,7 +112,7 @@ struct Inner<D> {
     meta: MetaCache,
     locks: RangeLock,
     sb: Mutex<SbState>,
-    journal: Option<Mutex<JournalState>>,
+    journal: Option<Journal>,
     /// Blocks in the journal index (read fast path: 0 = no lookup needed).
     journal_blocks: AtomicU64,
     bitmap: Option<Mutex<BitmapState>>,
@@ -172,7 +173,7 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         let i = &self.inner;
         let (commits, copyouts, pending) = match &i.journal {
             Some(j) => {
-                let j = lock(j);
+                let j = j.lock();
                 (j.commits, j.copyouts, j.pending_entries() as u64)
             }
             None => (0, 0, 0),
@@ -220,6 +221,9 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
     fn stop_workers(&mut self) {
         *lock(&self.stop.stopped) = true;
         self.stop.wake.notify_all();
+        if let Some(j) = &self.inner.journal {
+            j.stop();
+        }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }

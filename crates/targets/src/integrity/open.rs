@@ -14,10 +14,10 @@ use formats::integrity::journal::{self as fj, CommitIds, JournalResume, JournalV
 use formats::integrity::superblock::{verify_sb_mac, write_sb_mac, SB_AREA_BYTES};
 use formats::integrity::{BitmapGeometry, DeviceParams, Layout, LayoutError, SbCheck, SbFlags, Superblock};
 
-use super::background::{recalc_loop, timer_loop};
+use super::background::{recalc_loop, timer_loop, writer_loop};
 use super::bitmap::BitmapState;
 use super::config::io;
-use super::journal::JournalState;
+use super::journal::{Journal, JournalState};
 use super::meta::MetaCache;
 use super::{
     lock, Inner, IntegrityConfig, IntegrityError, IntegrityTarget, JournalCrypt, Mode, SbState, Stop,
@@ -153,6 +153,15 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
                     .map_err(|source| IntegrityError::Thread { thread: "timer", source })?,
             );
         }
+        if !inner.read_only && inner.journal.is_some() {
+            let w = Arc::downgrade(&inner);
+            workers.push(
+                std::thread::Builder::new()
+                    .name("dm-integrity-writer".into())
+                    .spawn(move || writer_loop(w))
+                    .map_err(|source| IntegrityError::Thread { thread: "journal writer", source })?,
+            );
+        }
         if !inner.read_only
             && inner.hash.is_some()
             && inner.recalc_sector.load(Ordering::Relaxed) < inner.layout.provided_data_sectors
@@ -255,7 +264,7 @@ impl<D: BlockDevice> Inner<D> {
                 new_sb.flags.set(SbFlags::DIRTY_BITMAP, false);
                 sb_dirty = true;
                 if self.mode == Mode::Journal {
-                    self.journal = Some(Mutex::new(j));
+                    self.journal = Some(Journal::new(j));
                 }
             }
         } else {
@@ -265,7 +274,7 @@ impl<D: BlockDevice> Inner<D> {
             let (section, seq) = self.replay(&mut bytes)?;
             let j = self.journal_state(bytes, section, seq, cfg);
             match self.mode {
-                Mode::Journal => self.journal = Some(Mutex::new(j)),
+                Mode::Journal => self.journal = Some(Journal::new(j)),
                 Mode::Bitmap => {
                     new_sb.flags.set(SbFlags::DIRTY_BITMAP, true);
                     new_sb.log2_blocks_per_bitmap_bit = l.log2_blocks_per_bitmap_bit;
@@ -368,9 +377,8 @@ impl<D: BlockDevice> Inner<D> {
             return Err(self.poisoned_err());
         }
         if let Some(j) = &self.journal {
-            let mut j = lock(j);
-            j.drain(self)?;
-            self.journal_blocks.store(0, Ordering::Release);
+            let n = j.drain(self)?;
+            self.journal_blocks.store(n as u64, Ordering::Release);
         }
         self.meta.flush_dirty(&self.next)?;
         self.next.flush()?;
