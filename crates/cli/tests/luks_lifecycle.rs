@@ -177,7 +177,13 @@ fn token_errors_are_cryptsetups_and_change_nothing() {
         "is not a valid LUKS2 device",
         "luks1",
     );
-    fails(&sealdisk(&["luksDump", "--dump-json-metadata", img]), 1, "is not a valid LUKS2 device", "luks1");
+    fails(
+        &sealdisk(&["luksDump", "--dump-json-metadata", img]),
+        1,
+        "Dump operation is not supported for this device type.",
+        "luks1",
+    );
+    fails(&sealdisk(&["config", "--label", "x", img]), 1, "is not a valid LUKS2 device", "luks1 config");
 }
 
 #[test]

@@ -50,7 +50,7 @@ pub fn dump(a: DumpArgs) -> Result<()> {
     let name = a.device.clone();
     if a.dump_json_metadata {
         let Some(json) = luks::dump_json_metadata(&luks, &*meta.device) else {
-            bail!(UsageError(format!("Device {path} is not a valid LUKS2 device.")));
+            bail!(UsageError("Dump operation is not supported for this device type.".into()));
         };
         std::io::stdout().lock().write_all(json.as_bytes()).context("writing the dump")?;
         return Ok(());

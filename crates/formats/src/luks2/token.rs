@@ -95,3 +95,35 @@ impl Token {
 /// The token type cryptsetup handles itself, without a plugin: a passphrase in the kernel
 /// keyring (a `user` key named by `key_description`).
 pub const KEYRING: &str = "luks2-keyring";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn import_keeps_members_in_order_and_checks_type_and_keyslots() {
+        let t = Token::from_json(r#"{"zeta":1,"type":"x","keyslots":["3","0"],"alpha":[null]}"#).unwrap();
+        assert_eq!(t.type_name, "x");
+        assert_eq!(t.keyslots, vec![3, 0]);
+        assert_eq!(t.to_json_string(), r#"{"type":"x","keyslots":["3","0"],"zeta":1,"alpha":[null]}"#);
+        for bad in [
+            r#"{"keyslots":[]}"#,
+            r#"{"type":"","keyslots":[]}"#,
+            r#"{"type":"x"}"#,
+            r#"{"type":"x","keyslots":[0]}"#,
+            r#"{"type":"x","keyslots":["a"]}"#,
+            r#"{"type":"luks2-keyring","keyslots":[]}"#,
+            r#"{"type":"luks2-keyring","keyslots":[],"key_description":7}"#,
+            r#"["type"]"#,
+            "nonsense",
+        ] {
+            assert!(Token::from_json(bad).is_err(), "{bad}");
+        }
+        let deep = format!(r#"{{"type":"x","keyslots":[],"d":{}{}}}"#, "[".repeat(100), "]".repeat(100));
+        assert!(Token::from_json(&deep).is_err());
+        let k =
+            Token::from_json(r#"{"type":"luks2-keyring","keyslots":["1"],"key_description":"d"}"#).unwrap();
+        assert_eq!(k.key_description(), Some("d"));
+        assert_eq!(k, Token::keyring("d", vec![1]));
+    }
+}
