@@ -21,6 +21,19 @@
 #   nbdkit-file-tls  nbdkit-file with --tls=require
 #   nbdkit-luks-tls  nbdkit-luks with --tls=require
 #   sealdisk-tls     sealdisk-auto with --tls=require --tls-certificates
+# Cipher variants (issue 11; not in the default set): sealdisk serving a LUKS2 volume it
+# formatted (4096-byte sectors, PBKDF2 at 1000 iterations), one per cipher, each over its own
+# backing file of SIZE + 16 MiB (the LUKS2 header):
+#   sealdisk-luks2-aes         aes-xts-plain64, 512-bit key
+#   sealdisk-luks2-serpent     serpent-xts-plain64, 512-bit key
+#   sealdisk-luks2-twofish     twofish-xts-plain64, 512-bit key
+#   sealdisk-luks2-adiantum12  xchacha12,aes-adiantum-plain64, 256-bit key
+#   sealdisk-luks2-adiantum20  xchacha20,aes-adiantum-plain64, 256-bit key
+#   ...-noaes                  the same volume served as on a CPU without AES instructions:
+#                              $SEALDISK_SOFT_BIN (a build with RUSTFLAGS='--cfg aes_force_soft
+#                              --cfg aes_backend="soft"': RustCrypto's software AES) with
+#                              OPENSSL_ia32cap=$NOAES_IA32CAP (AWS-LC's AES-NI, PCLMUL, VAES,
+#                              VPCLMULQDQ bits cleared)
 # Every variant runs the same fio jobs in the same run; repetitions are interleaved
 # (A B C A B C) and the report gives medians. Method and caveats: BENCHMARKING.md.
 #
@@ -29,6 +42,7 @@
 #   VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 #   JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 #   SEALDISK_BIN=path (skip the cargo build)  QEMU_AIO=threads|io_uring|native
+#   SEALDISK_SOFT_BIN=path (the software-AES build, for the -noaes variants)
 #   TLS_PORT=10899 (the TLS variants' TCP port on 127.0.0.1)
 #   BENCH_DIR=target/bench-tmp (backing files)  OUT_DIR=target/bench-results/<stamp>
 #   KEEP_TMP=1 (keep the backing files; reports, fio JSON and server logs always stay in OUT_DIR)
@@ -53,7 +67,22 @@ CACHE="${CACHE:-buffered}"
 PAGECACHE="${PAGECACHE:-small}"
 DEFAULT_VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 TLS_VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"
-ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt $TLS_VARIANTS"
+CIPHERS="aes serpent twofish adiantum12 adiantum20"
+CIPHER_VARIANTS="$(for c in $CIPHERS; do printf 'sealdisk-luks2-%s sealdisk-luks2-%s-noaes ' "$c" "$c"; done)"
+ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt $TLS_VARIANTS $CIPHER_VARIANTS"
+NOAES_IA32CAP='~0x200000200000000:~0x60000000000'
+cipher_of() { # cipher_of VARIANT: the LUKS2 cipher word of a cipher variant
+  local c="${1#sealdisk-luks2-}"; echo "${c%-noaes}"
+}
+cipher_spec() { # cipher_spec WORD: --cipher and --key-size of luksFormat
+  case "$1" in
+    aes) echo "aes-xts-plain64 512" ;;
+    serpent) echo "serpent-xts-plain64 512" ;;
+    twofish) echo "twofish-xts-plain64 512" ;;
+    adiantum12) echo "xchacha12,aes-adiantum-plain64 256" ;;
+    adiantum20) echo "xchacha20,aes-adiantum-plain64 256" ;;
+  esac
+}
 ALL_JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 VARIANTS="$(echo "${VARIANTS:-$DEFAULT_VARIANTS}" | tr ',' ' ')"
 JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
@@ -138,6 +167,10 @@ if wants sealdisk; then
   fi
   SEALDISK_BIN="$(cd "$(dirname "$SEALDISK_BIN")" && pwd)/$(basename "$SEALDISK_BIN")"
 fi
+if [[ " $VARIANTS " == *"-noaes "* ]]; then
+  [[ -x "${SEALDISK_SOFT_BIN:-}" ]] ||
+    die "the -noaes variants need SEALDISK_SOFT_BIN: RUSTFLAGS='--cfg aes_force_soft --cfg aes_backend=\"soft\"' CARGO_TARGET_DIR=/tmp/soft cargo build --release -p sealdisk"
+fi
 
 # ---------------------------------------------------------------- scratch space and cleanup
 mkdir -p "$BENCH_DIR" "$OUT_DIR"
@@ -210,7 +243,16 @@ fi
 
 log "creating backing files of $SIZE in $WORK"
 if wants nbdkit-file; then preallocate "$WORK/raw.img" "$SIZE_BYTES"; fi
-if wants sealdisk; then preallocate "$WORK/sealdisk.img" "$SIZE_BYTES"; fi
+if [[ " $VARIANTS " =~ \ sealdisk-(auto|pool|inline|nocrypt|tls)\  ]]; then preallocate "$WORK/sealdisk.img" "$SIZE_BYTES"; fi
+for c in $CIPHERS; do
+  if wants "sealdisk-luks2-$c"; then
+    read -r spec bits <<<"$(cipher_spec "$c")"
+    preallocate "$WORK/luks2-$c.img" "$(( SIZE_BYTES + 16 * 1024 * 1024 ))"
+    "$SEALDISK_BIN" luksFormat -q --type luks2 --cipher "$spec" --key-size "$bits" --sector-size 4096 \
+      --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file "$PASSFILE" "$WORK/luks2-$c.img" >/dev/null ||
+      die "luksFormat --cipher $spec failed"
+  fi
+done
 if wants nbdkit-luks || wants qemu; then
   # LUKS1, aes-xts-plain64, 512-bit master key (aes-256 per XTS half), sha256, fast PBKDF.
   qemu-img create -q -f luks \
@@ -247,6 +289,12 @@ server_cmd() {
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher cipher_null-ecb --key-size 0 \
         --key-file /dev/null --sector-size 4096 "${sealdisk_direct[@]}" \
         "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
+    sealdisk-luks2-*-noaes)
+      printf '%s\n' env "OPENSSL_ia32cap=$NOAES_IA32CAP" "$SEALDISK_SOFT_BIN" open --type luks2 \
+        --key-file "$PASSFILE" "${sealdisk_direct[@]}" "$WORK/luks2-$(cipher_of "$v").img" "$EXPORT" --listen "unix:$sock" ;;
+    sealdisk-luks2-*)
+      printf '%s\n' "$SEALDISK_BIN" open --type luks2 --key-file "$PASSFILE" "${sealdisk_direct[@]}" \
+        "$WORK/luks2-$(cipher_of "$v").img" "$EXPORT" --listen "unix:$sock" ;;
     sealdisk-auto|sealdisk-pool|sealdisk-inline|sealdisk-tls)
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
         --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
@@ -271,6 +319,7 @@ backing_of() { # the variant's backing file; nothing for nbdkit-null
     nbdkit-null) ;;
     nbdkit-file|nbdkit-file-tls) echo "$WORK/raw.img" ;;
     nbdkit-luks|nbdkit-luks-tls|qemu-nbd-luks) echo "$WORK/luks1.img" ;;
+    sealdisk-luks2-*) echo "$WORK/luks2-$(cipher_of "$1").img" ;;
     sealdisk-*) echo "$WORK/sealdisk.img" ;;
   esac
 }
@@ -392,6 +441,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
   if wants nbdkit; then echo "nbdkit=$(nbdkit --version)"; fi
   if wants nbdkit-luks || wants qemu; then echo "qemu=$(qemu-img --version | head -1)"; fi
   if wants sealdisk; then echo "sealdisk=$SEALDISK_BIN ($("$SEALDISK_BIN" --version 2>/dev/null || echo 'no --version'))"; fi
+  if [[ " $VARIANTS " == *"-noaes "* ]]; then echo "sealdisk_soft=$SEALDISK_SOFT_BIN, OPENSSL_ia32cap=$NOAES_IA32CAP"; fi
   for v in $VARIANTS; do
     echo "server.$v=$(server_cmd "$v" "$SOCKDIR/$v.sock" | tr '\n' ' ' | sed 's/ $//')"
   done

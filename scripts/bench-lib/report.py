@@ -146,6 +146,30 @@ def main(out):
                 cells.append(f"{r:.2f}×{mark}")
             w(f"| {j} | " + " | ".join(cells) + " |")
 
+    # The cipher variants (issue 11): each ÷ aes-xts served by the same build, normal or
+    # with AES instructions masked (-noaes).
+    cipher_pairs = []
+    for v in variants:
+        if not v.startswith("sealdisk-luks2-"):
+            continue
+        base = "sealdisk-luks2-aes-noaes" if v.endswith("-noaes") else "sealdisk-luks2-aes"
+        if v != base and base in variants:
+            cipher_pairs.append((v, base))
+    if cipher_pairs:
+        w()
+        w("Cipher ratios (throughput ÷ aes-xts-plain64 in the same build; -noaes: both as on a CPU "
+          "without AES instructions):")
+        w()
+        short = lambda v: v[len("sealdisk-luks2-"):]
+        w("| job | " + " | ".join(f"{short(a)} ÷ {short(b)}" for a, b in cipher_pairs) + " |")
+        w("|---|" + "---:|" * len(cipher_pairs))
+        for j in jobs:
+            cells = []
+            for a, b in cipher_pairs:
+                x, y = data[j][a]["tput"], data[j][b]["tput"]
+                cells.append(f"{med(x) / med(y):.2f}×" if x and y and med(y) else "–")
+            w(f"| {j} | " + " | ".join(cells) + " |")
+
     if any(data[j][v]["cpu"] for j in jobs for v in variants):
         w()
         w("Server CPU during each job (utime+stime of all its threads over the job's wall time, "

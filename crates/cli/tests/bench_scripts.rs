@@ -103,6 +103,36 @@ fn bench_peers_tls_variants_serve_fio_over_tls() {
 }
 
 #[test]
+fn bench_peers_cipher_variants_serve_luks2_volumes_with_and_without_aes() {
+    if !tools(&["fio", "nbdinfo"]) {
+        return;
+    }
+    // The plumbing only: the "software-AES build" is the test's own binary here.
+    let (ok, stderr, out) = run_script(
+        "bench-peers.sh",
+        &[
+            ("SIZE", "16M"),
+            ("RUNTIME", "1"),
+            ("RAMP", "0"),
+            ("VARIANTS", "sealdisk-luks2-aes sealdisk-luks2-twofish sealdisk-luks2-aes-noaes sealdisk-luks2-adiantum20-noaes"),
+            ("JOBS", "randread-4k-qd1"),
+            ("SEALDISK_SOFT_BIN", bin().to_str().unwrap()),
+        ],
+    );
+    assert!(ok, "bench-peers.sh failed:\n{stderr}");
+    let report = std::fs::read_to_string(out.path().join("out/report.md")).unwrap();
+    assert_eq!(row(&report, "randread-4k-qd1").len(), 5, "{report}");
+    assert!(report.contains("| twofish ÷ aes | adiantum20-noaes ÷ aes-noaes |"), "{report}");
+    assert!(report.contains("OPENSSL_ia32cap=~0x200000200000000:~0x60000000000"), "{report}");
+    assert!(!out.path().join("out/problems.txt").exists(), "servers did not stop cleanly:\n{report}");
+    // Without SEALDISK_SOFT_BIN the -noaes variants are refused before anything is made.
+    let (ok, stderr, out) =
+        run_script("bench-peers.sh", &[("VARIANTS", "sealdisk-luks2-aes-noaes"), ("SEALDISK_SOFT_BIN", "")]);
+    assert!(!ok && stderr.contains("SEALDISK_SOFT_BIN"), "{stderr}");
+    assert!(!out.path().join("files").exists());
+}
+
+#[test]
 fn bench_vs_fio_reports_both_tools_on_the_same_job() {
     if !tools(&["fio", "nbdinfo"]) {
         return;

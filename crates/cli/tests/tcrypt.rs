@@ -145,6 +145,33 @@ fn bad_input_exits_as_cryptsetup() {
     assert_eq!(out.status.code(), Some(1));
     let out = sealdisk(&["open", "--type", "tcrypt", "--tcrypt-hidden", "--allow-discards", p, "x"], "x");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // A --cipher that names no chain: cryptsetup 2.6.1 tries nothing and exits 1.
+    let out = sealdisk(&["tcryptDump", "--hash", "sha512", "-c", "xxx", p], "sealdisk-tc1");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // A legacy cascade the kernel cannot map (cryptsetup's TrueCrypt 4 image): the header
+    // opens (dump, --test-passphrase: 0), the mapping is refused with cryptsetup's message, 1.
+    std::fs::create_dir_all(dir.path().join("cryptsetup")).unwrap();
+    let Some(cbci) = image(dir.path(), "cryptsetup/tc_2-ripemd160-cbc-aes-twofish-serpent") else { return };
+    let c = cbci.to_str().unwrap();
+    let out = sealdisk(&["tcryptDump", "--hash", "ripemd160", "-c", "aes", c], "aaaaaaaaaaaa");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = sealdisk(
+        &["open", "--type", "tcrypt", "--test-passphrase", "--hash", "ripemd160", c],
+        "aaaaaaaaaaaa",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let sock = dir.path().join("cbci.sock");
+    let listen = format!("unix:{}", sock.display());
+    let out = sealdisk(
+        &["open", "--type", "tcrypt", "--hash", "ripemd160", c, "cbci", "--listen", &listen],
+        "aaaaaaaaaaaa",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("Kernel does not support activation for this TCRYPT legacy mode"),
+        "{}",
+        text(&out.stderr)
+    );
     // Several key files are for tcrypt only.
     let out = sealdisk(&["open", "--type", "plain", "-d", "a", "-d", "b", p, "x"], "");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));

@@ -752,10 +752,16 @@ pub fn data_layout(
         _ => mk,
     };
     let bytes = if flags.hidden { h.hidden_volume_size } else { h.volume_size };
-    let size = bytes / 512;
+    // TrueCrypt < 5 headers leave the size 0: cryptsetup then maps the rest of the device
+    // (a dm table of size 0 is sized by `device_block_adjust`).
+    let size = match bytes / 512 {
+        0 if !flags.system => (device_size / 512).saturating_sub(offset),
+        n => n,
+    };
     if size == 0 {
         return Err(TcryptError::Empty);
     }
+    let bytes = size * 512;
     let end = offset.checked_add(size).and_then(|e| e.checked_mul(512));
     if end.is_none_or(|e| e > device_size) {
         return Err(outside(offset.saturating_mul(512), bytes));
@@ -971,8 +977,12 @@ mod tests {
             data_layout(&s, ChainMode::Xts, HeaderFlags::default(), size),
             Err(TcryptError::SectorSize(4096))
         );
+        // Size 0 (TrueCrypt < 5): the rest of the device, as cryptsetup; nothing left: empty.
         let mut e = header();
         e.volume_size = 100;
+        let l = data_layout(&e, ChainMode::Xts, HeaderFlags::default(), size).unwrap();
+        assert_eq!(l, DataLayout { offset: 256, iv_offset: 256, size: 4096 - 256 });
+        e.mk_offset = size;
         assert_eq!(data_layout(&e, ChainMode::Xts, HeaderFlags::default(), size), Err(TcryptError::Empty));
         let l = data_layout(&h, ChainMode::Lrw, HeaderFlags::default(), size).unwrap();
         assert_eq!(l.iv_offset, 0);

@@ -21,6 +21,7 @@
 //!
 //! ```text
 //!   ciphers     aes serpent twofish camellia cast6 sm4      (128-bit blocks)
+//!               kuznyechik                                  (128-bit; VeraCrypt's, not Linux's)
 //!               cast5 blowfish des3_ede                     (64-bit blocks: no xts, no lrw)
 //!               cipher_null                                 (ecb only)
 //!               xchacha12,aes xchacha20,aes                 (adiantum only)
@@ -67,6 +68,8 @@ pub enum Cipher {
     Des3Ede,
     /// SM4 (GB/T 32907; 128-bit keys).
     Sm4,
+    /// Kuznyechik (GOST R 34.12-2015, RFC 7801; 256-bit keys). Not a Linux cipher: VeraCrypt's.
+    Kuznyechik,
     /// The kernel's `cipher_null`: identity, no key (only with ECB).
     CipherNull,
     /// `xchacha12,aes`: Adiantum's stream and block ciphers (only with `adiantum`).
@@ -101,6 +104,7 @@ impl Cipher {
             Cipher::Blowfish => "blowfish",
             Cipher::Des3Ede => "des3_ede",
             Cipher::Sm4 => "sm4",
+            Cipher::Kuznyechik => "kuznyechik",
             Cipher::CipherNull => "cipher_null",
             Cipher::XChaCha12Aes => "xchacha12,aes",
             Cipher::XChaCha20Aes => "xchacha20,aes",
@@ -128,6 +132,7 @@ impl Cipher {
             Cipher::Blowfish => (4..=56).contains(&len),
             Cipher::Des3Ede => len == 24,
             Cipher::Sm4 => len == 16,
+            Cipher::Kuznyechik => len == 32,
             Cipher::CipherNull => len == 0,
             // Adiantum's one key: the XChaCha key, from which the AES and hash keys derive.
             Cipher::XChaCha12Aes | Cipher::XChaCha20Aes => len == 32,
@@ -870,6 +875,7 @@ fn parse_cipher(spec: &str, name: &str) -> Result<Cipher, CryptoError> {
         "blowfish" => Ok(Cipher::Blowfish),
         "des3_ede" => Ok(Cipher::Des3Ede),
         "sm4" => Ok(Cipher::Sm4),
+        "kuznyechik" => Ok(Cipher::Kuznyechik),
         "xchacha12,aes" => Ok(Cipher::XChaCha12Aes),
         "xchacha20,aes" => Ok(Cipher::XChaCha20Aes),
         "cipher_null" => Ok(Cipher::CipherNull),

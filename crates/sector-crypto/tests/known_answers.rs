@@ -221,6 +221,15 @@ fn published_block_cipher_vectors_through_ecb() {
             "c842a08972b43d20836c91d1b7530f6b",
             "RFC 2612 appendix, 128-bit key",
         ),
+        (
+            "kuznyechik-ecb",
+            "8899aabbccddeeff0011223344556677fedcba98765432100123456789abcdef",
+            "1122334455667700ffeeddccbbaa998800112233445566778899aabbcceeff0a\
+             112233445566778899aabbcceeff0a002233445566778899aabbcceeff0a0011",
+            "7f679d90bebc24305a468d42b9d4edcdb429912c6e0032f9285452d76718d08b\
+             f0ca33549d247ceef3f5a5313bd4b157d0b09ccde830b9eb3a02c4c5aa8ada98",
+            "GOST R 34.12-2015 A.1 / RFC 7801 5.5; GOST R 34.13-2015 A.1.1 (ECB, four blocks)",
+        ),
     ];
     for (spec, key, pt, ct, source) in cases {
         let c = cipher(spec, &h(key), 512, 0, false);

@@ -42,7 +42,14 @@ pub enum BitlkVolumeError {
     Io(#[source] BlockError),
     /// The passphrase, recovery password or startup key opens no VMK.
     #[error("No key available with this passphrase.")]
-    WrongKey,
+    WrongKey {
+        /// How cryptsetup 2.6 ends the same search (`BITLK_get_volume_key`): the last VMK
+        /// tried sets its error, `-EPERM` (exit 2) where that VMK is a recovery password given
+        /// text that is not one, or a startup key given input that is not its .BEK, and
+        /// `-EINVAL` (exit 1) where a key was derived but did not unwrap the VMK (a password
+        /// VMK, a well-formed recovery password). See [`BitlkVolumeError::exits_as_eperm`].
+        eperm: bool,
+    },
     /// The VMK opened but the FVEK does not decrypt with it: damaged metadata.
     #[error("the FVEK does not decrypt with the VMK (damaged metadata)")]
     Fvek(#[source] BitlkKeyError),
@@ -62,8 +69,18 @@ impl BitlkVolumeError {
             Self::Metadata(BitlkError::NotBitlk) => ErrorKind::Usage,
             Self::Metadata(_) | Self::NoValidMetadata(_) | Self::Fvek(_) => ErrorKind::Corrupt,
             Self::Io(e) => block_kind(e),
-            Self::WrongKey => ErrorKind::WrongKey,
+            Self::WrongKey { .. } => ErrorKind::WrongKey,
             Self::Bek(_) => ErrorKind::Usage,
+        }
+    }
+
+    /// Whether cryptsetup 2.6 fails the same key with `-EPERM` (exit 2, "No key available
+    /// with this passphrase.") rather than `-EINVAL` (exit 1, silently): only a
+    /// [`BitlkVolumeError::WrongKey`] can differ from its [`ErrorKind`]'s code.
+    pub fn exits_as_eperm(&self) -> Option<bool> {
+        match self {
+            Self::WrongKey { eperm } => Some(*eperm),
+            _ => None,
         }
     }
 }
@@ -198,34 +215,54 @@ impl Bitlk {
 
     fn vmk_from_passphrase(&self, pass: &[u8]) -> Result<[u8; 32], BitlkVolumeError> {
         self.usable()?;
+        // cryptsetup's error after each VMK tried, as `BITLK_get_volume_key` keeps it.
+        let mut eperm = false;
         for v in &self.metadata.vmks {
             let Some(enc) = &v.key else { continue };
             let wrapping = match v.protection {
                 Protection::Passphrase => keys::password_key(pass, &v.salt),
                 Protection::RecoveryPassphrase => match keys::recovery_key(pass, &v.salt) {
                     Ok(k) => k,
-                    Err(_) => continue,
+                    Err(_) => {
+                        eperm = true;
+                        continue;
+                    }
                 },
+                // Text is never a startup key whose GUID matches: -EPERM.
+                Protection::StartupKey => {
+                    eperm = true;
+                    continue;
+                }
                 _ => continue,
             };
             if let Ok(vmk) = keys::unwrap_key(&wrapping, &enc.nonce, &enc.mac, &enc.data) {
                 return vmk_bytes(&vmk);
             }
+            eperm = false;
         }
-        Err(BitlkVolumeError::WrongKey)
+        Err(BitlkVolumeError::WrongKey { eperm })
     }
 
     fn vmk_from_bek(&self, bek: &fmt::Bek) -> Result<[u8; 32], BitlkVolumeError> {
+        // cryptsetup tries the .BEK's bytes on every VMK: as a password (-EINVAL), as a
+        // recovery password (never one: -EPERM), as a startup key (another GUID: -EPERM).
+        let mut eperm = false;
         for v in &self.metadata.vmks {
             let Some(enc) = &v.key else { continue };
-            if v.protection != Protection::StartupKey || v.guid != bek.guid {
-                continue;
-            }
-            if let Ok(vmk) = keys::unwrap_key(&bek.key, &enc.nonce, &enc.mac, &enc.data) {
-                return vmk_bytes(&vmk);
+            match v.protection {
+                Protection::Passphrase => eperm = false,
+                Protection::RecoveryPassphrase => eperm = true,
+                Protection::StartupKey if v.guid != bek.guid => eperm = true,
+                Protection::StartupKey => {
+                    if let Ok(vmk) = keys::unwrap_key(&bek.key, &enc.nonce, &enc.mac, &enc.data) {
+                        return vmk_bytes(&vmk);
+                    }
+                    eperm = false;
+                }
+                _ => {}
             }
         }
-        Err(BitlkVolumeError::WrongKey)
+        Err(BitlkVolumeError::WrongKey { eperm })
     }
 
     /// The segments of the mapped device over a storage of `size` bytes (see the module

@@ -128,6 +128,9 @@ pub enum TcryptVolumeError {
         #[source]
         source: BlockError,
     },
+    /// `--cipher` names no cipher chain.
+    #[error("no TCRYPT cipher chain matches --cipher {0:?}")]
+    NoChain(String),
     /// `--tcrypt-hidden` with `--allow-discards` (discards would reveal the hidden volume).
     #[error("Option --tcrypt-hidden cannot be combined with --allow-discards.")]
     HiddenDiscards,
@@ -147,7 +150,7 @@ impl TcryptVolumeError {
             },
             TcryptVolumeError::LegacyMode { .. } => ErrorKind::Unsupported,
             TcryptVolumeError::Read { source, .. } => block_kind(source),
-            TcryptVolumeError::HiddenDiscards => ErrorKind::Usage,
+            TcryptVolumeError::HiddenDiscards | TcryptVolumeError::NoChain(_) => ErrorKind::Usage,
         }
     }
 }
@@ -358,6 +361,10 @@ pub fn unlock(spec: &mut TcryptSpec<'_>, meta: &Storage) -> Result<TcryptUnlocke
     let plan = kdf_plan(spec.hash.as_deref(), spec.legacy, spec.veracrypt, spec.pim)
         .map_err(|e| w(TcryptVolumeError::Header(e)))?;
     let chains = chain_plan(spec.cipher.as_deref(), spec.legacy);
+    if chains.is_empty() {
+        // cryptsetup tries nothing and fails with -EINVAL (exit 1), before any passphrase.
+        return Err(w(TcryptVolumeError::NoChain(spec.cipher.clone().unwrap_or_default())));
+    }
     let keyfiles: Vec<&[u8]> = spec.keyfiles.iter().map(|k| k.as_bytes()).collect();
     let mut last = TcryptVolumeError::NoHeader;
     while let Some(pass) = spec.passphrase.next_passphrase()? {
@@ -457,6 +464,10 @@ pub fn assemble(
     opts: &OpenOptions,
 ) -> Result<Volume, VolumeError> {
     let w = wrap(&storage.name);
+    // As cryptsetup's TCRYPT_activate: an unmappable legacy mode is refused before the layout.
+    if !u.chain.mode.can_map() {
+        return Err(w(TcryptVolumeError::LegacyMode { chain: u.chain.name, mode: u.chain.mode.name() }));
+    }
     let l = layout(u, storage.size()).map_err(&w)?;
     let tables = tables(u, &storage.name, l, options).map_err(&w)?;
     let mut below: Arc<dyn BlockDevice> = storage.device;

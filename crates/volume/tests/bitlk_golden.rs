@@ -114,7 +114,7 @@ fn recovery_password_and_startup_keys_open() {
 
 fn wrong_key(r: Result<volume::Volume, VolumeError>) {
     match r {
-        Err(e @ VolumeError::Bitlk { source: BitlkVolumeError::WrongKey, .. }) => {
+        Err(e @ VolumeError::Bitlk { source: BitlkVolumeError::WrongKey { .. }, .. }) => {
             assert_eq!(e.kind(), ErrorKind::WrongKey)
         }
         other => panic!("expected a wrong-key error, got {other:?}"),

@@ -332,6 +332,12 @@ pub fn exit_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
         return Some(exit::PERMISSION);
     }
     if let Some(v) = cause.downcast_ref::<VolumeError>() {
+        // A wrong BitLocker key exits as cryptsetup's search ends: 2 or 1 (volume::bitlk).
+        if let VolumeError::Bitlk { source, .. } = v {
+            if let Some(eperm) = source.exits_as_eperm() {
+                return Some(if eperm { exit::PERMISSION } else { exit::BAD_ARGS });
+            }
+        }
         return Some(kind_code(v.kind()));
     }
     if let Some(i) = cause.downcast_ref::<volume::integrity::IntegrityVolumeError>() {

@@ -1,5 +1,6 @@
 //! Pure-Rust provider over RustCrypto's block ciphers: the `aes` crate (AES-NI / VAES detected
-//! at run time) and the other 128-bit block ciphers (serpent, twofish, camellia, cast6, sm4)
+//! at run time) and the other 128-bit block ciphers (serpent, twofish, camellia, cast6, sm4,
+//! kuznyechik)
 //! in XTS, CBC and ECB (twofish is our own table-driven one, `crate::twofish`, with the same
 //! traits). Other modes and the 64-bit block ciphers are in `generic.rs`.
 //!
@@ -47,6 +48,7 @@ any_cipher! {
     serpent::Serpent => "serpent", crate::twofish::Twofish => "twofish",
     camellia::Camellia128 => "camellia128", camellia::Camellia192 => "camellia192",
     camellia::Camellia256 => "camellia256", cast6::Cast6 => "cast6", sm4::Sm4 => "sm4",
+    kuznyechik::Kuznyechik => "kuznyechik",
     cast5::Cast5 => "cast5", blowfish::Blowfish => "blowfish", des::TdesEde3 => "des3_ede",
 }
 
@@ -67,6 +69,7 @@ macro_rules! by_cipher16 {
             (K::Twofish, _) => $f::<crate::twofish::Twofish>($($arg),*),
             (K::Cast6, _) => $f::<cast6::Cast6>($($arg),*),
             (K::Sm4, _) => $f::<sm4::Sm4>($($arg),*),
+            (K::Kuznyechik, _) => $f::<kuznyechik::Kuznyechik>($($arg),*),
             $($($extra)*)?
             _ => None,
         }
