@@ -14,12 +14,13 @@
 //! to read, it starts one more (up to `threads_per_connection`), so a connection grows
 //! exactly as many threads as its clients' queue depth needs.
 //!
-//! The queue-depth-1 fast path: when nothing else of the connection is in flight and no
-//! further request is buffered, the worker runs a small READ or WRITE while keeping the
-//! reader (`Conn::run_holding_reader`), so a QD1 client is served by one thread with no
-//! hand-off per request (a futex wake and a thread switch, which cost 25-30% of the server's
-//! CPU per 4 KiB request). A request slower than 200 µs turns the fast path off for the next
-//! 256 requests, so a slow device keeps its parallel workers.
+//! The queue-depth-1 fast path (`ServerConfig::inline_qd1`, off by default): when nothing
+//! else of the connection is in flight and no further request is buffered, the worker runs
+//! a small READ or WRITE while keeping the reader (`Conn::run_holding_reader`), so a QD1
+//! client is served by one thread with no hand-off per request (a futex wake and a thread
+//! switch: 25-30% of the server's CPU per 4 KiB request). A request slower than 200 µs
+//! turns it off for the next 256 requests, so a slow device keeps its parallel workers. Off
+//! by default because on the 2-vCPU VM QD1 reads got slower with it (see `ServerConfig`).
 //!
 //! A READ or WRITE takes its payload buffer from the server's budget (`crate::budget`)
 //! before the worker lets go of the reader, and gives it back after the reply has left: a
@@ -95,6 +96,7 @@ pub(crate) fn serve(
         readers: AtomicUsize::new(0),
         workers: AtomicUsize::new(1),
         max_workers: config.threads_per_connection.max(1),
+        inline_qd1: config.inline_qd1,
         slow_skip: AtomicUsize::new(0),
         peer,
     };
@@ -129,6 +131,8 @@ struct Conn<'a> {
     /// Workers started.
     workers: AtomicUsize,
     max_workers: usize,
+    /// `ServerConfig::inline_qd1`: the fast path of `run_holding_reader` is on.
+    inline_qd1: bool,
     /// Requests left before the fast path (`run_holding_reader`) may be tried again after a
     /// slow one; racy updates are harmless (it is a hint).
     slow_skip: AtomicUsize,
@@ -306,9 +310,11 @@ impl<'a> Conn<'a> {
             if others_reading == 0 {
                 self.spawn_worker(scope);
             }
-            let skip = self.slow_skip.load(Ordering::Relaxed);
-            if skip > 0 {
-                self.slow_skip.store(skip - 1, Ordering::Relaxed);
+            if self.inline_qd1 {
+                let skip = self.slow_skip.load(Ordering::Relaxed);
+                if skip > 0 {
+                    self.slow_skip.store(skip - 1, Ordering::Relaxed);
+                }
             }
             self.run(&req, buf);
         }
@@ -324,7 +330,8 @@ impl<'a> Conn<'a> {
     /// is delayed. A client that sends its next request meanwhile waits at most one small,
     /// fast request; once requests overlap, the ordinary hand-off takes over again.
     fn run_holding_reader(&self, req: &Request, buffered: &[u8]) -> bool {
-        matches!(req.typ, cmd::READ | cmd::WRITE)
+        self.inline_qd1
+            && matches!(req.typ, cmd::READ | cmd::WRITE)
             && req.length as usize <= INLINE_MAX
             && buffered.is_empty()
             && self.slow_skip.load(Ordering::Relaxed) == 0

@@ -537,11 +537,11 @@ fn one_thread_per_connection_serialises_requests() {
 
 #[test]
 fn queue_depth_one_requests_run_on_the_reading_thread() {
-    // The fast path: with nothing else in flight, the worker that read a small request runs
+    // The fast path (`inline_qd1`): with nothing else in flight, the worker that read a small request runs
     // it itself and keeps the reader, so a QD1 client is served by one thread, with no
     // hand-off (futex wake, thread switch) per request.
     let d = TestDevice::new(MIB, 512);
-    let (srv, dev) = test_device_server(d, ServerConfig::default());
+    let (srv, dev) = test_device_server(d, ServerConfig { inline_qd1: true, ..Default::default() });
     let mut c = srv.connect();
     c.go("t", true);
     for i in 0..64u64 {
@@ -558,7 +558,7 @@ fn a_slow_device_turns_the_fast_path_off() {
     // workers again, so a fast read sent while a slow one runs is answered first.
     let mut d = TestDevice::new(MIB, 512);
     d.slow_read = Some((0, Duration::from_millis(300)));
-    let (srv, _) = test_device_server(d, ServerConfig::default());
+    let (srv, _) = test_device_server(d, ServerConfig { inline_qd1: true, ..Default::default() });
     let mut c = srv.connect();
     c.go("t", true);
     assert!(c.read(0, 4096).is_ok());
