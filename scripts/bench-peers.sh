@@ -13,6 +13,8 @@
 #   sealdisk-inline the same with --perf-no_read_workqueue --perf-no_write_workqueue
 #   sealdisk-nocrypt sealdisk with cipher_null-ecb: the same server and engine, no AES (not
 #                   in the default set); how much of a gap to nbdkit-file is the cipher's
+#   sealdisk-base   sealdisk-auto run by another binary, $SEALDISK_BASE_BIN (not in the default
+#                   set): a before/after comparison interleaved in one run
 # TLS variants (not in the default set; VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"):
 # the same servers with --tls=require and one x509 server certificate (made with the openssl
 # CLI for the run), on TCP 127.0.0.1:$TLS_PORT, reached by fio as nbds://127.0.0.1:PORT/bench
@@ -53,7 +55,7 @@ CACHE="${CACHE:-buffered}"
 PAGECACHE="${PAGECACHE:-small}"
 DEFAULT_VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-auto sealdisk-pool sealdisk-inline"
 TLS_VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"
-ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt $TLS_VARIANTS"
+ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt sealdisk-base $TLS_VARIANTS"
 ALL_JOBS="seqwrite-1m seqread-1m randread-4k-qd1 randwrite-4k-qd1 randread-4k-qd32 randwrite-4k-qd32"
 VARIANTS="$(echo "${VARIANTS:-$DEFAULT_VARIANTS}" | tr ',' ' ')"
 JOBS="$(echo "${JOBS:-$ALL_JOBS}" | tr ',' ' ')"
@@ -137,6 +139,9 @@ if wants sealdisk; then
     SEALDISK_BIN="$target_dir/release/sealdisk"
   fi
   SEALDISK_BIN="$(cd "$(dirname "$SEALDISK_BIN")" && pwd)/$(basename "$SEALDISK_BIN")"
+fi
+if wants sealdisk-base; then
+  [[ -x "${SEALDISK_BASE_BIN:-}" ]] || die "variant sealdisk-base needs SEALDISK_BASE_BIN=path to another sealdisk binary"
 fi
 
 # ---------------------------------------------------------------- scratch space and cleanup
@@ -247,8 +252,10 @@ server_cmd() {
       printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher cipher_null-ecb --key-size 0 \
         --key-file /dev/null --sector-size 4096 "${sealdisk_direct[@]}" \
         "$WORK/sealdisk.img" "$EXPORT" --listen "unix:$sock" ;;
-    sealdisk-auto|sealdisk-pool|sealdisk-inline|sealdisk-tls)
-      printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
+    sealdisk-auto|sealdisk-pool|sealdisk-inline|sealdisk-tls|sealdisk-base)
+      local bin="$SEALDISK_BIN"
+      [[ "$v" == sealdisk-base ]] && bin="$SEALDISK_BASE_BIN"
+      printf '%s\n' "$bin" open --type plain --cipher aes-xts-plain64 --key-size 512 \
         --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
       [[ "$v" == sealdisk-pool ]] && printf '%s\n' --crypt-mode pool
       [[ "$v" == sealdisk-inline ]] && printf '%s\n' --perf-no_read_workqueue --perf-no_write_workqueue
@@ -391,6 +398,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
   echo "libnbd=$(nbdinfo --version 2>/dev/null | tail -1)"
   if wants nbdkit; then echo "nbdkit=$(nbdkit --version)"; fi
   if wants nbdkit-luks || wants qemu; then echo "qemu=$(qemu-img --version | head -1)"; fi
+  if wants sealdisk-base; then echo "sealdisk-base=$SEALDISK_BASE_BIN"; fi
   if wants sealdisk; then echo "sealdisk=$SEALDISK_BIN ($("$SEALDISK_BIN" --version 2>/dev/null || echo 'no --version'))"; fi
   for v in $VARIANTS; do
     echo "server.$v=$(server_cmd "$v" "$SOCKDIR/$v.sock" | tr '\n' ' ' | sed 's/ $//')"
