@@ -13,6 +13,8 @@
 #   sealdisk-inline the same with --perf-no_read_workqueue --perf-no_write_workqueue
 #   sealdisk-nocrypt sealdisk with cipher_null-ecb: the same server and engine, no AES (not
 #                   in the default set); how much of a gap to nbdkit-file is the cipher's
+#   sealdisk-base   sealdisk-auto run by another binary, $SEALDISK_BASE_BIN (not in the default
+#                   set): a before/after comparison interleaved in one run
 # TLS variants (not in the default set; VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"):
 # the same servers with --tls=require and one x509 server certificate (made with the openssl
 # CLI for the run), on TCP 127.0.0.1:$TLS_PORT, reached by fio as nbds://127.0.0.1:PORT/bench
@@ -69,7 +71,7 @@ DEFAULT_VARIANTS="nbdkit-null nbdkit-file nbdkit-luks qemu-nbd-luks sealdisk-aut
 TLS_VARIANTS="nbdkit-file-tls nbdkit-luks-tls sealdisk-tls"
 CIPHERS="aes serpent twofish adiantum12 adiantum20"
 CIPHER_VARIANTS="$(for c in $CIPHERS; do printf 'sealdisk-luks2-%s sealdisk-luks2-%s-noaes ' "$c" "$c"; done)"
-ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt $TLS_VARIANTS $CIPHER_VARIANTS"
+ALL_VARIANTS="$DEFAULT_VARIANTS sealdisk-nocrypt sealdisk-base $TLS_VARIANTS $CIPHER_VARIANTS"
 NOAES_IA32CAP='~0x200000200000000:~0x60000000000'
 cipher_of() { # cipher_of VARIANT: the LUKS2 cipher word of a cipher variant
   local c="${1#sealdisk-luks2-}"; echo "${c%-noaes}"
@@ -170,6 +172,9 @@ fi
 if [[ " $VARIANTS " == *"-noaes "* ]]; then
   [[ -x "${SEALDISK_SOFT_BIN:-}" ]] ||
     die "the -noaes variants need SEALDISK_SOFT_BIN: RUSTFLAGS='--cfg aes_force_soft --cfg aes_backend=\"soft\"' CARGO_TARGET_DIR=/tmp/soft cargo build --release -p sealdisk"
+fi
+if wants sealdisk-base; then
+  [[ -x "${SEALDISK_BASE_BIN:-}" ]] || die "variant sealdisk-base needs SEALDISK_BASE_BIN=path to another sealdisk binary"
 fi
 
 # ---------------------------------------------------------------- scratch space and cleanup
@@ -295,8 +300,10 @@ server_cmd() {
     sealdisk-luks2-*)
       printf '%s\n' "$SEALDISK_BIN" open --type luks2 --key-file "$PASSFILE" "${sealdisk_direct[@]}" \
         "$WORK/luks2-$(cipher_of "$v").img" "$EXPORT" --listen "unix:$sock" ;;
-    sealdisk-auto|sealdisk-pool|sealdisk-inline|sealdisk-tls)
-      printf '%s\n' "$SEALDISK_BIN" open --type plain --cipher aes-xts-plain64 --key-size 512 \
+    sealdisk-auto|sealdisk-pool|sealdisk-inline|sealdisk-tls|sealdisk-base)
+      local bin="$SEALDISK_BIN"
+      [[ "$v" == sealdisk-base ]] && bin="$SEALDISK_BASE_BIN"
+      printf '%s\n' "$bin" open --type plain --cipher aes-xts-plain64 --key-size 512 \
         --key-file "$KEYFILE" --sector-size 4096 "${sealdisk_direct[@]}"
       [[ "$v" == sealdisk-pool ]] && printf '%s\n' --crypt-mode pool
       [[ "$v" == sealdisk-inline ]] && printf '%s\n' --perf-no_read_workqueue --perf-no_write_workqueue
@@ -440,6 +447,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
   echo "libnbd=$(nbdinfo --version 2>/dev/null | tail -1)"
   if wants nbdkit; then echo "nbdkit=$(nbdkit --version)"; fi
   if wants nbdkit-luks || wants qemu; then echo "qemu=$(qemu-img --version | head -1)"; fi
+  if wants sealdisk-base; then echo "sealdisk-base=$SEALDISK_BASE_BIN"; fi
   if wants sealdisk; then echo "sealdisk=$SEALDISK_BIN ($("$SEALDISK_BIN" --version 2>/dev/null || echo 'no --version'))"; fi
   if [[ " $VARIANTS " == *"-noaes "* ]]; then echo "sealdisk_soft=$SEALDISK_SOFT_BIN, OPENSSL_ia32cap=$NOAES_IA32CAP"; fi
   for v in $VARIANTS; do

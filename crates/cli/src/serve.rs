@@ -62,6 +62,11 @@ pub struct ServeArgs {
     /// net.core.wmem_max; 0 = the kernel's default). Large reads leave in fewer pieces.
     #[arg(long, value_name = "BYTES", default_value_t = ServerConfig::default().unix_send_buffer)]
     pub send_buffer: usize,
+    /// Queue-depth-1 fast path: with nothing else of a connection in flight, the worker that
+    /// read a small request runs it without handing the socket to another worker. Less CPU
+    /// per request; slower QD1 reads where an idle CPU wakes slowly (VMs).
+    #[arg(long)]
+    pub inline_qd1: bool,
 
     // Limits against hostile or broken clients (SECURITY.md, "Hostile clients").
     /// Server-wide budget for request payloads in flight (reads and writes being received,
@@ -154,6 +159,7 @@ impl ServeArgs {
         ServerConfig {
             threads_per_connection: self.threads.max(1),
             unix_send_buffer: self.send_buffer,
+            inline_qd1: self.inline_qd1,
             memory_budget: self.memory_budget,
             connection_budget: self.connection_budget,
             max_request: self.max_request,

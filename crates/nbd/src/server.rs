@@ -94,6 +94,14 @@ pub struct ServerConfig {
     /// 1 MiB here measured +12–15% on 1M sequential reads over fio's libnbd engine
     /// (BENCHMARKS.md). TCP connections keep the kernel's autotuning.
     pub unix_send_buffer: usize,
+    /// The queue-depth-1 fast path (off by default): when nothing else of a connection is
+    /// in flight and no further request is buffered, the worker that read a small READ or
+    /// WRITE runs it while keeping the reader, instead of waking another worker to read the
+    /// next one. Measured on the 2-vCPU VM (BENCHMARKS.md, issue 16): 25–30% less server CPU
+    /// per 4 KiB QD1 request, but QD1 reads took twice as long, because the idle vCPU that
+    /// the hand-off kept awake now sleeps between requests and wakes slowly. For hosts where
+    /// CPU, not wake-up latency, is the limit.
+    pub inline_qd1: bool,
 }
 
 /// The default server-wide memory budget: 1 GiB, but at most a quarter of physical memory
@@ -118,6 +126,7 @@ impl Default for ServerConfig {
             socket_mode: 0o600,
             shutdown_grace: Duration::from_secs(10),
             unix_send_buffer: 1 << 20,
+            inline_qd1: false,
         }
     }
 }

@@ -536,6 +536,42 @@ fn one_thread_per_connection_serialises_requests() {
 }
 
 #[test]
+fn queue_depth_one_requests_run_on_the_reading_thread() {
+    // The fast path (`inline_qd1`): with nothing else in flight, the worker that read a small request runs
+    // it itself and keeps the reader, so a QD1 client is served by one thread, with no
+    // hand-off (futex wake, thread switch) per request.
+    let d = TestDevice::new(MIB, 512);
+    let (srv, dev) = test_device_server(d, ServerConfig { inline_qd1: true, ..Default::default() });
+    let mut c = srv.connect();
+    c.go("t", true);
+    for i in 0..64u64 {
+        c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), pattern(i, 4096));
+    }
+    assert_eq!(dev.read_threads.lock().unwrap().len(), 1, "QD1 reads ran on more than one thread");
+}
+
+#[test]
+fn a_slow_device_turns_the_fast_path_off() {
+    // A request read alone runs on the reading thread (the fast path); one that turns out
+    // slow must not hold up later requests for long: after it, requests are handed to other
+    // workers again, so a fast read sent while a slow one runs is answered first.
+    let mut d = TestDevice::new(MIB, 512);
+    d.slow_read = Some((0, Duration::from_millis(300)));
+    let (srv, _) = test_device_server(d, ServerConfig { inline_qd1: true, ..Default::default() });
+    let mut c = srv.connect();
+    c.go("t", true);
+    assert!(c.read(0, 4096).is_ok());
+    c.send(0, NBD_CMD_READ, 1002, 0, 4096, &[]);
+    std::thread::sleep(Duration::from_millis(50));
+    c.send(0, NBD_CMD_READ, 1003, 8192, 512, &[]);
+    let first = c.read_reply();
+    let second = c.read_reply();
+    assert_eq!((first.cookie, second.cookie), (1003, 1002), "the fast read waited for the slow one");
+    assert_eq!((first.error, second.error), (0, 0));
+}
+
+#[test]
 fn many_pipelined_requests_are_all_answered_correctly() {
     let (srv, dev) = one_disk();
     for structured in [false, true] {

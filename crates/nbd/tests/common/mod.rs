@@ -592,6 +592,8 @@ pub struct TestDevice {
     pub panic_at: Option<u64>,
     pub log: Mutex<Vec<Call>>,
     pub flushes: AtomicUsize,
+    /// The threads that executed reads.
+    pub read_threads: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
 }
 
 impl TestDevice {
@@ -604,6 +606,7 @@ impl TestDevice {
             panic_at: None,
             log: Mutex::new(Vec::new()),
             flushes: AtomicUsize::new(0),
+            read_threads: Mutex::new(Default::default()),
         }
     }
 
@@ -627,6 +630,7 @@ impl BlockDevice for TestDevice {
 
     fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
         self.record(Call::Read(off, buf.len()));
+        self.read_threads.lock().unwrap().insert(std::thread::current().id());
         if let Some((o, d)) = self.slow_read {
             if o == off {
                 std::thread::sleep(d);
