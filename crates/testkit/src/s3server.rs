@@ -209,3 +209,115 @@ impl Drop for S3Server {
         self.kill();
     }
 }
+
+/// What a [`FaultProxy`] does to the requests it relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Relays everything.
+    Pass,
+    /// Answers every request with `500 InternalError` (the server's own error), relaying nothing.
+    Error500,
+    /// Closes every connection at once (a network failure).
+    Reset,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a server, that injects [`Fault`]s: switching the
+/// fault affects connections already open (the client's keep-alive pool) at their next read.
+pub struct FaultProxy {
+    /// The port clients connect to.
+    pub port: u16,
+    mode: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FaultProxy {
+    /// Starts relaying to 127.0.0.1:`upstream`.
+    pub fn start(upstream: u16) -> FaultProxy {
+        use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let mode = Arc::new(AtomicU8::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (m, st) = (Arc::clone(&mode), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let client = match listener.accept() {
+                    Ok((c, _)) => c,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                let _ = client.set_nonblocking(false);
+                let m = Arc::clone(&m);
+                std::thread::spawn(move || relay(client, upstream, &m));
+            }
+        });
+        FaultProxy { port, mode, stop }
+    }
+
+    /// Sets what happens to requests from now on.
+    pub fn set(&self, f: Fault) {
+        self.mode.store(f as u8, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The endpoint URL clients use.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn current(m: &std::sync::atomic::AtomicU8) -> Fault {
+    match m.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => Fault::Pass,
+        1 => Fault::Error500,
+        _ => Fault::Reset,
+    }
+}
+
+/// Relays one client connection, checking the fault before every chunk from the client.
+fn relay(mut client: TcpStream, upstream: u16, m: &std::sync::atomic::AtomicU8) {
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else { return };
+    let (Ok(mut c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else { return };
+    // Server to client, on its own thread.
+    let back = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut s2, &mut c2);
+        let _ = c2.shutdown(std::net::Shutdown::Both);
+    });
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match client.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        match current(m) {
+            Fault::Pass => {
+                if server.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Fault::Error500 => {
+                let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>InternalError</Code>\
+                            <Message>injected</Message></Error>";
+                let _ = write!(
+                    client,
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                break;
+            }
+            Fault::Reset => break,
+        }
+    }
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    let _ = server.shutdown(std::net::Shutdown::Both);
+    let _ = back.join();
+}
