@@ -98,7 +98,9 @@ fn main() {
                 let mut buf = vec![0u8; 1 << 20];
                 for off in (0..total).step_by(1 << 20) {
                     d.read_at(off, &mut buf).expect("read");
-                    assert_eq!(buf[..], data[off as usize..(off + (1 << 20)) as usize], "at {off}");
+                    // A cheap spot check inside the timed loop (the direct download checks
+                    // only lengths); the tests check contents.
+                    assert_eq!(buf[..64], data[off as usize..off as usize + 64], "at {off}");
                 }
             }
             let dev_read = mibs(total, t.elapsed().as_secs_f64());

@@ -455,7 +455,7 @@ impl Inner {
         let count = self.size.div_ceil(self.object_size);
         let mut inflight = lock(&self.inflight);
         // Read-ahead the reader went past is never taken: drop it.
-        inflight.retain(|j, _| *j > idx);
+        inflight.retain(|j, _| *j >= idx);
         for j in idx + 1..(idx + 1 + self.concurrency as u64).min(count) {
             if inflight.contains_key(&j) || !lock(&self.present).contains(&j) {
                 continue;
@@ -525,7 +525,7 @@ impl Inner {
     /// Uploads the given slots' current contents concurrently; each is marked clean if it
     /// was not written meanwhile. The first failure is returned.
     fn upload(&self, slots: Vec<(u64, Arc<Slot>)>) -> BlockResult<()> {
-        let snaps: Vec<(u64, Arc<Slot>, Arc<Vec<u8>>, u64)> = slots
+        let snaps: Vec<Snapshot> = slots
             .into_iter()
             .filter_map(|(i, s)| {
                 let st = lock(&s.state);
@@ -711,6 +711,9 @@ impl Drop for Inner {
         }
     }
 }
+
+/// An object's bytes taken for upload: index, slot, contents, generation.
+type Snapshot = (u64, Arc<Slot>, Arc<Vec<u8>>, u64);
 
 /// Makes an `Arc<Vec<u8>>` a `Bytes` owner without copying.
 struct Shared(Arc<Vec<u8>>);
