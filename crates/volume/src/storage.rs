@@ -170,7 +170,9 @@ mod tests {
         assert!(e.to_string().contains("nbd"), "{e}");
         // An object-storage locator goes to objstore, which checks it before any request.
         let e = open("s3://bucket/disk?secret_access_key=x", &StorageOptions::default()).unwrap_err();
-        assert!(e.to_string().contains("credentials are never taken from the locator"), "{e}");
+        let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+        assert!(cause.contains("credentials are never taken from the locator"), "{e}: {cause}");
+        assert_eq!(e.to_string(), "cannot open device s3://bucket/disk", "parameters stay out of messages");
     }
 
     #[test]
