@@ -125,6 +125,10 @@ enum Action {
     Bench(Box<actions::bench::BenchArgs>),
     /// In-memory cipher, tag-hash and PBKDF2 speed, like `cryptsetup benchmark`.
     Benchmark(actions::benchmark::BenchmarkArgs),
+    /// Upload a volume file into a new volume on object storage (s3://bucket/prefix?endpoint=…).
+    Import(actions::objcopy::ImportArgs),
+    /// Download a volume on object storage into a new (sparse) file.
+    Export(actions::objcopy::ExportArgs),
 }
 
 /// cryptsetup's exit codes (src/utils_tools.c translate_errno).
@@ -231,6 +235,8 @@ fn main() -> ExitCode {
         Action::Man(a) => actions::docs::man(a, Cli::command()),
         Action::Bench(a) => actions::bench::run(*a),
         Action::Benchmark(a) => actions::benchmark::run(a),
+        Action::Import(a) => actions::objcopy::import(a),
+        Action::Export(a) => actions::objcopy::export(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,6 +22,7 @@ mod fault;
 pub mod integrity_golden;
 pub mod model;
 pub mod pattern;
+pub mod s3server;
 mod trace;
 
 pub use crash::CrashDevice;

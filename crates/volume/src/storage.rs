@@ -5,8 +5,10 @@
 //!                         │                              └ block device  ──► FileDevice (size from
 //!                         │                                                  the device, its logical
 //!                         │                                                  block size, O_DIRECT)
-//!                         └ s3://, nbd://, ... ──► VolumeError::UnsupportedScheme (one match arm
-//!                                                  per backend: the object-storage backend goes here)
+//!                         ├ s3://, gs://, azblob:// ──► objstore::ObjectDevice (objects in a
+//!                         │                              bucket, local write-back cache, one writer's
+//!                         │                              lease; crates/objstore)
+//!                         └ nbd://, ... ──► VolumeError::UnsupportedScheme
 //! ```
 //! Everything above this module sees only [`Storage`]: an `Arc<dyn BlockDevice>` with a
 //! display name and what it is. A caller that builds its own device (a memory device, a
@@ -37,6 +39,8 @@ pub enum StorageKind {
     BlockDevice,
     /// A device the caller built (memory, a wrapper, a test device).
     Other,
+    /// A volume on object storage (`s3://bucket/prefix`, crates/objstore).
+    Object,
 }
 
 /// Opened storage: the device a volume is assembled on.
@@ -98,7 +102,22 @@ pub fn local_path(locator: &str) -> Result<&str, VolumeError> {
 /// Opens the storage `locator` names: a regular file or a block device by path (or
 /// `file://` URI), with the lock `o` asks for. A block device's size and logical block size
 /// come from the device.
+///
+/// An object-storage locator (`s3://bucket/prefix?endpoint=…`, see `objstore::Locator`)
+/// opens the volume in that bucket (created with `size=` on an empty prefix); opened
+/// writable, it takes the volume's lease, so a second writer anywhere is refused (`Busy`).
 pub fn open(locator: &str, o: &StorageOptions) -> Result<Storage, VolumeError> {
+    if scheme(locator).is_some_and(objstore::is_object_scheme) {
+        let dev = objstore::open(locator, objstore::OpenOptions { read_only: o.read_only, create: false })
+            // The parameters stay out of messages (a refused one may be a secret).
+            .map_err(|source| VolumeError::Device { path: display_locator(locator), source })?;
+        return Ok(Storage {
+            device: Arc::new(dev),
+            name: locator.to_owned(),
+            kind: StorageKind::Object,
+            rotational: false,
+        });
+    }
     let path = local_path(locator)?;
     let fopts =
         FileOptions { read_only: o.read_only, direct: o.direct, lock: o.lock, ..FileOptions::default() };
@@ -112,10 +131,19 @@ pub fn open(locator: &str, o: &StorageOptions) -> Result<Storage, VolumeError> {
     Ok(Storage { device: Arc::new(dev), name: path.to_owned(), kind, rotational })
 }
 
+/// `locator` without its `?parameters`, for messages.
+pub fn display_locator(locator: &str) -> String {
+    locator.split('?').next().unwrap_or(locator).to_owned()
+}
+
 /// Makes sure `locator` can hold `size` bytes: a missing file is created, a shorter regular
 /// file grown (sparse); a block device or a longer file is left alone. Used for detached
 /// header files, which cryptsetup creates and extends the same way.
+/// An object-storage locator is left to [`open`] (its `size=` creates the volume).
 pub fn ensure_size(locator: &str, size: u64) -> Result<(), VolumeError> {
+    if scheme(locator).is_some_and(objstore::is_object_scheme) {
+        return Ok(());
+    }
     let path = local_path(locator)?;
     let err = |source| VolumeError::Create { path: path.to_owned(), source };
     let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(err)?;
@@ -137,9 +165,14 @@ mod tests {
         assert_eq!(scheme("./s3://x"), None);
         assert_eq!(scheme("1x://y"), None);
         assert_eq!(local_path("file:///tmp/a.img").unwrap(), "/tmp/a.img");
-        let e = open("s3://bucket/disk.img", &StorageOptions::default()).unwrap_err();
+        let e = open("nbd://host/disk", &StorageOptions::default()).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
-        assert!(e.to_string().contains("s3"), "{e}");
+        assert!(e.to_string().contains("nbd"), "{e}");
+        // An object-storage locator goes to objstore, which checks it before any request.
+        let e = open("s3://bucket/disk?secret_access_key=x", &StorageOptions::default()).unwrap_err();
+        let cause = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+        assert!(cause.contains("credentials are never taken from the locator"), "{e}: {cause}");
+        assert_eq!(e.to_string(), "cannot open device s3://bucket/disk", "parameters stay out of messages");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod luks_header;
 pub mod luks_keyslot;
 pub mod luks_open;
 pub mod luks_token;
+pub mod objcopy;
 pub mod open;
 pub mod probe;
 pub mod reencrypt;
@@ -43,7 +44,11 @@ pub struct Quiet(pub u8);
 /// Checks that `path` can be opened at all, as cryptsetup does before anything else: a
 /// missing or forbidden path is [`NoDevice`]. Other failures are left to the real open,
 /// which reports them with more context.
+/// An object-storage locator (`s3://…`) is left to the real open, which names what is wrong.
 pub fn ensure_device(path: &str) -> anyhow::Result<()> {
+    if volume::storage::scheme(path).is_some_and(|s| !s.eq_ignore_ascii_case("file")) {
+        return Ok(());
+    }
     match std::fs::File::open(path) {
         Ok(_) => Ok(()),
         Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => {

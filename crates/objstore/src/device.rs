@@ -1,0 +1,985 @@
+//! The object-backed device: manifest, lease, per-object cache slots, write-back.
+
+use std::collections::{HashMap, HashSet};
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use blockdev::{
+    BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Extent, ExtentFlags, Geometry, WriteFlags,
+    WritebackLatch,
+};
+use futures::StreamExt;
+use opendal::{Buffer, ErrorKind as DalKind, Operator};
+
+use crate::locator::{Locator, Service};
+use crate::{BLOCK, DATA, LEASE, MANIFEST};
+
+/// How to open an object-backed volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Refuse writes and take no lease.
+    pub read_only: bool,
+    /// The volume must not exist yet (`import`): an existing manifest is refused.
+    pub create: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn err(kind: BlockErrorKind, msg: impl Into<String>) -> BlockError {
+    BlockError::new(kind, msg)
+}
+
+/// One object's cache state.
+#[derive(Default)]
+struct SlotState {
+    /// The object's bytes when cached (copy-on-write against uploads in flight).
+    data: Option<Arc<Vec<u8>>>,
+    /// Written since the last upload.
+    dirty: bool,
+    /// Bumped by every write: an upload marks the slot clean only if nothing was written
+    /// while it was in flight.
+    generation: u64,
+}
+
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    last_use: AtomicU64,
+}
+
+/// A background download (read-ahead) that `fetch` takes over.
+#[derive(Default)]
+struct Prefetch {
+    done: Mutex<Option<Result<Buffer, opendal::Error>>>,
+    cv: Condvar,
+}
+
+/// The lease this device holds.
+struct Lease {
+    token: String,
+}
+
+struct Inner {
+    loc: Locator,
+    rt: tokio::runtime::Runtime,
+    op: Operator,
+    size: u64,
+    object_size: u64,
+    cache_limit: u64,
+    concurrency: usize,
+    timeout: Duration,
+    slots: Mutex<HashMap<u64, Arc<Slot>>>,
+    /// Objects that exist in the store (from the listing at open, kept by uploads).
+    present: Mutex<HashSet<u64>>,
+    cached: AtomicU64,
+    clock: AtomicU64,
+    latch: WritebackLatch,
+    /// Serializes write-back (flush and cache eviction).
+    writeback: Mutex<()>,
+    lease: Mutex<Option<Lease>>,
+    /// Read-ahead in flight or done, by object.
+    inflight: Mutex<HashMap<u64, Arc<Prefetch>>>,
+    /// The object of the last cache miss (sequential readers are read ahead of).
+    last_miss: AtomicU64,
+}
+
+/// A volume on object storage. Cheap to clone; opening the same volume twice in one process
+/// shares one cache (and one lease).
+#[derive(Clone)]
+pub struct ObjectDevice {
+    inner: Arc<Inner>,
+    read_only: bool,
+}
+
+impl std::fmt::Debug for ObjectDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectDevice")
+            .field("locator", &self.inner.loc.display())
+            .field("size", &self.inner.size)
+            .field("object_size", &self.inner.object_size)
+            .field("read_only", &self.read_only)
+            .finish()
+    }
+}
+
+/// Volumes open in this process, so that two opens of one volume share its cache and lease.
+static OPEN: Mutex<Vec<(String, Weak<Inner>)>> = Mutex::new(Vec::new());
+
+/// Opens (or, with `size=` on an empty prefix, creates) the volume `locator` names.
+/// Nothing is written before the store's contents are checked.
+pub fn open(locator: &str, o: OpenOptions) -> BlockResult<ObjectDevice> {
+    let loc = Locator::parse(locator).map_err(|e| err(BlockErrorKind::InvalidArgument, e.to_string()))?;
+    let id = loc.identity();
+    let existing = {
+        let mut open = lock(&OPEN);
+        open.retain(|(_, w)| w.strong_count() > 0);
+        open.iter().find(|(k, _)| *k == id).and_then(|(_, w)| w.upgrade())
+    };
+    if o.create && existing.is_some() {
+        return Err(err(BlockErrorKind::Busy, format!("{} is open in this process already", loc.display())));
+    }
+    let inner = match existing {
+        Some(i) => i,
+        None => {
+            let i = Arc::new(Inner::open(loc, o.create)?);
+            lock(&OPEN).push((id, Arc::downgrade(&i)));
+            i
+        }
+    };
+    if !o.read_only {
+        inner.acquire_lease()?;
+    }
+
+    Ok(ObjectDevice { inner, read_only: o.read_only })
+}
+
+fn dal_kind(e: &opendal::Error) -> BlockErrorKind {
+    match e.kind() {
+        DalKind::PermissionDenied => BlockErrorKind::Io,
+        DalKind::ConditionNotMatch => BlockErrorKind::Busy,
+        DalKind::ConfigInvalid => BlockErrorKind::InvalidArgument,
+        _ => BlockErrorKind::Io,
+    }
+}
+
+impl Inner {
+    fn where_(&self) -> String {
+        describe_endpoint(&self.loc)
+    }
+
+    /// Runs `f` (built afresh per attempt) on the runtime with the request timeout, retrying
+    /// temporary failures twice.
+    fn run<T, F, Fut>(&self, what: &str, f: F) -> Result<T, opendal::Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, opendal::Error>>,
+    {
+        run_on(&self.rt, self.timeout, what, f)
+    }
+
+    fn open(loc: Locator, create: bool) -> BlockResult<Inner> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sealdisk-objstore")
+            .enable_all()
+            .build()
+            .map_err(|e| BlockError::io("starting the object-storage runtime", e))?;
+        let op = operator(&loc)?;
+        let timeout = Duration::from_secs(loc.timeout.unwrap_or(60));
+        let shown = loc.display();
+        let here = describe_endpoint(&loc);
+        let net = |what: &str, e: opendal::Error| -> BlockError {
+            if is_bucket_missing(&e) {
+                return err(
+                    BlockErrorKind::Io,
+                    format!("{shown}: bucket {:?} not found at {here}", loc.bucket),
+                );
+            }
+            match e.kind() {
+                DalKind::PermissionDenied => err(
+                    BlockErrorKind::Io,
+                    format!(
+                        "{shown}: access denied by {here} while {what}: check the credentials \
+                         (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials) \
+                         and the bucket's policy"
+                    ),
+                )
+                .with_source(e),
+                DalKind::NotFound => {
+                    err(BlockErrorKind::Io, format!("{shown}: bucket {:?} not found at {here}", loc.bucket))
+                        .with_source(e)
+                }
+                _ => err(dal_kind(&e), format!("{shown}: {what} at {here} failed: {e}")),
+            }
+        };
+        let manifest_key = loc.key(MANIFEST);
+        let manifest = match run_on(&rt, timeout, "reading the manifest", || op.read(&manifest_key)) {
+            Ok(b) => Some(b.to_vec()),
+            Err(e) if e.kind() == DalKind::NotFound && !is_bucket_missing(&e) => None,
+            Err(e) => return Err(net("reading the manifest", e)),
+        };
+        let (size, object_size) = match manifest {
+            Some(_) if create => {
+                return Err(err(
+                    BlockErrorKind::InvalidArgument,
+                    format!("{shown} already holds a volume; refusing to overwrite it"),
+                ))
+            }
+            Some(bytes) => {
+                let (size, osz) = parse_manifest(&bytes).map_err(|why| {
+                    err(
+                        BlockErrorKind::InvalidArgument,
+                        format!("{shown}: {MANIFEST} is not a sealdisk volume manifest: {why}"),
+                    )
+                })?;
+                if let Some(want) = loc.size.filter(|w| *w != size) {
+                    return Err(err(
+                        BlockErrorKind::InvalidArgument,
+                        format!("{shown}: the volume is {size} bytes, not size={want}"),
+                    ));
+                }
+                if let Some(want) = loc.object_size.filter(|w| *w != osz) {
+                    return Err(err(
+                        BlockErrorKind::InvalidArgument,
+                        format!("{shown}: the volume's objects are {osz} bytes, not object_size={want}"),
+                    ));
+                }
+                (size, osz)
+            }
+            None => {
+                // No manifest: only an empty prefix may become a volume.
+                let dir = if loc.prefix.is_empty() { "/".to_owned() } else { format!("{}/", loc.prefix) };
+                let first = run_on(&rt, timeout, "listing the prefix", || async {
+                    let mut l = op.lister_with(&dir).recursive(true).await?;
+                    while let Some(e) = l.next().await {
+                        let e = e?;
+                        if e.metadata().is_file() {
+                            return Ok(Some(e.path().to_owned()));
+                        }
+                    }
+                    Ok(None)
+                })
+                .map_err(|e| net("listing the prefix", e))?;
+                if let Some(p) = first {
+                    return Err(err(
+                        BlockErrorKind::InvalidArgument,
+                        format!(
+                            "{shown}: the prefix holds objects ({p}, …) but no {MANIFEST}: it is not a \
+                             sealdisk volume; refusing to use it"
+                        ),
+                    ));
+                }
+                let Some(size) = loc.size else {
+                    return Err(err(
+                        BlockErrorKind::InvalidArgument,
+                        format!(
+                            "{shown}: no volume here (no {MANIFEST}); create one with ?size=BYTES on \
+                             the locator or with `sealdisk import FILE {shown}`"
+                        ),
+                    ));
+                };
+                let osz = loc.object_size.unwrap_or(crate::DEFAULT_OBJECT_SIZE);
+                let body = manifest_json(size, osz);
+                run_on(&rt, timeout, "creating the manifest", || {
+                    op.write_with(&manifest_key, body.clone()).if_not_exists(true).into_future()
+                })
+                .map_err(|e| {
+                    if e.kind() == DalKind::ConditionNotMatch {
+                        err(BlockErrorKind::Busy, format!("{shown}: another opener created the volume first"))
+                    } else {
+                        net("creating the manifest", e)
+                    }
+                })?;
+                log::info!("{shown}: created a volume of {size} bytes in objects of {osz} bytes");
+                (size, osz)
+            }
+        };
+        // Every data object must be one of ours, of the right size.
+        let data_dir = loc.key(DATA);
+        let entries = run_on(&rt, timeout, "listing the data objects", || {
+            op.list_with(&data_dir).recursive(true).into_future()
+        })
+        .map_err(|e| net("listing the data objects", e))?;
+        let count = size.div_ceil(osz_nonzero(object_size));
+        let mut present = HashSet::new();
+        for e in entries.iter().filter(|e| e.metadata().is_file()) {
+            let name = e.path().strip_prefix(&data_dir).unwrap_or(e.path());
+            let idx = (name.len() == 16).then(|| u64::from_str_radix(name, 16).ok()).flatten();
+            let Some(idx) = idx.filter(|i| *i < count) else {
+                return Err(err(
+                    BlockErrorKind::InvalidArgument,
+                    format!("{shown}: {} is not a data object of this volume ({count} objects)", e.path()),
+                ));
+            };
+            let want = object_len(size, object_size, idx);
+            let got = e.metadata().content_length();
+            if got != want {
+                return Err(err(
+                    BlockErrorKind::InvalidArgument,
+                    format!(
+                        "{shown}: object {} is {got} bytes, expected {want}: not part of this volume",
+                        e.path()
+                    ),
+                ));
+            }
+            present.insert(idx);
+        }
+        Ok(Inner {
+            cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
+            concurrency: loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY),
+            loc,
+            rt,
+            op,
+            size,
+            object_size,
+            timeout,
+            slots: Mutex::new(HashMap::new()),
+            present: Mutex::new(present),
+            cached: AtomicU64::new(0),
+            clock: AtomicU64::new(0),
+            latch: WritebackLatch::new(),
+            writeback: Mutex::new(()),
+            lease: Mutex::new(None),
+            inflight: Mutex::new(HashMap::new()),
+            last_miss: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    fn acquire_lease(&self) -> BlockResult<()> {
+        let mut lease = lock(&self.lease);
+        if lease.is_some() {
+            return Ok(());
+        }
+        let mut raw = [0u8; 16];
+        getrandom::fill(&mut raw).map_err(|e| err(BlockErrorKind::Io, format!("random lease token: {e}")))?;
+        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let body = serde_json::json!({
+            "holder": token,
+            "host": host.trim(),
+            "pid": std::process::id(),
+            "since": since,
+        })
+        .to_string();
+        let key = self.loc.key(LEASE);
+        let shown = self.loc.display();
+        let conditional = !self.loc.break_lease;
+        let r = self.run("taking the lease", || {
+            self.op.write_with(&key, body.clone()).if_not_exists(conditional).into_future()
+        });
+        match r {
+            Ok(_) => {
+                if !conditional {
+                    log::warn!("{shown}: broke the previous writer's lease (break_lease=1)");
+                }
+                *lease = Some(Lease { token });
+                Ok(())
+            }
+            Err(e) if e.kind() == DalKind::ConditionNotMatch => {
+                let holder = self
+                    .run("reading the lease", || self.op.read(&key))
+                    .map(|b| String::from_utf8_lossy(&b.to_vec()).into_owned())
+                    .unwrap_or_else(|_| "unknown".into());
+                Err(err(
+                    BlockErrorKind::Busy,
+                    format!(
+                        "{shown} is in use by another writer (lease {holder}); if that writer is gone, \
+                         open with ?break_lease=1"
+                    ),
+                ))
+            }
+            Err(e) => Err(err(
+                BlockErrorKind::Io,
+                format!("{shown}: taking the lease at {} failed: {e}", self.where_()),
+            )),
+        }
+    }
+
+    /// Fails unless the lease in the store is still this device's.
+    fn check_lease(&self) -> BlockResult<()> {
+        let lease = lock(&self.lease);
+        let Some(l) = lease.as_ref() else { return Ok(()) };
+        let key = self.loc.key(LEASE);
+        let bytes = self.run("checking the lease", || self.op.read(&key)).map_err(|e| {
+            err(BlockErrorKind::Io, format!("{}: checking the lease failed: {e}", self.loc.display()))
+        })?;
+        let holder = serde_json::from_slice::<serde_json::Value>(&bytes.to_vec())
+            .ok()
+            .and_then(|v| v.get("holder").and_then(|h| h.as_str()).map(str::to_owned));
+        if holder.as_deref() != Some(l.token.as_str()) {
+            return Err(err(
+                BlockErrorKind::Io,
+                format!("{}: lost the lease: another writer took the volume over", self.loc.display()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn data_key(&self, idx: u64) -> String {
+        self.loc.key(&format!("{DATA}{idx:016x}"))
+    }
+
+    fn slot(&self, idx: u64) -> Arc<Slot> {
+        let s = Arc::clone(lock(&self.slots).entry(idx).or_default());
+        s.last_use.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        s
+    }
+
+    /// Downloads object `idx` (zeroes when absent), or takes its read-ahead.
+    fn fetch(&self, idx: u64) -> BlockResult<Vec<u8>> {
+        let want = object_len(self.size, self.object_size, idx) as usize;
+        let key = self.data_key(idx);
+        let ahead = lock(&self.inflight).remove(&idx);
+        let r = match ahead {
+            Some(p) => {
+                let mut g = lock(&p.done);
+                loop {
+                    if let Some(r) = g.take() {
+                        break r;
+                    }
+                    g = p.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            None if !lock(&self.present).contains(&idx) => return Ok(vec![0; want]),
+            None => self.run("downloading", || self.op.read(&key)),
+        };
+        match r {
+            Ok(b) if b.len() == want => Ok(b.to_vec()),
+            Ok(b) => Err(err(
+                BlockErrorKind::Io,
+                format!("{}: object {key} is {} bytes, expected {want}", self.loc.display(), b.len()),
+            )),
+            Err(e) if e.kind() == DalKind::NotFound => Ok(vec![0; want]),
+            Err(e) => {
+                Err(err(dal_kind(&e), format!("{}: downloading {key} failed: {e}", self.loc.display())))
+            }
+        }
+    }
+
+    /// After a miss on `idx` right behind the previous miss (a sequential reader), starts
+    /// downloading the next `concurrency` objects in the background; [`fetch`](Self::fetch)
+    /// takes them over.
+    fn read_ahead(&self, idx: u64) {
+        let prev = self.last_miss.swap(idx, Ordering::Relaxed);
+        if prev.wrapping_add(1) != idx {
+            return;
+        }
+        let count = self.size.div_ceil(self.object_size);
+        let mut inflight = lock(&self.inflight);
+        // Read-ahead the reader went past is never taken: drop it.
+        inflight.retain(|j, _| *j >= idx);
+        for j in idx + 1..(idx + 1 + self.concurrency as u64).min(count) {
+            if inflight.contains_key(&j) || !lock(&self.present).contains(&j) {
+                continue;
+            }
+            let cached = lock(&self.slots)
+                .get(&j)
+                .is_some_and(|s| s.state.try_lock().map_or(true, |st| st.data.is_some()));
+            if cached {
+                continue;
+            }
+            let p = Arc::new(Prefetch::default());
+            inflight.insert(j, Arc::clone(&p));
+            let (op, key, timeout) = (self.op.clone(), self.data_key(j), self.timeout);
+            self.rt.spawn(async move {
+                let r = retry(timeout, "reading ahead", || op.read(&key)).await;
+                *lock(&p.done) = Some(r);
+                p.cv.notify_all();
+            });
+        }
+    }
+
+    /// Makes room for `need` more cached bytes: drops clean objects (least recently used
+    /// first), uploading dirty ones when nothing clean is left.
+    fn make_room(&self, need: u64) -> BlockResult<()> {
+        if self.cached.load(Ordering::Relaxed) + need <= self.cache_limit {
+            return Ok(());
+        }
+        let _wb = lock(&self.writeback);
+        loop {
+            if self.cached.load(Ordering::Relaxed) + need <= self.cache_limit {
+                return Ok(());
+            }
+            let mut loaded: Vec<(u64, u64, Arc<Slot>)> = lock(&self.slots)
+                .iter()
+                .map(|(i, s)| (s.last_use.load(Ordering::Relaxed), *i, Arc::clone(s)))
+                .collect();
+            loaded.sort_unstable_by_key(|(t, _, _)| *t);
+            let mut freed = false;
+            let mut dirty = Vec::new();
+            for (_, idx, s) in &loaded {
+                let Ok(mut st) = s.state.try_lock() else { continue };
+                let Some(d) = st.data.as_ref() else { continue };
+                if st.dirty {
+                    if dirty.len() < self.concurrency {
+                        dirty.push((*idx, Arc::clone(s)));
+                    }
+                    continue;
+                }
+                self.cached.fetch_sub(d.len() as u64, Ordering::Relaxed);
+                st.data = None;
+                freed = true;
+                if self.cached.load(Ordering::Relaxed) + need <= self.cache_limit {
+                    return Ok(());
+                }
+            }
+            if freed {
+                continue;
+            }
+            if dirty.is_empty() {
+                // Everything is busy: let the caller go over the limit for now.
+                return Ok(());
+            }
+            self.upload(dirty)?;
+        }
+    }
+
+    /// Uploads the given slots' current contents concurrently; each is marked clean if it
+    /// was not written meanwhile. The first failure is returned.
+    fn upload(&self, slots: Vec<(u64, Arc<Slot>)>) -> BlockResult<()> {
+        let snaps: Vec<Snapshot> = slots
+            .into_iter()
+            .filter_map(|(i, s)| {
+                let st = lock(&s.state);
+                let d = st.data.clone().filter(|_| st.dirty)?;
+                let g = st.generation;
+                drop(st);
+                Some((i, s, d, g))
+            })
+            .collect();
+        if snaps.is_empty() {
+            return Ok(());
+        }
+        let jobs: Vec<(u64, String, Option<Buffer>)> = snaps
+            .iter()
+            .map(|(i, _, d, _)| {
+                let zero = d.iter().all(|b| *b == 0);
+                let body = (!zero).then(|| Buffer::from(bytes::Bytes::from_owner(Shared(Arc::clone(d)))));
+                (*i, self.data_key(*i), body)
+            })
+            .collect();
+        let results: Vec<(u64, Result<bool, opendal::Error>)> = self.rt.block_on(
+            futures::stream::iter(jobs)
+                .map(|(i, key, body)| {
+                    let op = self.op.clone();
+                    let timeout = self.timeout;
+                    async move {
+                        let r = retry(timeout, "uploading", || {
+                            let op = op.clone();
+                            let key = key.clone();
+                            let body = body.clone();
+                            async move {
+                                match body {
+                                    Some(b) => op.write(&key, b).await.map(|_| true),
+                                    None => op.delete(&key).await.map(|_| false),
+                                }
+                            }
+                        })
+                        .await;
+                        (i, r)
+                    }
+                })
+                .buffer_unordered(self.concurrency)
+                .collect(),
+        );
+        let mut first = None;
+        let mut done = HashSet::new();
+        for (i, r) in results {
+            match r {
+                Ok(exists) => {
+                    let mut p = lock(&self.present);
+                    if exists {
+                        p.insert(i);
+                    } else {
+                        p.remove(&i);
+                    }
+                    done.insert(i);
+                }
+                Err(e) => {
+                    first.get_or_insert_with(|| {
+                        err(
+                            dal_kind(&e),
+                            format!(
+                                "{}: uploading object {i} to {} failed: {e}",
+                                self.loc.display(),
+                                self.where_()
+                            ),
+                        )
+                    });
+                }
+            }
+        }
+        for (i, s, _, g) in &snaps {
+            let mut st = lock(&s.state);
+            if done.contains(i) && st.generation == *g {
+                st.dirty = false;
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        self.latch.check("flush")?;
+        let _wb = lock(&self.writeback);
+        let dirty: Vec<(u64, Arc<Slot>)> = lock(&self.slots)
+            .iter()
+            .filter(|(_, s)| lock(&s.state).dirty)
+            .map(|(i, s)| (*i, Arc::clone(s)))
+            .collect();
+        let r = self.upload(dirty).and_then(|()| self.check_lease());
+        self.latch.guard(r)
+    }
+
+    /// Calls `f(idx, offset in object, range in buf)` for each object `[off, off+len)` touches.
+    fn split(
+        &self,
+        off: u64,
+        len: u64,
+        mut f: impl FnMut(u64, usize, std::ops::Range<usize>) -> BlockResult<()>,
+    ) -> BlockResult<()> {
+        let mut pos = off;
+        while pos < off + len {
+            let idx = pos / self.object_size;
+            let in_obj = pos % self.object_size;
+            let n = (self.object_size - in_obj).min(off + len - pos);
+            let b = (pos - off) as usize;
+            f(idx, in_obj as usize, b..b + n as usize)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn read(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |idx, at, r| {
+            let s = self.slot(idx);
+            let mut st = lock(&s.state);
+            if st.data.is_none() {
+                if !lock(&self.present).contains(&idx) {
+                    buf[r].fill(0);
+                    return Ok(());
+                }
+                drop(st);
+                self.read_ahead(idx);
+                self.make_room(self.object_size)?;
+                st = lock(&s.state);
+                if st.data.is_none() {
+                    let d = self.fetch(idx)?;
+                    self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    st.data = Some(Arc::new(d));
+                }
+            }
+            let d = st.data.as_ref().map(|d| &d[at..at + r.len()]).unwrap_or_default();
+            buf[r].copy_from_slice(d);
+            Ok(())
+        })
+    }
+
+    fn write(&self, off: u64, buf: &[u8]) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |idx, at, r| {
+            let s = self.slot(idx);
+            if lock(&s.state).data.is_none() {
+                self.make_room(self.object_size)?;
+            }
+            let mut st = lock(&s.state);
+            let olen = object_len(self.size, self.object_size, idx) as usize;
+            match st.data.as_mut() {
+                Some(d) => Arc::make_mut(d)[at..at + r.len()].copy_from_slice(&buf[r]),
+                None => {
+                    let d = if at == 0 && r.len() == olen {
+                        // Read-ahead of the old contents would be stale once this is evicted.
+                        lock(&self.inflight).remove(&idx);
+                        buf[r].to_vec()
+                    } else {
+                        let mut d = self.fetch(idx)?;
+                        d[at..at + r.len()].copy_from_slice(&buf[r]);
+                        d
+                    };
+                    self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    st.data = Some(Arc::new(d));
+                }
+            }
+            st.dirty = true;
+            st.generation += 1;
+            Ok(())
+        })
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.latch.is_latched() {
+            if let Err(e) = self.flush() {
+                log::error!("{}: write-back at close failed: {e}", self.loc.display());
+            }
+        }
+        if lock(&self.lease).take().is_some() {
+            let key = self.loc.key(LEASE);
+            if let Err(e) = self.run("releasing the lease", || self.op.delete(&key)) {
+                log::warn!("{}: releasing the lease failed: {e}", self.loc.display());
+            }
+        }
+    }
+}
+
+/// An object's bytes taken for upload: index, slot, contents, generation.
+type Snapshot = (u64, Arc<Slot>, Arc<Vec<u8>>, u64);
+
+/// Makes an `Arc<Vec<u8>>` a `Bytes` owner without copying.
+struct Shared(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    b.iter().all(|x| *x == 0)
+}
+
+fn osz_nonzero(o: u64) -> u64 {
+    o.max(1)
+}
+
+fn object_len(size: u64, object_size: u64, idx: u64) -> u64 {
+    let start = idx * object_size;
+    object_size.min(size.saturating_sub(start))
+}
+
+fn manifest_json(size: u64, object_size: u64) -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "format": "sealdisk-objstore",
+        "version": 1,
+        "size": size,
+        "object_size": object_size,
+        "block_size": BLOCK,
+    }))
+    .unwrap_or_default()
+}
+
+fn parse_manifest(bytes: &[u8]) -> Result<(u64, u64), String> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if v.get("format").and_then(|f| f.as_str()) != Some("sealdisk-objstore") {
+        return Err("no \"format\": \"sealdisk-objstore\"".into());
+    }
+    if v.get("version").and_then(|f| f.as_u64()) != Some(1) {
+        return Err(format!("version {:?} is not 1", v.get("version")));
+    }
+    let num = |k: &str| v.get(k).and_then(|f| f.as_u64()).ok_or_else(|| format!("no {k}"));
+    let (size, osz, bs) = (num("size")?, num("object_size")?, num("block_size")?);
+    if bs != u64::from(BLOCK) {
+        return Err(format!("block_size {bs} is not {BLOCK}"));
+    }
+    if size == 0 || size % bs != 0 {
+        return Err(format!("size {size} is not a nonzero multiple of {bs}"));
+    }
+    if !osz.is_power_of_two() || !(crate::MIN_OBJECT_SIZE..=crate::MAX_OBJECT_SIZE).contains(&osz) {
+        return Err(format!("object_size {osz} is out of range"));
+    }
+    Ok((size, osz))
+}
+
+fn is_bucket_missing(e: &opendal::Error) -> bool {
+    let s = e.to_string();
+    s.contains("NoSuchBucket")
+}
+
+fn describe_endpoint(loc: &Locator) -> String {
+    match (&loc.endpoint, loc.service) {
+        (Some(e), _) => e.clone(),
+        (None, Service::S3) => std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into()),
+        (None, Service::Gcs) => "Google Cloud Storage".into(),
+        (None, Service::Azblob) => "Azure Blob Storage".into(),
+    }
+}
+
+/// Installs OpenDAL's process-wide HTTP transport (reqwest over native-tls) once; first
+/// install wins, so a program that installed its own keeps it.
+pub fn install_transport() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        opendal::HttpTransporter::install_default(opendal_http_transport_reqwest::ReqwestTransport::default())
+    });
+}
+
+fn operator(loc: &Locator) -> BlockResult<Operator> {
+    install_transport();
+    let bad = |e: opendal::Error| err(BlockErrorKind::InvalidArgument, format!("{}: {e}", loc.display()));
+    let op = match loc.service {
+        Service::S3 => {
+            let mut b = opendal::services::S3::default().bucket(&loc.bucket).root("/");
+            if let Some(e) = &loc.endpoint {
+                b = b.endpoint(e);
+            }
+            let region = loc
+                .region
+                .clone()
+                .or_else(|| std::env::var("AWS_REGION").ok())
+                .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+                .unwrap_or_else(|| "us-east-1".into());
+            b = b.region(&region);
+            if loc.virtual_host {
+                b = b.enable_virtual_host_style();
+            }
+            Operator::new(b).map_err(bad)?
+        }
+        Service::Gcs => {
+            let mut b = opendal::services::Gcs::default().bucket(&loc.bucket).root("/");
+            if let Some(e) = &loc.endpoint {
+                b = b.endpoint(e);
+            }
+            Operator::new(b).map_err(bad)?
+        }
+        Service::Azblob => {
+            let mut b = opendal::services::Azblob::default().container(&loc.bucket).root("/");
+            if let Some(e) = &loc.endpoint {
+                b = b.endpoint(e);
+            }
+            Operator::new(b).map_err(bad)?
+        }
+    };
+    Ok(op)
+}
+
+async fn retry<T, F, Fut>(timeout: Duration, what: &str, f: F) -> Result<T, opendal::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, opendal::Error>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let r = match tokio::time::timeout(timeout, f()).await {
+            Ok(r) => r,
+            Err(_) => {
+                Err(opendal::Error::new(DalKind::Unexpected, format!("{what}: no answer in {timeout:?}"))
+                    .set_temporary())
+            }
+        };
+        match r {
+            Err(e) if e.is_temporary() && attempt < 3 => {
+                log::debug!("{what}: {e}; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 4;
+            }
+            r => return r,
+        }
+    }
+}
+
+fn run_on<T, F, Fut>(
+    rt: &tokio::runtime::Runtime,
+    timeout: Duration,
+    what: &str,
+    f: F,
+) -> Result<T, opendal::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, opendal::Error>>,
+{
+    rt.block_on(retry(timeout, what, f))
+}
+
+impl BlockDevice for ObjectDevice {
+    fn geometry(&self) -> Geometry {
+        Geometry { size: self.inner.size, logical_block: BLOCK, physical_block: 4096 }
+    }
+
+    fn caps(&self) -> Caps {
+        if self.read_only {
+            Caps::FLUSH | Caps::READ_ONLY
+        } else {
+            Caps::FLUSH | Caps::DISCARD
+        }
+    }
+
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
+        self.geometry().check_range(off, buf.len() as u64)?;
+        self.inner.read(off, buf)
+    }
+
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
+        self.geometry().check_range(off, buf.len() as u64)?;
+        if self.read_only {
+            return Err(BlockError::read_only());
+        }
+        self.inner.write(off, buf)?;
+        if flags.contains(WriteFlags::FUA) {
+            self.inner.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        if self.read_only {
+            return self.inner.latch.check("flush");
+        }
+        self.inner.flush()
+    }
+
+    fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
+        // Reads as zeroes afterwards: a whole zero object is deleted at write-back.
+        self.write_zeroes(off, len, blockdev::ZeroFlags::empty())
+    }
+
+    fn allocation(&self, off: u64, len: u64, max_extents: usize) -> BlockResult<Vec<Extent>> {
+        self.geometry().check_range(off, len)?;
+        let max = max_extents.max(1);
+        let mut out: Vec<Extent> = Vec::new();
+        let i = &self.inner;
+        let mut done = false;
+        i.split(off, len, |idx, at, r| {
+            if done {
+                return Ok(());
+            }
+            // Cached: zero or not by its bytes; else absent objects are holes reading zeroes.
+            let slot = lock(&i.slots).get(&idx).cloned();
+            let zero = slot.and_then(|s| lock(&s.state).data.as_ref().map(|d| is_zero(&d[at..at + r.len()])));
+            let present = lock(&i.present).contains(&idx);
+            let flags = match (zero, present) {
+                (Some(true), false) | (None, false) => ExtentFlags::HOLE | ExtentFlags::ZERO,
+                (Some(true), true) => ExtentFlags::ZERO,
+                _ => ExtentFlags::empty(),
+            };
+            let n = r.len() as u64;
+            let full = out.len() == max;
+            match out.last_mut() {
+                Some(last) if last.flags == flags => last.len += n,
+                _ if full => done = true,
+                _ => out.push(Extent { len: n, flags }),
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+impl ObjectDevice {
+    /// The volume's object size in bytes.
+    pub fn object_size(&self) -> u64 {
+        self.inner.object_size
+    }
+
+    /// The locator without parameters (`s3://bucket/prefix`).
+    pub fn name(&self) -> String {
+        self.inner.loc.display()
+    }
+
+    /// Bytes held in the cache now.
+    pub fn cached_bytes(&self) -> u64 {
+        self.inner.cached.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_round_trip_and_refusals() {
+        assert_eq!(parse_manifest(&manifest_json(1 << 30, 4 << 20)).unwrap(), (1 << 30, 4 << 20));
+        for bad in [
+            &b"{}"[..],
+            b"not json",
+            br#"{"format":"sealdisk-objstore","version":2,"size":512,"object_size":4194304,"block_size":512}"#,
+            br#"{"format":"sealdisk-objstore","version":1,"size":100,"object_size":4194304,"block_size":512}"#,
+            br#"{"format":"sealdisk-objstore","version":1,"size":512,"object_size":3,"block_size":512}"#,
+        ] {
+            assert!(parse_manifest(bad).is_err());
+        }
+        assert_eq!(object_len(10 << 20, 4 << 20, 2), 2 << 20);
+        assert_eq!(object_len(8 << 20, 4 << 20, 1), 4 << 20);
+    }
+}
