@@ -58,8 +58,8 @@ mod disk_metadata;
 mod internal;
 mod json;
 mod keyslot;
-pub mod reencrypt;
 mod pretty;
+pub mod reencrypt;
 mod segment;
 mod token;
 
