@@ -262,7 +262,25 @@ fn cryptsetup_killed_mid_run_resumes_in_sealdisk() {
         c
     })
     .expect("cryptsetup was never caught mid-run");
-    ok(&sd_reencrypt(&v, &[]), "sealdisk reencrypt (resume)");
+    let resumed = sd_reencrypt(&v, &[]);
+    if !resumed.status.success() && String::from_utf8_lossy(&resumed.stderr).contains("No key available") {
+        // Seen once on a machine at load 15: cryptsetup killed early in its init left a state
+        // sealdisk found no key for. If cryptsetup cannot resume it either (sealdisk wrote
+        // nothing), the kill landed where neither tool can go on; if cryptsetup can, sealdisk
+        // is wrong, and the test fails.
+        let theirs = cs_reencrypt(&v, &["--resume-only"]);
+        assert!(
+            !theirs.status.success(),
+            "cryptsetup resumed a state sealdisk refused: {}",
+            String::from_utf8_lossy(&resumed.stderr)
+        );
+        eprintln!(
+            "SKIPPED: cryptsetup was killed where neither tool can resume (cryptsetup: {})",
+            String::from_utf8_lossy(&theirs.stderr).trim()
+        );
+        return;
+    }
+    ok(&resumed, "sealdisk reencrypt (resume)");
     assert_data_intact(&v);
 }
 
