@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -346,4 +347,33 @@ fn bad_input_gets_cryptsetup_errors() {
     // And the volume still finishes.
     ok(&sd_reencrypt(&v, &[]), "sealdisk reencrypt");
     assert_data_intact(&v);
+}
+
+/// A token bound to the keyslot that is reencrypted follows it to the new keyslot, as with
+/// cryptsetup: the token JSON after sealdisk's run equals the one after cryptsetup's.
+#[test]
+fn tokens_follow_the_new_keyslot_as_in_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let token = r#"{"type":"luks2-keyring","keyslots":["0"],"key_description":"sealdisk:test"}"#;
+    let mut exported = Vec::new();
+    for tool in ["cryptsetup", "sealdisk"] {
+        let v = volume(32 * MIB);
+        let mut import = Command::new("cryptsetup");
+        import.args(["token", "import", v.img()]).stdin(Stdio::piped()).stdout(Stdio::null());
+        let mut child = import.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(token.as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "cryptsetup token import");
+        if tool == "cryptsetup" {
+            ok(&cs_reencrypt(&v, &[]), "cryptsetup reencrypt");
+        } else {
+            ok(&sd_reencrypt(&v, &[]), "sealdisk reencrypt");
+        }
+        assert_data_intact(&v);
+        let json = ok(&cs(&["token", "export", "--token-id", "0", v.img()]), "cryptsetup token export");
+        assert!(json.contains(r#""keyslots":["1"]"#), "{tool}: token not moved to keyslot 1: {json}");
+        exported.push(json);
+    }
+    assert_eq!(exported[0], exported[1], "the token after cryptsetup's and sealdisk's reencrypt");
 }

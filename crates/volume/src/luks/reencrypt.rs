@@ -264,6 +264,14 @@ pub fn init(
         let m = &mut next.header.metadata;
         let did = first_free_digest(m);
         m.keyslots.insert(new_slot, ks);
+        // Tokens that unlock the old keyslot unlock the new one too (cryptsetup copies the
+        // assignment); the old keyslot leaves them when it is dropped at the end.
+        for t in m.tokens.values_mut() {
+            if t.keyslots.contains(&old_slot) && !t.keyslots.contains(&new_slot) {
+                t.keyslots.push(new_slot);
+                t.keyslots.sort_unstable();
+            }
+        }
         m.digests.insert(
             did,
             Digest {
