@@ -292,13 +292,40 @@ impl Mounted {
     pub fn run(self) -> Result<(), FuseError> {
         let Mounted { session, dir, threads } = self;
         log::debug!("serving FUSE on {} with {threads} threads", dir.display());
-        session.run().map_err(|source| FuseError::Session { path: dir, source })
+        match session.run() {
+            Ok(()) => Ok(()),
+            // The kernel tore the connection down rather than ending it with ENODEV: seen
+            // when the last user of a lazily unmounted file closes it, and after an abort
+            // through fusectl. Either way nothing is left to serve; what was written is
+            // flushed by the caller as on a normal end.
+            Err(e) if session_ended(&e) => {
+                log::info!("FUSE connection on {} ended: {e}", dir.display());
+                Ok(())
+            }
+            Err(source) => Err(FuseError::Session { path: dir, source }),
+        }
     }
+}
+
+/// Whether a session error only says that the kernel has disconnected the file system.
+fn session_ended(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ECONNABORTED) | Some(libc::ENODEV))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_torn_down_connection_ends_the_session_other_errors_do_not() {
+        for errno in [libc::ECONNABORTED, libc::ENODEV] {
+            assert!(session_ended(&std::io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        for errno in [libc::EIO, libc::EINVAL, libc::ENOMEM] {
+            assert!(!session_ended(&std::io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        assert!(!session_ended(&std::io::Error::other("Invalid request")));
+    }
 
     #[test]
     fn names_are_single_components() {
