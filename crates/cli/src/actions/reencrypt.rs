@@ -127,11 +127,32 @@ impl Progress {
 
 /// Runs `reencrypt`.
 pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
-    if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+    if let Some(r) = a.reduce_device_size {
+        if r % 512 != 0 {
+            bail!(UsageError("Reduce size must be multiple of 512 bytes sector.".into()));
+        }
         bail!(UsageError(
-            "reencrypt --encrypt, --decrypt and --reduce-device-size are not implemented in sealdisk yet"
+            "reencrypt --reduce-device-size (data shift) is not implemented in sealdisk yet".into()
+        ));
+    }
+    if a.encrypt && a.decrypt {
+        bail!(UsageError("Options --encrypt and --decrypt are mutually exclusive.".into()));
+    }
+    if a.encrypt && a.header.is_none() {
+        bail!(UsageError(
+            "Encryption without detached header (--header) is not possible without data device size \
+             reduction (--reduce-device-size)."
                 .into()
         ));
+    }
+    if a.decrypt && a.header.is_none() {
+        bail!(UsageError("LUKS2 decryption requires --header option.".into()));
+    }
+    if a.encrypt && !encryption_in_progress(a.header.as_deref().unwrap_or_default()) {
+        if a.resume_only {
+            bail!(UsageError("Device reencryption not in progress.".into()));
+        }
+        return encrypt(a);
     }
     if a.init_only && a.resume_only {
         bail!(UsageError("Options --init-only and --resume-only are mutually exclusive.".into()));
@@ -183,6 +204,13 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
         let data_size = data_dev.geometry().size;
         let mut pass_used = None;
         with_passphrase(&a.key, "Enter passphrase for key slot: ", |p| {
+            if a.decrypt {
+                reencrypt::init_decrypt(&*meta.device, data_size, &mut luks, p, &params)
+                    .map_err(luks_err(meta_path))
+                    .context("initializing LUKS2 decryption")?;
+                pass_used = Some(p.clone());
+                return Ok(());
+            }
             let slot = reencrypt::init(&*meta.device, data_size, &mut luks, p, &params)
                 .map_err(luks_err(meta_path))
                 .context("initializing LUKS2 reencryption")?;
@@ -198,10 +226,22 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     if a.init_only {
         return Ok(());
     }
-    let opts = RunOptions { hotzone_size: a.hotzone_size, kdf_limits: limits };
+    run_to_end(&a, &meta, data_dev, &mut luks, &pass, meta_path)
+}
+
+/// Runs the reencryption in progress to its end (or to a clean stop on SIGINT/SIGTERM).
+fn run_to_end(
+    a: &ReencryptArgs,
+    meta: &volume::Storage,
+    data_dev: &dyn blockdev::BlockDevice,
+    luks: &mut Luks,
+    pass: &sector_crypto::kdf::Passphrase,
+    meta_path: &str,
+) -> Result<()> {
+    let opts = RunOptions { hotzone_size: a.hotzone_size, kdf_limits: a.kdf_limits.limits() };
     let mut progress = Progress::new(a.progress_frequency);
     crate::hardening::wiping(true);
-    let r = reencrypt::run(data_dev_meta(&meta), data_dev, &mut luks, &pass, &opts, &mut |done, total| {
+    let r = reencrypt::run(data_dev_meta(meta), data_dev, luks, pass, &opts, &mut |done, total| {
         progress.update(done, total);
         crate::hardening::stop_requested().is_none()
     });
@@ -214,6 +254,58 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `true` when `header` holds a LUKS2 header with a reencryption in progress (an encryption
+/// to resume rather than start).
+fn encryption_in_progress(header: &str) -> bool {
+    if !std::path::Path::new(header).exists() {
+        return false;
+    }
+    let Ok(meta) = open_meta(header, true) else { return false };
+    Luks::load(&*meta.device, false).ok().and_then(|l| reencrypt::status(&l).ok().flatten()).is_some()
+}
+
+/// `reencrypt --encrypt --header FILE DEVICE`: formats the detached header (created or
+/// grown to the LUKS2 header size) with the encryption start state, then runs it unless
+/// `--init-only`.
+fn encrypt(a: ReencryptArgs) -> Result<()> {
+    let header = a.header.clone().unwrap_or_default();
+    if a.key_size.is_some_and(|b| b % 8 != 0) {
+        bail!(UsageError("Key size must be a multiple of 8 bits".into()));
+    }
+    let data = open_meta(&a.device, false)?;
+    let params = ReencryptParams {
+        cipher: a.cipher.clone(),
+        key_bytes: a.key_size.map(|b| b / 8),
+        sector_size: a.sector_size,
+        resilience: a.resilience.clone().unwrap_or_else(|| "checksum".into()),
+        resilience_hash: a.resilience_hash.clone(),
+        key_slot: a.key_slot,
+        pbkdf: a.pbkdf.params()?,
+        kdf_limits: a.kdf_limits.limits(),
+    };
+    // Refuse a LUKS data device before the header file is created or touched.
+    if volume::luks::probe(&*data.device).map_err(luks_err(&a.device))?.is_some() {
+        bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
+    }
+    let fp = volume::luks::FormatParams { detached: true, ..Default::default() };
+    let so = volume::OpenOptions { lock: true, ..Default::default() }.storage();
+    let meta = volume::luks::open_header_for_format(&header, &fp, &so)?;
+    let mut made = None;
+    with_passphrase(&a.key, "Enter passphrase: ", |p| {
+        let (luks, slot) = reencrypt::init_encrypt(&*meta.device, &*data.device, p, &params)
+            .map_err(luks_err(&header))
+            .context("initializing LUKS2 encryption")?;
+        log::info!("encrypt: volume key in keyslot {slot}");
+        made = Some((luks, p.clone()));
+        Ok(())
+    })?;
+    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
+    if a.init_only {
+        return Ok(());
+    }
+    run_to_end(&a, &meta, &*data.device, &mut luks, &pass, &header)
 }
 
 fn data_dev_meta(s: &volume::Storage) -> &dyn blockdev::BlockDevice {

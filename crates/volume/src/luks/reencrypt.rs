@@ -25,9 +25,11 @@
 //! written new. With `journal`, the whole hotzone is rewritten from the old ciphertext in the
 //! area. Either is idempotent, so a crash during recovery is recovered again.
 //!
-//! Done here: mode `reencrypt` (key and/or cipher change), direction forward, resilience
-//! `checksum`, `journal` and `none`. Refused with a clear error: `encrypt`, `decrypt`,
-//! backward runs and data shift (a run cryptsetup started in those modes is not resumed).
+//! Done here: modes `reencrypt` (key and/or cipher change, forward), `encrypt` (detached
+//! header, forward, from a linear segment: [`init_encrypt`]) and `decrypt` (detached header,
+//! backward, to a linear segment: [`init_decrypt`]), in either direction for a run cryptsetup
+//! started; resilience `checksum`, `journal` and `none`. Refused with a clear error: data
+//! shift (`--reduce-device-size`, and the datashift decryption of a header on the device).
 
 use std::collections::BTreeMap;
 
@@ -289,44 +291,76 @@ pub fn init(
     // Header #2: the reencryption metadata.
     let mut next = s.clone();
     let m = &mut next.header.metadata;
-    let digest_old =
-        m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
     let digest_new = m.keyslot_digest(new_slot).unwrap_or(0);
     let seg0 = m.segments[&0].clone();
-    let first = m.segments.keys().max().map_or(0, |k| k + 1);
-    m.segments.insert(first, backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS));
     let mut fin = crypt_segment(data_offset, 0, None, &new_cipher, new_ss, false);
     fin.flags = Some(vec![re::FLAG_BACKUP_FINAL.to_owned()]);
-    m.segments.insert(first + 1, fin);
+    let alignment = check_ss.max(512) as u32;
+    add_reencrypt_metadata(
+        m,
+        backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS),
+        fin,
+        Some(digest_new),
+        ReencryptMode::Reencrypt,
+        Direction::Forward,
+        resilience_name,
+        rhash,
+        alignment,
+        (Some(vk_old.as_bytes()), Some(vk_new.as_bytes())),
+        &p.pbkdf,
+    )?;
+    luks2::write_header(&mut next, meta)?;
+    *s = next;
+    Ok(new_slot)
+}
+
+/// Adds the reencryption metadata to `m` (cryptsetup `reencrypt_init`'s header): the
+/// backup-previous and backup-final segments (bound to the old digest, which is the one of
+/// segment 0, and to `digest_new`), the reencrypt keyslot in the largest free gap of the
+/// keyslots area, the verification digest and the `online-reencrypt-v2` requirement.
+#[allow(clippy::too_many_arguments)]
+fn add_reencrypt_metadata(
+    m: &mut Luks2Metadata,
+    previous: formats::luks2::Segment,
+    final_: formats::luks2::Segment,
+    digest_new: Option<u32>,
+    mode: ReencryptMode,
+    direction: Direction,
+    resilience_name: &str,
+    rhash: HashAlg,
+    alignment: u32,
+    (vk_old, vk_new): (Option<&[u8]>, Option<&[u8]>),
+    pbkdf: &PbkdfParams,
+) -> Result<(), LuksError> {
+    let digest_old = if previous.type_name == "crypt" {
+        Some(m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?)
+    } else {
+        None
+    };
+    let first = m.segments.keys().max().map_or(0, |k| k + 1);
+    m.segments.insert(first, previous);
+    m.segments.insert(first + 1, final_);
     for (d, sg) in [(digest_old, first), (digest_new, first + 1)] {
-        if let Some(d) = m.digests.get_mut(&d) {
+        if let Some(d) = d.and_then(|d| m.digests.get_mut(&d)) {
             d.segments.push(sg);
         }
     }
-    let alignment = check_ss.max(512) as u32;
     let resilience = match resilience_name {
         "checksum" => Resilience::Checksum { hash: rhash.name().into(), block_size: alignment },
         "journal" => Resilience::Journal,
-        _ => Resilience::None,
+        "none" => Resilience::None,
+        other => return Err(LuksError::Params(format!("Unsupported resilience mode {other}"))),
     };
     let rslot = first_free_keyslot(m)?;
     let (area_offset, area_size) = max_gap(m).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?;
-    let rks = ReencryptKeyslot {
-        id: rslot,
-        mode: ReencryptMode::Reencrypt,
-        direction: Direction::Forward,
-        resilience,
-        area_offset,
-        area_size,
-    };
+    let rks = ReencryptKeyslot { id: rslot, mode, direction, resilience, area_offset, area_size };
     m.keyslots.insert(rslot, rks.to_keyslot());
     re::set_requirement(m, Some(2));
     let st =
         ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
-    let vdata =
-        st.verification_data(m, 2, Some(vk_old.as_bytes()), Some(vk_new.as_bytes())).map_err(meta_err)?;
-    let iterations = p.pbkdf.digest_iterations(vdata.len());
-    let vdigest = make_digest(&vdata, p.pbkdf.hash, iterations)?;
+    let vdata = st.verification_data(m, 2, vk_old, vk_new).map_err(meta_err)?;
+    let iterations = pbkdf.digest_iterations(vdata.len());
+    let vdigest = make_digest(&vdata, pbkdf.hash, iterations)?;
     let vid = first_free_digest(m);
     m.digests.insert(
         vid,
@@ -338,9 +372,165 @@ pub fn init(
             extra: Map::new(),
         },
     );
+    Ok(())
+}
+
+/// Starts the encryption of a plaintext data device in place with a detached header
+/// (cryptsetup `reencrypt --encrypt --header FILE`, no data shift): `header` (already sized,
+/// see [`super::header_size`]) is formatted as LUKS2 with a new volume key in one keyslot for
+/// `passphrase` and the data segment at 0, then the segments become cryptsetup's encryption
+/// start state: a linear segment over the whole data, backup-previous (linear) and
+/// backup-final (crypt), mode `encrypt`, direction forward. No data is touched. A crash
+/// before the second header write leaves the data as it was (the header file is then a
+/// LUKS2 header claiming ciphertext: run the encryption again, which formats it anew).
+pub fn init_encrypt(
+    header: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+) -> Result<(Luks, u32), LuksError> {
+    let resilience_name = p.resilience.as_str();
+    if !matches!(resilience_name, "checksum" | "journal" | "none") {
+        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+    }
+    let rhash = parse_hash(&p.resilience_hash)
+        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    if super::probe(data)?.is_some() {
+        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+    }
+    let cipher_name = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher_name) / 8);
+    let ss = p.sector_size.unwrap_or(512);
+    if ![512, 1024, 2048, 4096].contains(&ss) {
+        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
+    }
+    let g = data.geometry();
+    let alignment = u64::from(ss.max(g.logical_block).max(512));
+    if g.size == 0 {
+        return Err(LuksError::Params("Device is too small.".into()));
+    }
+    if !g.size.is_multiple_of(alignment) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({alignment} bytes)."
+        )));
+    }
+    let fp = super::FormatParams {
+        cipher: cipher_name,
+        key_bytes,
+        pbkdf: p.pbkdf.clone(),
+        sector_size: ss,
+        detached: true,
+        data_size: Some(g.size),
+        ..super::FormatParams::default()
+    };
+    // The header is built in memory and written once, keyslots area first: a crash leaves
+    // the header file as it was, or a header whose segment says the data is plaintext.
+    let need = super::header_size(&fp);
+    if header.geometry().size < need {
+        return Err(LuksError::DeviceTooSmall { need, have: header.geometry().size });
+    }
+    let image = blockdev::MemDevice::new(need, 512);
+    let (mut luks, vk) = super::format(&image, &fp, passphrase)?;
+    let s = v2(&mut luks)?;
+    let mut next = s.clone();
+    let m = &mut next.header.metadata;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let digest_new = m.segment_digest(0);
+    let slot =
+        digest_new.and_then(|d| m.digests.get(&d)).and_then(|d| d.keyslots.first().copied()).unwrap_or(0);
+    let plain = re::linear_segment(seg0.offset, None, false);
+    m.segments.insert(0, plain.clone());
+    for d in m.digests.values_mut() {
+        d.segments.clear();
+    }
+    add_reencrypt_metadata(
+        m,
+        backup_of(&plain, re::FLAG_BACKUP_PREVIOUS),
+        backup_of(&seg0, re::FLAG_BACKUP_FINAL),
+        digest_new,
+        ReencryptMode::Encrypt,
+        Direction::Forward,
+        resilience_name,
+        rhash,
+        alignment as u32,
+        (None, Some(vk.as_bytes())),
+        &p.pbkdf,
+    )?;
+    luks2::write_header(&mut next, &image)?;
+    *s = next;
+    let md2 = 2 * s.header.metadata.metadata_size();
+    let bytes = image.to_vec();
+    io::write_bytes(header, md2, &bytes[md2 as usize..], "keyslots area")?;
+    io::flush(header, "keyslots area")?;
+    io::write_bytes(header, 0, &bytes[..md2 as usize], "LUKS2 header")?;
+    io::flush(header, "LUKS2 header")?;
+    Ok((luks, slot))
+}
+
+/// Starts the decryption of a LUKS2 volume with a detached header (cryptsetup
+/// `reencrypt --decrypt --header FILE`): backup-previous (the crypt segment), backup-final
+/// (linear), mode `decrypt`, direction backward, as cryptsetup 2.6 writes it. The
+/// passphrase is checked first; no data is touched; one header write.
+pub fn init_decrypt(
+    meta: &dyn BlockDevice,
+    data_size: u64,
+    luks: &mut Luks,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+) -> Result<(), LuksError> {
+    if status(luks)?.is_some() {
+        return Err(LuksError::Params("LUKS2 reencryption already initialized. Aborting operation.".into()));
+    }
+    luks.check_supported()?;
+    if luks.aead()?.is_some() {
+        return Err(LuksError::Unsupported(
+            "decryption of an authenticated (integrity) volume is not supported".into(),
+        ));
+    }
+    let resilience_name = p.resilience.as_str();
+    if !matches!(resilience_name, "checksum" | "journal" | "none") {
+        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+    }
+    let rhash = parse_hash(&p.resilience_hash)
+        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    let (slot, vk_old) = luks.unlock_with(meta, passphrase, p.key_slot, &p.kdf_limits)?;
+    log::info!("decrypt: keyslot {slot} opened the volume key");
+    let seg = luks.segment()?;
+    if seg.size.is_some() || seg.iv_offset != 0 {
+        return Err(LuksError::Unsupported(
+            "decryption of a fixed-size segment or one with an IV tweak is not supported".into(),
+        ));
+    }
+    let check_ss = u64::from(seg.sector_size.max(512));
+    let device_size = data_size.saturating_sub(seg.offset);
+    if device_size == 0 {
+        return Err(LuksError::Params("Device is too small.".into()));
+    }
+    if !device_size.is_multiple_of(check_ss) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({check_ss} bytes)."
+        )));
+    }
+    let s = v2(luks)?;
+    let mut next = s.clone();
+    let m = &mut next.header.metadata;
+    let seg0 = m.segments[&0].clone();
+    add_reencrypt_metadata(
+        m,
+        backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS),
+        backup_of(&re::linear_segment(seg.offset, None, false), re::FLAG_BACKUP_FINAL),
+        None,
+        ReencryptMode::Decrypt,
+        Direction::Backward,
+        resilience_name,
+        rhash,
+        check_ss as u32,
+        (Some(vk_old.as_bytes()), None),
+        &p.pbkdf,
+    )?;
     luks2::write_header(&mut next, meta)?;
     *s = next;
-    Ok(new_slot)
+    Ok(())
 }
 
 /// Unlocks the key of `digest` with `pass` from any `luks2` keyslot bound to it.
@@ -399,11 +589,7 @@ pub fn run(
     let Some(mut st) = status(luks)? else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
-    if st.keyslot.mode != ReencryptMode::Reencrypt
-        || st.keyslot.direction != Direction::Forward
-        || st.moved.is_some()
-        || st.keyslot.resilience.shift() != 0
-    {
+    if st.moved.is_some() || st.keyslot.resilience.shift() != 0 {
         return Err(LuksError::Unsupported(format!(
             "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
             st.keyslot.mode.as_str(),
@@ -411,19 +597,54 @@ pub fn run(
             st.keyslot.resilience.type_name()
         )));
     }
+    let backward = st.keyslot.direction == Direction::Backward;
     let s = v2(luks)?;
     let pass = passphrase.as_bytes();
-    let (Some(d_old), Some(d_new)) = (st.digest_old, st.digest_new) else {
-        return Err(meta_err(re::ReencryptMetaError::Layout("reencryption without both digests")));
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let digests_ok = match st.keyslot.mode {
+        ReencryptMode::Reencrypt => d_old.is_some() && d_new.is_some(),
+        ReencryptMode::Encrypt => d_old.is_none() && d_new.is_some(),
+        ReencryptMode::Decrypt => d_old.is_some() && d_new.is_none(),
     };
-    let vk_new = unlock_digest(s, meta, pass, d_new, &opts.kdf_limits)?;
-    let vk_old =
-        if d_old == d_new { vk_new.clone() } else { unlock_digest(s, meta, pass, d_old, &opts.kdf_limits)? };
-    // The verification digest binds the metadata to both keys.
+    if !digests_ok {
+        return Err(meta_err(re::ReencryptMetaError::Layout("backup segment digests do not match the mode")));
+    }
+    let vk_new = match d_new {
+        Some(d) => Some(unlock_digest(s, meta, pass, d, &opts.kdf_limits)?),
+        None => None,
+    };
+    // cryptsetup's teardown wipes the old keyslots (a header write each) before it drops
+    // the reencryption metadata: killed in between, every hotzone is written, the old key
+    // is gone, and cryptsetup itself cannot resume ("No usable token is available"). No data
+    // is left to rewrite, so the run only has to finish; the new key (checked above against
+    // its digest) is what the finished header keeps.
+    if st.keyslot.mode == ReencryptMode::Reencrypt
+        && vk_new.is_some()
+        && d_old != d_new
+        && re::all_done(&st, &s.header.metadata)
+        && d_old.and_then(|d| s.header.metadata.digests.get(&d)).is_some_and(|d| {
+            !d.keyslots.iter().any(|k| s.header.metadata.keyslots.get(k).is_some_and(|ks| ks.is_luks2()))
+        })
+    {
+        log::warn!("reencrypt: every hotzone was written and the old keyslots are gone; finishing");
+        finish(s, meta, &st, d_old, d_new)?;
+        return Ok(RunEnd::Finished);
+    }
+    let vk_old = match d_old {
+        Some(_) if d_old == d_new => vk_new.clone(),
+        Some(d) => Some(unlock_digest(s, meta, pass, d, &opts.kdf_limits)?),
+        None => None,
+    };
+    // The verification digest binds the metadata to the keys.
     {
         let m = &s.header.metadata;
         let vdata = st
-            .verification_data(m, st.version, Some(vk_old.as_bytes()), Some(vk_new.as_bytes()))
+            .verification_data(
+                m,
+                st.version,
+                vk_old.as_ref().map(VolumeKey::as_bytes),
+                vk_new.as_ref().map(VolumeKey::as_bytes),
+            )
             .map_err(meta_err)?;
         let ok = match st.digest_verify.and_then(|d| m.digests.get(&d)).and_then(|d| d.pbkdf2.as_ref()) {
             Some(p) => check_pbkdf2(p, &vdata)?,
@@ -436,11 +657,32 @@ pub fn run(
     let m = &s.header.metadata;
     let prev = m.segments[&st.previous].clone();
     let fin = m.segments[&st.final_].clone();
-    let (Some(pc), Some(fc)) = (prev.crypt.clone(), fin.crypt.clone()) else {
-        return Err(meta_err(re::ReencryptMetaError::Layout("backup segments are not crypt segments")));
+    // The old and new sides: a cipher, or plaintext (linear).
+    let side = |seg: &formats::luks2::Segment, vk: &Option<VolumeKey>, what: &'static str| match (
+        seg.type_name.as_str(),
+        &seg.crypt,
+        vk,
+    ) {
+        ("crypt", Some(c), Some(vk)) => {
+            Ok(Some((c.encryption.clone(), c.sector_size, cipher(&c.encryption, vk, c.sector_size)?)))
+        }
+        ("linear", _, None) => Ok(None),
+        _ => Err(meta_err(re::ReencryptMetaError::Layout(what))),
     };
-    let old = cipher(&pc.encryption, &vk_old, pc.sector_size)?;
-    let new = cipher(&fc.encryption, &vk_new, fc.sector_size)?;
+    let old = side(&prev, &vk_old, "backup-previous does not match the mode")?;
+    let new = side(&fin, &vk_new, "backup-final does not match the mode")?;
+    let old_ss = old.as_ref().map_or(512, |o| o.1);
+    let new_ss = new.as_ref().map_or(512, |n| n.1);
+    // Old content to new content, in place (`sector` in 512-byte units from the data offset).
+    let rewrite = |sector: u64, buf: &mut [u8]| -> Result<(), LuksError> {
+        if let Some((spec, _, c)) = &old {
+            c.decrypt(sector, buf).map_err(|source| LuksError::Cipher { spec: spec.clone(), source })?;
+        }
+        if let Some((spec, _, c)) = &new {
+            c.encrypt(sector, buf).map_err(|source| LuksError::Cipher { spec: spec.clone(), source })?;
+        }
+        Ok(())
+    };
     let data_offset = fin.offset;
     let (device_size, fixed) = match prev.size {
         SegmentSize::Bytes(b) => (b, true),
@@ -448,7 +690,7 @@ pub fn run(
     };
     let alignment = match &st.keyslot.resilience {
         Resilience::Checksum { block_size, .. } => u64::from(*block_size),
-        _ => u64::from(pc.sector_size.max(fc.sector_size).max(data.geometry().logical_block)),
+        _ => u64::from(old_ss.max(new_ss).max(data.geometry().logical_block)),
     };
     if !device_size.is_multiple_of(alignment) {
         return Err(LuksError::Params(format!(
@@ -483,24 +725,28 @@ pub fn run(
         return Err(LuksError::Params("Invalid reencryption length.".into()));
     }
     let io_err = |what| move |source| LuksError::Io { what, source };
-    let crypto_err = |spec: &str| {
-        let spec = spec.to_owned();
-        move |source| LuksError::Cipher { spec: spec.clone(), source }
-    };
-    let mut offset = st.forward_offset(&s.header.metadata).map_err(meta_err)?;
-    {
-        // One regular segment bound to the new key only: every hotzone was written and
-        // the run stopped before finishing (cryptsetup would start over here).
-        let m = &s.header.metadata;
-        if st.hot.is_none()
-            && d_old != d_new
-            && ReencryptState::regular_segments(m).len() == 1
-            && m.segment_digest(0) == Some(d_new)
-            && !m.digests.get(&d_old).is_some_and(|d| d.segments.contains(&0))
-        {
-            offset = device_size;
+    // `pos`: forward, the end of the new part (everything below is new); backward, the end
+    // of the old part (everything above is new). Progress is the new part's size.
+    let mut pos = if re::all_done(&st, &s.header.metadata) {
+        // Every hotzone was written and the run stopped before finishing.
+        if backward {
+            0
+        } else {
+            device_size
         }
-    }
+    } else if backward {
+        re::backward_boundary(&st, &s.header.metadata, device_size).map_err(meta_err)?
+    } else {
+        st.forward_offset(&s.header.metadata).map_err(meta_err)?
+    };
+    let layout = |st: &ReencryptState, m: &Luks2Metadata, pos: u64, hot: Option<u64>| {
+        if backward {
+            re::backward_layout(st, m, pos, hot, device_size, fixed)
+        } else {
+            re::forward_layout(st, m, pos, hot, device_size, fixed)
+        }
+    };
+    let done_of = |pos: u64| if backward { device_size - pos } else { pos };
 
     // Recovery of a hotzone that was being rewritten.
     if let Some(h) = st.hot {
@@ -509,6 +755,10 @@ pub fn run(
         if !len.is_multiple_of(alignment) {
             return Err(meta_err(re::ReencryptMetaError::Layout("hotzone not aligned")));
         }
+        let offset = hs
+            .offset
+            .checked_sub(data_offset)
+            .ok_or(meta_err(re::ReencryptMetaError::Layout("hotzone before the data offset")))?;
         log::warn!("reencrypt: recovering the hotzone at {offset} ({len} bytes) after an interrupted run");
         let mut buf = SecretBuf::zeroed(len as usize);
         data.read_at(data_offset + offset, &mut buf).map_err(io_err("hotzone"))?;
@@ -529,8 +779,7 @@ pub fn run(
                     hash.digest_into(&[&*blk], &mut sum);
                     if sum == sums[b * hl..(b + 1) * hl] {
                         let sector = (offset + (b * bs) as u64) / 512;
-                        old.decrypt(sector, blk).map_err(crypto_err(&pc.encryption))?;
-                        new.encrypt(sector, blk).map_err(crypto_err(&fc.encryption))?;
+                        rewrite(sector, blk)?;
                         data.write_at(
                             data_offset + offset + (b * bs) as u64,
                             blk,
@@ -546,8 +795,7 @@ pub fn run(
                 }
                 let j = io::read_secret(meta, rk.area_offset, len as usize, "reencryption journal")?;
                 buf.copy_from_slice(&j);
-                old.decrypt(offset / 512, &mut buf).map_err(crypto_err(&pc.encryption))?;
-                new.encrypt(offset / 512, &mut buf).map_err(crypto_err(&fc.encryption))?;
+                rewrite(offset / 512, &mut buf)?;
                 data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
                     .map_err(io_err("hotzone"))?;
             }
@@ -558,11 +806,10 @@ pub fn run(
             }
         }
         data.flush().map_err(io_err("data device"))?;
-        offset += len;
+        pos = if backward { offset } else { offset + len };
         let mut next = s.clone();
-        let layout = re::forward_layout(&st, &next.header.metadata, offset, None, device_size, fixed)
-            .map_err(meta_err)?;
-        re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
+        let l = layout(&st, &next.header.metadata, pos, None).map_err(meta_err)?;
+        re::assign_segments(&mut st, &mut next.header.metadata, l).map_err(meta_err)?;
         luks2::write_header(&mut next, meta)?;
         *s = next;
     }
@@ -570,17 +817,18 @@ pub fn run(
     let none = rk.resilience == Resilience::None;
     let mut buf = SecretBuf::zeroed(length.min(device_size.max(alignment)) as usize);
     let mut stopped = false;
-    if !progress(offset, device_size) {
+    if !progress(done_of(pos), device_size) {
         stopped = true;
     }
-    while !stopped && offset < device_size {
-        let len = length.min(device_size - offset);
+    let left = |pos: u64| if backward { pos } else { device_size - pos };
+    while !stopped && left(pos) > 0 {
+        let len = length.min(left(pos));
+        let offset = if backward { pos - len } else { pos };
         let chunk = &mut buf[..len as usize];
         let mut next = s.clone();
-        let layout = re::forward_layout(&st, &next.header.metadata, offset, Some(len), device_size, fixed)
-            .map_err(meta_err)?;
+        let l = layout(&st, &next.header.metadata, pos, Some(len)).map_err(meta_err)?;
         let mut st_next = st.clone();
-        re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
+        re::assign_segments(&mut st_next, &mut next.header.metadata, l).map_err(meta_err)?;
         data.read_at(data_offset + offset, chunk).map_err(io_err("hotzone"))?;
         match (&rk.resilience, hash_len) {
             (Resilience::Checksum { block_size, .. }, Some(hash)) => {
@@ -603,23 +851,21 @@ pub fn run(
         if !none {
             luks2::write_header(&mut next, meta)?;
         }
-        old.decrypt(offset / 512, chunk).map_err(crypto_err(&pc.encryption))?;
-        new.encrypt(offset / 512, chunk).map_err(crypto_err(&fc.encryption))?;
+        rewrite(offset / 512, chunk)?;
         data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty())
             .map_err(io_err("hotzone"))?;
         if !none {
             data.flush().map_err(io_err("data device"))?;
         }
-        offset += len;
-        let layout = re::forward_layout(&st_next, &next.header.metadata, offset, None, device_size, fixed)
-            .map_err(meta_err)?;
-        re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
+        pos = if backward { offset } else { offset + len };
+        let l = layout(&st_next, &next.header.metadata, pos, None).map_err(meta_err)?;
+        re::assign_segments(&mut st_next, &mut next.header.metadata, l).map_err(meta_err)?;
         if !none {
             luks2::write_header(&mut next, meta)?;
         }
         *s = next;
         st = st_next;
-        if !progress(offset, device_size) {
+        if !progress(done_of(pos), device_size) {
             stopped = true;
         }
     }
@@ -627,7 +873,7 @@ pub fn run(
         data.flush().map_err(io_err("data device"))?;
         luks2::write_header(s, meta)?;
     }
-    if offset < device_size {
+    if left(pos) > 0 {
         return Ok(RunEnd::Interrupted);
     }
     finish(s, meta, &st, d_old, d_new)?;
@@ -645,8 +891,8 @@ fn finish(
     s: &mut Luks2State,
     meta: &dyn BlockDevice,
     st: &ReencryptState,
-    d_old: u32,
-    d_new: u32,
+    d_old: Option<u32>,
+    d_new: Option<u32>,
 ) -> Result<(), LuksError> {
     let mut next = s.clone();
     let m = &mut next.header.metadata;
@@ -661,7 +907,7 @@ fn finish(
             }
         }
     };
-    if d_old != d_new {
+    if let Some(d_old) = d_old.filter(|&d| Some(d) != d_new) {
         let old_slots: Vec<u32> = m.digests.get(&d_old).map(|d| d.keyslots.clone()).unwrap_or_default();
         for k in old_slots {
             area(m, k, &mut wipe);
