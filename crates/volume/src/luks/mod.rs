@@ -47,6 +47,7 @@ mod luks1;
 mod luks2;
 mod pbkdf;
 pub mod reencrypt;
+pub mod reencrypting;
 
 mod activate;
 mod error;
