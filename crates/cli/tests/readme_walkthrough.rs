@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use common::{bin, runtime_dir, FAST_PBKDF2};
 
 fn block() -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
     let sec = readme.split("### A LUKS2 volume's life").nth(1).expect("the walkthrough section");
     let code = sec.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
     code.lines().map(str::to_owned).collect()

@@ -175,9 +175,17 @@ fn killed_mid_run(want_hot: Option<bool>, mut cmd: impl FnMut(&Vol) -> Command) 
 
 fn cs_run(v: &Vol) -> Command {
     let mut c = Command::new("cryptsetup");
-    c.args(["reencrypt", "--batch-mode", "--force-offline-reencrypt", "--hotzone-size", "1M", "--key-file", v.pass()])
-        .args(FAST_PBKDF2)
-        .arg(v.img());
+    c.args([
+        "reencrypt",
+        "--batch-mode",
+        "--force-offline-reencrypt",
+        "--hotzone-size",
+        "1M",
+        "--key-file",
+        v.pass(),
+    ])
+    .args(FAST_PBKDF2)
+    .arg(v.img());
     c
 }
 
@@ -203,7 +211,10 @@ fn serve_read_write(v: &Vol) -> Vec<u8> {
     std::fs::write(&back, &new).unwrap();
     run_tool(Command::new("nbdcopy").arg(&back).arg(srv.uri()));
     srv.stop_ok();
-    assert!(in_progress(v).is_some_and(|hot| !hot), "after open the reencryption is in progress, hotzone recovered");
+    assert!(
+        in_progress(v).is_some_and(|hot| !hot),
+        "after open the reencryption is in progress, hotzone recovered"
+    );
     new
 }
 
@@ -215,7 +226,14 @@ fn cryptsetup_killed_mid_run_opens_in_sealdisk_then_cryptsetup_finishes() {
     let (v, hot) = killed_mid_run(None, cs_run).expect("cryptsetup was never caught mid-run");
     let new = serve_read_write(&v);
     let _ = hot;
-    let mut args = vec!["reencrypt", "--batch-mode", "--force-offline-reencrypt", "--resume-only", "--key-file", v.pass()];
+    let mut args = vec![
+        "reencrypt",
+        "--batch-mode",
+        "--force-offline-reencrypt",
+        "--resume-only",
+        "--key-file",
+        v.pass(),
+    ];
     args.push(v.img());
     ok(&cs(&args), "cryptsetup reencrypt --resume-only");
     assert_data(&v, &new, "cryptsetup killed, sealdisk served, cryptsetup finished");
@@ -232,7 +250,10 @@ fn sealdisk_killed_mid_hotzone_opens_then_finishes() {
             .expect("sealdisk was never caught mid-run");
         eprintln!("{resilience}: hotzone mid-write: {hot}");
         let new = serve_read_write(&v);
-        ok(&sealdisk(&["reencrypt", "--resume-only", "--key-file", v.pass(), v.img()]), "sealdisk reencrypt --resume-only");
+        ok(
+            &sealdisk(&["reencrypt", "--resume-only", "--key-file", v.pass(), v.img()]),
+            "sealdisk reencrypt --resume-only",
+        );
         assert_data(&v, &new, resilience);
     }
 }
@@ -346,9 +367,10 @@ fn online_reencryption_while_clients_write() {
     let mut model = read_all(&v, &uri);
     assert!(model == plaintext(model.len(), 0));
     let size = model.len() as u64;
-    let child = online_reencrypt(&v, &["--hotzone-size", "256k", "--cipher", "aes-xts-plain64", "--key-size", "256"])
-        .spawn()
-        .unwrap();
+    let child =
+        online_reencrypt(&v, &["--hotzone-size", "256k", "--cipher", "aes-xts-plain64", "--key-size", "256"])
+            .spawn()
+            .unwrap();
     let st = wait_running(&v, "vol");
     eprintln!("{st}");
     // A second reencryption while one runs: cryptsetup's refusal (device busy).
@@ -373,7 +395,10 @@ fn online_reencryption_while_clients_write() {
     let out = child.wait_with_output().unwrap();
     let msg = String::from_utf8_lossy(&out.stderr);
     ok(&out, "sealdisk reencrypt (online)");
-    assert!(msg.contains("Progress:") && msg.contains("MiB/s") && msg.contains("ETA"), "no progress line: {msg}");
+    assert!(
+        msg.contains("Progress:") && msg.contains("MiB/s") && msg.contains("ETA"),
+        "no progress line: {msg}"
+    );
     assert!(during >= 1, "no client write ran during the reencryption ({batches} batches)");
     eprintln!("{batches} batches of writes, {during} during the reencryption");
     assert!(status_of(&v, "vol").contains("reencryption: finished 100.0%"));
@@ -392,9 +417,10 @@ fn server_killed_mid_online_reencryption_resumes_offline() {
     }
     for finisher in ["sealdisk", "cryptsetup"] {
         let v = volume(96 * MIB);
+        // (cryptsetup waits for the image's lock while a server holds it: no luksDump then.)
+        let mut model = plaintext((96 * MIB - layout(v.img()).0) as usize, 0);
         let mut srv = serve(v.dir.path(), "vol", &["--key-file", v.pass(), v.img(), "vol"], None);
         let uri = srv.uri();
-        let mut model = plaintext((96 * MIB - layout(v.img()).0) as usize, 0);
         let size = model.len() as u64;
         let child = online_reencrypt(&v, &["--hotzone-size", "256k"]).spawn().unwrap();
         wait_running(&v, "vol");
@@ -407,12 +433,23 @@ fn server_killed_mid_online_reencryption_resumes_offline() {
         let hot = in_progress(&v).expect("killed mid-run: the reencryption is in progress");
         eprintln!("{finisher}: killed with the hotzone mid-write: {hot}");
         if finisher == "sealdisk" {
-            ok(&sealdisk(&["reencrypt", "--resume-only", "--key-file", v.pass(), v.img()]), "sealdisk resume");
+            ok(
+                &sealdisk(&["reencrypt", "--resume-only", "--key-file", v.pass(), v.img()]),
+                "sealdisk resume",
+            );
         } else {
             if hot {
                 ok(&cs(&["repair", "--batch-mode", "--key-file", v.pass(), v.img()]), "cryptsetup repair");
             }
-            let args = ["reencrypt", "--batch-mode", "--force-offline-reencrypt", "--resume-only", "--key-file", v.pass(), v.img()];
+            let args = [
+                "reencrypt",
+                "--batch-mode",
+                "--force-offline-reencrypt",
+                "--resume-only",
+                "--key-file",
+                v.pass(),
+                v.img(),
+            ];
             ok(&cs(&args), "cryptsetup resume");
         }
         assert_data(&v, &model, finisher);

@@ -382,7 +382,11 @@ enum Keys {
     Reencrypt(luks::reencrypt::ReencryptKeys),
 }
 
-fn unlock_keys(l: &mut LuksSpec<'_>, meta: &Storage, read_only: bool) -> Result<(Unlocked, Keys), VolumeError> {
+fn unlock_keys(
+    l: &mut LuksSpec<'_>,
+    meta: &Storage,
+    read_only: bool,
+) -> Result<(Unlocked, Keys), VolumeError> {
     let path = meta.name.as_str();
     let wrap = |source| VolumeError::Luks { path: path.to_owned(), source };
     if luks::probe(&*meta.device).map_err(wrap)?.is_none() {
@@ -405,7 +409,9 @@ fn unlock_keys(l: &mut LuksSpec<'_>, meta: &Storage, read_only: bool) -> Result<
                 Ok((slot, Keys::Reencrypt(k)))
             })
         } else {
-            header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits).map(|(k, vk)| (k, Keys::One(vk)))
+            header
+                .unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)
+                .map(|(k, vk)| (k, Keys::One(vk)))
         };
         match tried {
             Ok((keyslot, keys)) => return Ok((Unlocked { luks: header, keyslot }, keys)),
@@ -462,7 +468,8 @@ fn open_reencrypting(
     storage: Storage,
     opts: &OpenOptions,
 ) -> Result<Volume, VolumeError> {
-    let (device, tn, to) = luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
+    let (device, tn, to) =
+        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
     Ok(Volume {
         device,
         kind: VolumeKind::Luks2,

@@ -578,17 +578,24 @@ impl Live {
             return Response::err(exit::BUSY, "Reencryption process is already running.");
         }
         let mut guard = lock(&self.rebuild);
-        let not_luks = || Response::err(exit::BAD_ARGS, format!("Device {} is not a LUKS2 device.", self.name));
+        let not_luks =
+            || Response::err(exit::BAD_ARGS, format!("Device {} is not a LUKS2 device.", self.name));
         let Some(r) = guard.as_mut() else { return not_luks() };
         let Some(l) = r.luks.clone() else { return not_luks() };
         if l.version != LuksVersion::V2 {
-            return Response::err(exit::BAD_ARGS, "Reencryption is supported only for LUKS2 in this version of sealdisk.");
+            return Response::err(
+                exit::BAD_ARGS,
+                "Reencryption is supported only for LUKS2 in this version of sealdisk.",
+            );
         }
         if self.gate.is_held() {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         }
         if r.opts.read_only {
-            return Response::err(exit::BAD_ARGS, format!("Device {} is active read-only: it cannot be reencrypted online.", self.name));
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} is active read-only: it cannot be reencrypted online.", self.name),
+            );
         }
         if q.sector_size.is_some() {
             return Response::err(
@@ -610,14 +617,20 @@ impl Live {
             Err(e) => return fail(e),
         };
         if luks.uuid() != l.uuid {
-            return Response::err(exit::FAILURE, "the LUKS header now on the device has another UUID: refused");
+            return Response::err(
+                exit::FAILURE,
+                "the LUKS header now on the device has another UUID: refused",
+            );
         }
         let in_progress = match re::status(&luks) {
             Ok(s) => s.is_some(),
             Err(e) => return fail(e),
         };
         if in_progress && q.init_only {
-            return Response::err(exit::BAD_ARGS, "LUKS2 reencryption already initialized. Aborting operation.");
+            return Response::err(
+                exit::BAD_ARGS,
+                "LUKS2 reencryption already initialized. Aborting operation.",
+            );
         }
         if !in_progress {
             if q.resume_only {
@@ -661,7 +674,10 @@ impl Live {
         } else if let Some(res) = &q.resilience {
             let cur = re::status(&luks).ok().flatten().map(|s| s.keyslot.resilience.type_name());
             if cur != Some(res.as_str()) {
-                return Response::err(exit::BAD_ARGS, "changing the resilience mode on resume is not supported yet.");
+                return Response::err(
+                    exit::BAD_ARGS,
+                    "changing the resilience mode on resume is not supported yet.",
+                );
             }
         }
         let keys = match re::unlock_keys(&*meta.device, &luks, &pass, &l.kdf_limits) {
@@ -672,13 +688,22 @@ impl Live {
         let Some(old) = self.gate.hold() else {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         };
-        let built =
-            volume::luks::reencrypting::activate(&r.storage, &*meta.device, &mut luks, &keys, &r.opts, &r.flags);
+        let built = volume::luks::reencrypting::activate(
+            &r.storage,
+            &*meta.device,
+            &mut luks,
+            &keys,
+            &r.opts,
+            &r.flags,
+        );
         let (dev, new_table) = match built {
             Ok((d, tn, _)) if self.gate.fits(&*d) => (d, tn),
             Ok(_) => {
                 drop(self.gate.replace(old));
-                return Response::err(exit::FAILURE, "the reencrypting volume differs in size or capabilities: refused");
+                return Response::err(
+                    exit::FAILURE,
+                    "the reencrypting volume differs in size or capabilities: refused",
+                );
             }
             Err(e) => {
                 drop(self.gate.replace(old));
@@ -708,10 +733,11 @@ impl Live {
                     (p.done, p.total, p.rate, p.eta_secs) = (done, total, rate, eta);
                 }
             };
-            let r = re::run_unlocked(&*meta_dev, &*data, &mut luks, &keys, &opts, Some(&*dev), &mut |d, t| {
-                update(d, t);
-                !stop.load(Ordering::SeqCst)
-            });
+            let r =
+                re::run_unlocked(&*meta_dev, &*data, &mut luks, &keys, &opts, Some(&*dev), &mut |d, t| {
+                    update(d, t);
+                    !stop.load(Ordering::SeqCst)
+                });
             drop(keys);
             let mut j = lock(&shared);
             if let Some(p) = j.progress.as_mut() {

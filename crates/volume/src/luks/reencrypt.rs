@@ -646,7 +646,9 @@ fn recover(
             let hl = hash.output_len();
             let count = buf.len() / bs;
             if (count * hl) as u64 > rk.area_size {
-                return Err(meta_err(re::ReencryptMetaError::Layout("hotzone larger than the checksum area")));
+                return Err(meta_err(re::ReencryptMetaError::Layout(
+                    "hotzone larger than the checksum area",
+                )));
             }
             let sums = io::read_bytes(meta, rk.area_offset, count * hl, "reencryption checksums")?;
             let mut sum = vec![0u8; hl];
@@ -670,7 +672,8 @@ fn recover(
             buf.copy_from_slice(&j);
             p.old.decrypt(offset / 512, &mut buf).map_err(crypto_err(&p.old_spec))?;
             p.new.encrypt(offset / 512, &mut buf).map_err(crypto_err(&p.new_spec))?;
-            data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty()).map_err(io_err("hotzone"))?;
+            data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
+                .map_err(io_err("hotzone"))?;
         }
         _ => {
             return Err(LuksError::Params(
@@ -752,7 +755,8 @@ pub fn run_unlocked(
         }
         p.old.decrypt(offset / 512, chunk).map_err(crypto_err(&p.old_spec))?;
         p.new.encrypt(offset / 512, chunk).map_err(crypto_err(&p.new_spec))?;
-        data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty()).map_err(io_err("hotzone"))?;
+        data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty())
+            .map_err(io_err("hotzone"))?;
         if !none {
             data.flush().map_err(io_err("data device"))?;
         }

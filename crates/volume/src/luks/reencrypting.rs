@@ -97,7 +97,13 @@ impl ReencryptingDevice {
         if boundary > geometry.size || !boundary.is_multiple_of(u64::from(block)) {
             return Err("the reencryption boundary is not a block boundary inside the device");
         }
-        Ok(ReencryptingDevice { new, old, geometry, boundary: AtomicU64::new(boundary), locks: RangeLock::new() })
+        Ok(ReencryptingDevice {
+            new,
+            old,
+            geometry,
+            boundary: AtomicU64::new(boundary),
+            locks: RangeLock::new(),
+        })
     }
 
     /// Bytes (from the start of the device) in the new segment.
@@ -187,8 +193,12 @@ mod tests {
     fn layer(dev: &Arc<dyn BlockDevice>, key: u8, ss: u32) -> CryptTarget<Arc<dyn BlockDevice>> {
         let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
         let vk = VolumeKey::from_slice(&[key; 64]);
-        let c = SectorCipher::new(&spec, &vk, SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false })
-            .unwrap();
+        let c = SectorCipher::new(
+            &spec,
+            &vk,
+            SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
+        )
+        .unwrap();
         CryptTarget::new(dev.clone(), c, CryptConfig { offset: 4096, ..CryptConfig::default() }).unwrap()
     }
 
