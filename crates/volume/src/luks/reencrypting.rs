@@ -192,7 +192,8 @@ mod tests {
 
     fn layer(dev: &Arc<dyn BlockDevice>, key: u8, ss: u32) -> CryptTarget<Arc<dyn BlockDevice>> {
         let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
-        let vk = VolumeKey::from_slice(&[key; 64]);
+        let bytes: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ key).collect();
+        let vk = VolumeKey::from_slice(&bytes);
         let c = SectorCipher::new(
             &spec,
             &vk,
