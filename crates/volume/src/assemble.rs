@@ -357,12 +357,36 @@ fn open_layers(layers: Vec<Layer>, storage: Storage, opts: &OpenOptions) -> Resu
 /// Loads the LUKS header on `meta` (repairing a damaged LUKS2 copy unless `read_only`),
 /// checks the version asked for and that it can be opened, then tries the passphrases of
 /// `l` until one opens a keyslot. Nothing is assembled: `open --test-passphrase`, and the
-/// first half of [`open`] for LUKS.
+/// first half of [`open`] for LUKS. For a volume mid-reencryption the key returned is the
+/// new one (the passphrase opened both).
 pub fn unlock_luks(
     l: &mut LuksSpec<'_>,
     meta: &Storage,
     read_only: bool,
 ) -> Result<(Unlocked, VolumeKey), VolumeError> {
+    let (unlocked, keys) = unlock_keys(l, meta, read_only)?;
+    Ok((
+        unlocked,
+        match keys {
+            Keys::One(k) => k,
+            Keys::Reencrypt(k) => k.new,
+        },
+    ))
+}
+
+/// The keys an unlock found.
+enum Keys {
+    /// The volume key.
+    One(VolumeKey),
+    /// Both keys of a reencryption in progress.
+    Reencrypt(luks::reencrypt::ReencryptKeys),
+}
+
+fn unlock_keys(
+    l: &mut LuksSpec<'_>,
+    meta: &Storage,
+    read_only: bool,
+) -> Result<(Unlocked, Keys), VolumeError> {
     let path = meta.name.as_str();
     let wrap = |source| VolumeError::Luks { path: path.to_owned(), source };
     if luks::probe(&*meta.device).map_err(wrap)?.is_none() {
@@ -370,11 +394,27 @@ pub fn unlock_luks(
         return Err(VolumeError::NotLuks { path: path.to_owned(), found });
     }
     let header = luks::load_checked(&*meta.device, path, l.version, !read_only).map_err(wrap)?;
-    header.check_supported().map_err(wrap)?;
+    let reencrypting = luks::reencrypt::status(&header).map_err(wrap)?.is_some();
+    if reencrypting {
+        luks::reencrypt::check_openable(&header).map_err(wrap)?;
+    } else {
+        header.check_supported().map_err(wrap)?;
+    }
     let mut last = None;
     while let Some(pass) = l.passphrase.next_passphrase()? {
-        match header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits) {
-            Ok((keyslot, vk)) => return Ok((Unlocked { luks: header, keyslot }, vk)),
+        let tried = if reencrypting {
+            // Both keys open with the passphrase (cryptsetup unlocks all segments' keys).
+            luks::reencrypt::unlock_keys(&*meta.device, &header, &pass, &l.kdf_limits).and_then(|k| {
+                let (slot, _) = header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)?;
+                Ok((slot, Keys::Reencrypt(k)))
+            })
+        } else {
+            header
+                .unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)
+                .map(|(k, vk)| (k, Keys::One(vk)))
+        };
+        match tried {
+            Ok((keyslot, keys)) => return Ok((Unlocked { luks: header, keyslot }, keys)),
             Err(LuksError::WrongPassphrase) => {
                 l.passphrase.rejected();
                 last = Some(LuksError::WrongPassphrase);
@@ -388,7 +428,14 @@ pub fn unlock_luks(
 fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
     let header = l.header.take();
     let meta = header.as_ref().unwrap_or(&storage);
-    let (unlocked, vk) = unlock_luks(&mut l, meta, opts.read_only)?;
+    let (unlocked, keys) = unlock_keys(&mut l, meta, opts.read_only)?;
+    let vk = match keys {
+        Keys::One(vk) => vk,
+        Keys::Reencrypt(k) => {
+            let meta_dev = header.as_ref().map_or_else(|| storage.device.clone(), |h| h.device.clone());
+            return open_reencrypting(&l, unlocked, &k, &*meta_dev, storage, opts);
+        }
+    };
     drop(header);
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
     let version = unlocked.luks.version();
@@ -408,6 +455,29 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
     let table = unlocked.luks.table(&storage.name, storage.size(), &vk, &l.flags).map_err(wrap)?;
     let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };
     crypt_volume(storage, table, opts, kind, Vec::new(), Some(unlocked))
+}
+
+/// A LUKS2 volume mid-reencryption: a hotzone a crash left half rewritten is recovered, then
+/// the device is the new segment below the reencryption offset and the old one above
+/// (cryptsetup's two-segment activation). Layers: the new segment's table, then the old's.
+fn open_reencrypting(
+    l: &LuksSpec<'_>,
+    mut unlocked: Unlocked,
+    keys: &luks::reencrypt::ReencryptKeys,
+    meta: &dyn BlockDevice,
+    storage: Storage,
+    opts: &OpenOptions,
+) -> Result<Volume, VolumeError> {
+    let (device, tn, to) =
+        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
+    Ok(Volume {
+        device,
+        kind: VolumeKind::Luks2,
+        layers: vec![LayerTable::Crypt(tn), LayerTable::Crypt(to)],
+        integrity: None,
+        luks: Some(unlocked),
+        rotational: false,
+    })
 }
 
 /// Reads the FileVault2 metadata on `storage` and tries the passphrases of `f` until one

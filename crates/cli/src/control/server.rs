@@ -19,7 +19,7 @@ use volume::luks::{KdfLimits, LuksVersion};
 use volume::{LayerTable, LuksSpec, OnePassphrase, OpenOptions, Spec, Storage, Volume, VolumeKind};
 
 use super::gate::Gate;
-use super::proto::{self, Command, Refresh, Response, Status, MAX_SECRET};
+use super::proto::{self, Command, ReencryptProgress, Refresh, Response, Status, MAX_SECRET};
 use super::Claim;
 use crate::exit;
 
@@ -76,6 +76,24 @@ pub struct Live {
     /// `close` that asked for it has been answered.
     finished: Mutex<(Option<Result<(), String>>, bool)>,
     finished_cv: Condvar,
+    /// The online reencryption (its progress is shared with its thread).
+    reenc: Arc<Mutex<Job>>,
+}
+
+/// An online reencryption run by this server.
+#[derive(Default)]
+struct Job {
+    progress: Option<ReencryptProgress>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The new segment's table: once the run finished, the volume's one table.
+    new_table: Option<CryptTable>,
+}
+
+impl Job {
+    fn running(&self) -> bool {
+        self.progress.as_ref().is_some_and(|p| p.state == "running")
+    }
 }
 
 impl std::fmt::Debug for Live {
@@ -173,7 +191,10 @@ impl Live {
             base.skipped = t.iv_offset;
             base.crypt_mode = Some(mode_name(rebuild.opts.crypt_mode).into());
             rebuild.flags = CryptOptions { integrity_aead: None, ..t.options };
-            if vol.kind != VolumeKind::Luks2Aead {
+            // One table cannot rebuild a volume mid-reencryption (two segments, two keys):
+            // `refresh` and `resize` refuse it as they refuse an authenticated one.
+            let crypt_layers = vol.layers.iter().filter(|l| matches!(l, LayerTable::Crypt(_))).count();
+            if vol.kind != VolumeKind::Luks2Aead && crypt_layers == 1 {
                 rebuild.table = Some(t.clone());
             }
         } else {
@@ -216,6 +237,7 @@ impl Live {
             transport: OnceLock::new(),
             finished: Mutex::new((None, false)),
             finished_cv: Condvar::new(),
+            reenc: Arc::new(Mutex::new(Job::default())),
         });
         (live, gate)
     }
@@ -228,6 +250,7 @@ impl Live {
     /// Serving is over (`result` is the final flush's outcome): answers a waiting `close`,
     /// and gives it a moment to send its reply before the process exits.
     pub fn finish(&self, result: &Result<()>) {
+        self.stop_reencryption();
         // The stack and the storage go first: a `close` caller may reopen the device at once.
         drop(lock(&self.rebuild).take());
         self.gate.retire();
@@ -259,6 +282,16 @@ impl Live {
         if s.suspended {
             s.key_location = s.key_location.map(|_| "none (suspended: key wiped)".into());
         }
+        {
+            let j = lock(&self.reenc);
+            s.reencryption = j.progress.clone();
+            if let (Some(t), Some(p)) = (&j.new_table, &j.progress) {
+                if p.state == "finished" {
+                    s.cipher = Some(t.cipher.clone());
+                    s.keysize_bits = u32::try_from(t.key.len() * 8).ok();
+                }
+            }
+        }
         if let Some(t) = self.transport.get() {
             s.transport = t.kind.to_owned();
             s.address = t.address.clone();
@@ -278,6 +311,9 @@ impl Live {
             return Response::err(exit::BUSY, format!("Device {} is still starting.", self.name));
         };
         CLOSE_ASKED.fetch_add(1, Ordering::SeqCst);
+        // A reencryption stops after its hotzone, resumable (cryptsetup's close of a device
+        // being reencrypted online leaves the same state).
+        self.stop_reencryption();
         (t.stop)();
         let mut f = lock(&self.finished);
         while f.0.is_none() {
@@ -300,6 +336,7 @@ impl Live {
 
     fn refresh(&self, want: &Refresh) -> Response {
         let mut guard = lock(&self.rebuild);
+        self.adopt_reencrypted(guard.as_mut());
         let Some(r) = guard.as_mut() else {
             return Response::err(
                 exit::BAD_ARGS,
@@ -359,6 +396,7 @@ impl Live {
 
     fn resize(&self, sectors: Option<u64>) -> Response {
         let mut guard = lock(&self.rebuild);
+        self.adopt_reencrypted(guard.as_mut());
         let Some(r) = guard.as_mut() else {
             return Response::err(
                 exit::BAD_ARGS,
@@ -412,6 +450,12 @@ impl Live {
     }
 
     fn suspend(&self) -> Response {
+        if lock(&self.reenc).running() {
+            return Response::err(
+                exit::BUSY,
+                format!("Device {} is being reencrypted: it cannot be suspended now.", self.name),
+            );
+        }
         let mut guard = lock(&self.rebuild);
         let luks = guard.as_ref().and_then(|r| r.luks.as_ref());
         if luks.is_none() {
@@ -500,6 +544,231 @@ impl Live {
         Response::ok()
     }
 
+    /// After an online reencryption finished, the new segment's table is the volume's
+    /// (so `refresh` and `resize` rebuild from it again).
+    fn adopt_reencrypted(&self, r: Option<&mut Rebuild>) {
+        let mut j = lock(&self.reenc);
+        if j.progress.as_ref().is_some_and(|p| p.state == "finished") {
+            if let (Some(r), Some(t)) = (r, j.new_table.take()) {
+                r.table = Some(t);
+            }
+        }
+    }
+
+    /// Stops the online reencryption, if one runs, after its current hotzone, and waits
+    /// for it (its header is then resumable by any tool).
+    fn stop_reencryption(&self) {
+        let thread = {
+            let mut j = lock(&self.reenc);
+            j.stop.store(true, Ordering::SeqCst);
+            j.thread.take()
+        };
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// `reencrypt` of the served volume (cryptsetup's online reencryption): initializes it
+    /// unless one is in progress, puts a [`volume::luks::reencrypting::ReencryptingDevice`]
+    /// in the gate, and runs the hotzones on a thread while clients go on.
+    fn reencrypt(&self, pass: Passphrase, q: &proto::Reencrypt) -> Response {
+        use volume::luks::reencrypt::{self as re, ReencryptParams, RunEnd, RunOptions};
+        let mut job = lock(&self.reenc);
+        if job.running() {
+            return Response::err(exit::BUSY, "Reencryption process is already running.");
+        }
+        let mut guard = lock(&self.rebuild);
+        let not_luks =
+            || Response::err(exit::BAD_ARGS, format!("Device {} is not a LUKS2 device.", self.name));
+        let Some(r) = guard.as_mut() else { return not_luks() };
+        let Some(l) = r.luks.clone() else { return not_luks() };
+        if l.version != LuksVersion::V2 {
+            return Response::err(
+                exit::BAD_ARGS,
+                "Reencryption is supported only for LUKS2 in this version of sealdisk.",
+            );
+        }
+        if self.gate.is_held() {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        }
+        if r.opts.read_only {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} is active read-only: it cannot be reencrypted online.", self.name),
+            );
+        }
+        if q.sector_size.is_some() {
+            return Response::err(
+                exit::BAD_ARGS,
+                "changing the sector size of an active volume is not supported online: close it and reencrypt offline",
+            );
+        }
+        let fail = |e: volume::luks::LuksError| {
+            let code = crate::actions::luks::kind_code(e.kind());
+            let msg = match e.kind() {
+                volume::ErrorKind::WrongKey => "No key available with this passphrase.".to_owned(),
+                _ => e.to_string(),
+            };
+            Response::err(code, msg)
+        };
+        let meta = r.header.clone().unwrap_or_else(|| r.storage.clone());
+        let mut luks = match volume::luks::Luks::load(&*meta.device, false) {
+            Ok(h) => h,
+            Err(e) => return fail(e),
+        };
+        if luks.uuid() != l.uuid {
+            return Response::err(
+                exit::FAILURE,
+                "the LUKS header now on the device has another UUID: refused",
+            );
+        }
+        let in_progress = match re::status(&luks) {
+            Ok(s) => s.is_some(),
+            Err(e) => return fail(e),
+        };
+        if in_progress && q.init_only {
+            return Response::err(
+                exit::BAD_ARGS,
+                "LUKS2 reencryption already initialized. Aborting operation.",
+            );
+        }
+        if !in_progress {
+            if q.resume_only {
+                return Response::err(exit::BAD_ARGS, "Device reencryption not in progress.");
+            }
+            let kind = match &q.pbkdf {
+                Some(k) => match k.parse::<volume::luks::PbkdfType>() {
+                    Ok(k) => Some(k),
+                    Err(e) => return Response::err(exit::BAD_ARGS, e.to_string()),
+                },
+                None => None,
+            };
+            let Ok(hash) = q.hash.parse() else {
+                return Response::err(exit::BAD_ARGS, format!("--hash: unknown hash {:?}", q.hash));
+            };
+            let params = ReencryptParams {
+                cipher: q.cipher.clone(),
+                key_bytes: q.key_bytes,
+                sector_size: None,
+                resilience: q.resilience.clone().unwrap_or_else(|| "checksum".into()),
+                resilience_hash: q.resilience_hash.clone(),
+                key_slot: q.key_slot,
+                pbkdf: volume::luks::PbkdfParams {
+                    kind,
+                    hash,
+                    iter_time: Duration::from_millis(q.iter_time_ms.max(1)),
+                    force_iterations: q.pbkdf_force_iterations,
+                    memory_kib: q.pbkdf_memory,
+                    parallel: q.pbkdf_parallel,
+                },
+                kdf_limits: l.kdf_limits,
+            };
+            match re::init(&*meta.device, r.storage.size(), &mut luks, &pass, &params) {
+                Ok(slot) => log::info!("{}: reencryption initialized, new key in keyslot {slot}", self.name),
+                Err(e) => return fail(e),
+            }
+            if q.init_only {
+                // Every sector is still in the old segment: the served stack stays right.
+                return Response::ok();
+            }
+        } else if let Some(res) = &q.resilience {
+            let cur = re::status(&luks).ok().flatten().map(|s| s.keyslot.resilience.type_name());
+            if cur != Some(res.as_str()) {
+                return Response::err(
+                    exit::BAD_ARGS,
+                    "changing the resilience mode on resume is not supported yet.",
+                );
+            }
+        }
+        let keys = match re::unlock_keys(&*meta.device, &luks, &pass, &l.kdf_limits) {
+            Ok(k) => k,
+            Err(e) => return fail(e),
+        };
+        // The device for both segments replaces the served one between requests.
+        let Some(old) = self.gate.hold() else {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        };
+        let built = volume::luks::reencrypting::activate(
+            &r.storage,
+            &*meta.device,
+            &mut luks,
+            &keys,
+            &r.opts,
+            &r.flags,
+        );
+        let (dev, new_table) = match built {
+            Ok((d, tn, _)) if self.gate.fits(&*d) => (d, tn),
+            Ok(_) => {
+                drop(self.gate.replace(old));
+                return Response::err(
+                    exit::FAILURE,
+                    "the reencrypting volume differs in size or capabilities: refused",
+                );
+            }
+            Err(e) => {
+                drop(self.gate.replace(old));
+                return Response::err(crate::actions::luks::kind_code(e.kind()), format!("{e}"));
+            }
+        };
+        drop(self.gate.replace(dev.clone()));
+        drop(old);
+        // One crypt table cannot rebuild this volume any more (`refresh`, `resize`).
+        r.table = None;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        job.stop = stop.clone();
+        job.new_table = Some(new_table);
+        job.progress = Some(ReencryptProgress { state: "running".into(), ..ReencryptProgress::default() });
+        let shared = self.reenc.clone();
+        let (meta_dev, data) = (meta.device.clone(), r.storage.device.clone());
+        let opts = RunOptions { hotzone_size: q.hotzone_size, kdf_limits: l.kdf_limits };
+        let name = self.name.clone();
+        let spawned = std::thread::Builder::new().name("reencrypt".into()).spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut first = None;
+            let mut update = |done: u64, total: u64| {
+                let f = *first.get_or_insert(done);
+                let rate = (done - f) as f64 / t0.elapsed().as_secs_f64().max(1e-3);
+                let eta = if rate > 0.0 { (total.saturating_sub(done) as f64 / rate) as u64 } else { 0 };
+                if let Some(p) = lock(&shared).progress.as_mut() {
+                    (p.done, p.total, p.rate, p.eta_secs) = (done, total, rate, eta);
+                }
+            };
+            let r =
+                re::run_unlocked(&*meta_dev, &*data, &mut luks, &keys, &opts, Some(&*dev), &mut |d, t| {
+                    update(d, t);
+                    !stop.load(Ordering::SeqCst)
+                });
+            drop(keys);
+            let mut j = lock(&shared);
+            if let Some(p) = j.progress.as_mut() {
+                match r {
+                    Ok(RunEnd::Finished) => {
+                        p.state = "finished".into();
+                        p.eta_secs = 0;
+                        log::info!("{name}: reencryption finished");
+                    }
+                    Ok(RunEnd::Interrupted) => {
+                        p.state = "interrupted".into();
+                        log::info!("{name}: reencryption interrupted at {} of {} bytes", p.done, p.total);
+                    }
+                    Err(e) => {
+                        log::error!("{name}: reencryption failed: {e}");
+                        p.state = "failed".into();
+                        p.error = Some(e.to_string());
+                    }
+                }
+            }
+        });
+        match spawned {
+            Ok(t) => job.thread = Some(t),
+            Err(e) => {
+                job.progress = None;
+                return Response::err(exit::FAILURE, format!("starting the reencryption thread: {e}"));
+            }
+        }
+        Response::ok()
+    }
+
     /// Answers one control connection.
     fn answer(&self, stream: UnixStream) {
         let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
@@ -521,6 +790,10 @@ impl Live {
                     Command::Resize { size } => self.resize(size),
                     Command::Resume { secret_len } => match read_secret(&mut reader, secret_len) {
                         Ok(pass) => self.resume(pass),
+                        Err(e) => Response::err(exit::BAD_ARGS, e),
+                    },
+                    Command::Reencrypt(q) => match read_secret(&mut reader, q.secret_len) {
+                        Ok(pass) => self.reencrypt(pass, &q),
                         Err(e) => Response::err(exit::BAD_ARGS, e),
                     },
                 },

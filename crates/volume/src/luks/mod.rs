@@ -32,8 +32,11 @@
 //! [`targets::AeadCryptTarget`] over a dm-integrity target with external tags at the data
 //! offset, as cryptsetup does (`aead.rs`).
 //!
-//! Not supported (refused with a clear error rather than opened wrongly): opening a volume whose
-//! reencryption is in progress (`reencrypt::run` finishes it), OPAL
+//! A volume whose reencryption is in progress opens as two segments split at the
+//! reencryption offset (`reencrypting.rs`); other header changes on it are refused until
+//! `reencrypt::run` finishes it.
+//!
+//! Not supported (refused with a clear error rather than opened wrongly): OPAL
 //! segments, unknown mandatory requirements, tokens as unlock methods (tokens are kept
 //! verbatim through every header rewrite).
 
@@ -47,6 +50,7 @@ mod luks1;
 mod luks2;
 mod pbkdf;
 pub mod reencrypt;
+pub mod reencrypting;
 
 mod activate;
 mod error;

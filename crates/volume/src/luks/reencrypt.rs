@@ -385,20 +385,23 @@ pub struct RunOptions {
     pub kdf_limits: KdfLimits,
 }
 
-/// Runs (or resumes) the reencryption in progress on `luks` (metadata on `meta`, data on
-/// `data`). `progress(done, total)` is called after every hotzone; returning `false` stops
-/// the run cleanly (resumable). Crash recovery happens first when needed.
-pub fn run(
-    meta: &dyn BlockDevice,
-    data: &dyn BlockDevice,
-    luks: &mut Luks,
-    passphrase: &Passphrase,
-    opts: &RunOptions,
-    progress: &mut dyn FnMut(u64, u64) -> bool,
-) -> Result<RunEnd, LuksError> {
-    let Some(mut st) = status(luks)? else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
-    };
+/// Both volume keys of a reencryption in progress, checked against its verification
+/// digest (cryptsetup unlocks "all segments" before a run or an activation).
+pub struct ReencryptKeys {
+    /// The key of the old segment (backup-previous).
+    pub old: VolumeKey,
+    /// The key of the new segment (backup-final).
+    pub new: VolumeKey,
+}
+
+impl std::fmt::Debug for ReencryptKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReencryptKeys").finish_non_exhaustive()
+    }
+}
+
+/// Refuses a reencryption this implementation cannot run or activate.
+fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
     if st.keyslot.mode != ReencryptMode::Reencrypt
         || st.keyslot.direction != Direction::Forward
         || st.moved.is_some()
@@ -411,36 +414,133 @@ pub fn run(
             st.keyslot.resilience.type_name()
         )));
     }
-    let s = v2(luks)?;
+    Ok(())
+}
+
+/// Refuses what cannot be activated mid-reencryption: unknown mandatory requirements, a
+/// reencryption mode not handled here, backup segments that are not plain crypt segments.
+pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let m = &s.header.metadata;
+    let unknown = m.unknown_requirements();
+    if !unknown.is_empty() {
+        return Err(LuksError::Unsupported(format!(
+            "Unmet LUKS2 requirements detected: {} (this version of sealdisk does not know them)",
+            unknown.join(", ")
+        )));
+    }
+    let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    check_mode(&st)?;
+    for id in [st.previous, st.final_] {
+        match m.segments.get(&id).and_then(|sg| sg.crypt.as_ref()) {
+            Some(c) if c.integrity.is_none() => {}
+            _ => {
+                return Err(LuksError::Unsupported(format!(
+                    "LUKS2 reencryption segment {id} is not a plain crypt segment"
+                )))
+            }
+        }
+    }
+    Ok(st)
+}
+
+/// Unlocks both keys of the reencryption in progress on `luks` with `passphrase` and checks
+/// them against the verification digest, which binds the metadata to them.
+pub fn unlock_keys(
+    meta: &dyn BlockDevice,
+    luks: &Luks,
+    passphrase: &Passphrase,
+    limits: &KdfLimits,
+) -> Result<ReencryptKeys, LuksError> {
+    let Some(st) = status(luks)? else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    check_mode(&st)?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
     let pass = passphrase.as_bytes();
     let (Some(d_old), Some(d_new)) = (st.digest_old, st.digest_new) else {
         return Err(meta_err(re::ReencryptMetaError::Layout("reencryption without both digests")));
     };
-    let vk_new = unlock_digest(s, meta, pass, d_new, &opts.kdf_limits)?;
-    let vk_old =
-        if d_old == d_new { vk_new.clone() } else { unlock_digest(s, meta, pass, d_old, &opts.kdf_limits)? };
-    // The verification digest binds the metadata to both keys.
-    {
-        let m = &s.header.metadata;
-        let vdata = st
-            .verification_data(m, st.version, Some(vk_old.as_bytes()), Some(vk_new.as_bytes()))
-            .map_err(meta_err)?;
-        let ok = match st.digest_verify.and_then(|d| m.digests.get(&d)).and_then(|d| d.pbkdf2.as_ref()) {
-            Some(p) => check_pbkdf2(p, &vdata)?,
-            None => false,
-        };
-        if !ok {
-            return Err(LuksError::Params("Reencryption metadata is invalid.".into()));
-        }
+    let vk_new = unlock_digest(s, meta, pass, d_new, limits)?;
+    let vk_old = if d_old == d_new { vk_new.clone() } else { unlock_digest(s, meta, pass, d_old, limits)? };
+    let m = &s.header.metadata;
+    let vdata = st
+        .verification_data(m, st.version, Some(vk_old.as_bytes()), Some(vk_new.as_bytes()))
+        .map_err(meta_err)?;
+    let ok = match st.digest_verify.and_then(|d| m.digests.get(&d)).and_then(|d| d.pbkdf2.as_ref()) {
+        Some(p) => check_pbkdf2(p, &vdata)?,
+        None => false,
+    };
+    if !ok {
+        return Err(LuksError::Params("Reencryption metadata is invalid.".into()));
     }
+    Ok(ReencryptKeys { old: vk_old, new: vk_new })
+}
+
+/// Runs (or resumes) the reencryption in progress on `luks` (metadata on `meta`, data on
+/// `data`). `progress(done, total)` is called after every hotzone; returning `false` stops
+/// the run cleanly (resumable). Crash recovery happens first when needed.
+pub fn run(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    luks: &mut Luks,
+    passphrase: &Passphrase,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<RunEnd, LuksError> {
+    let keys = unlock_keys(meta, luks, passphrase, &opts.kdf_limits)?;
+    run_unlocked(meta, data, luks, &keys, opts, None, progress)
+}
+
+/// The parameters of a run, from the metadata and the data device.
+struct Plan {
+    st: ReencryptState,
+    d_old: u32,
+    d_new: u32,
+    old: SectorCipher,
+    new: SectorCipher,
+    old_spec: String,
+    new_spec: String,
+    old_ss: u32,
+    new_ss: u32,
+    data_offset: u64,
+    device_size: u64,
+    fixed: bool,
+    alignment: u64,
+    length: u64,
+    hash: Option<HashAlg>,
+    /// Where the next hotzone starts (relative to the data offset), before any recovery.
+    offset: u64,
+}
+
+fn plan(
+    data: &dyn BlockDevice,
+    luks: &Luks,
+    keys: &ReencryptKeys,
+    hotzone_size: Option<u64>,
+) -> Result<Plan, LuksError> {
+    let Some(st) = status(luks)? else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    check_mode(&st)?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let (Some(d_old), Some(d_new)) = (st.digest_old, st.digest_new) else {
+        return Err(meta_err(re::ReencryptMetaError::Layout("reencryption without both digests")));
+    };
     let m = &s.header.metadata;
     let prev = m.segments[&st.previous].clone();
     let fin = m.segments[&st.final_].clone();
     let (Some(pc), Some(fc)) = (prev.crypt.clone(), fin.crypt.clone()) else {
         return Err(meta_err(re::ReencryptMetaError::Layout("backup segments are not crypt segments")));
     };
-    let old = cipher(&pc.encryption, &vk_old, pc.sector_size)?;
-    let new = cipher(&fc.encryption, &vk_new, fc.sector_size)?;
+    let old = cipher(&pc.encryption, &keys.old, pc.sector_size)?;
+    let new = cipher(&fc.encryption, &keys.new, fc.sector_size)?;
     let data_offset = fin.offset;
     let (device_size, fixed) = match prev.size {
         SegmentSize::Bytes(b) => (b, true),
@@ -455,19 +555,19 @@ pub fn run(
             "Device size must be multiple of calculated zone alignment ({alignment} bytes)."
         )));
     }
-    if let Some(h) = opts.hotzone_size {
+    if let Some(h) = hotzone_size {
         if h == 0 || !h.is_multiple_of(alignment) {
             return Err(LuksError::Params(format!(
                 "Hotzone size must be multiple of calculated zone alignment ({alignment} bytes)."
             )));
         }
     }
-    let rk = st.keyslot.clone();
-    let hash_len = match &rk.resilience {
+    let rk = &st.keyslot;
+    let hash = match &rk.resilience {
         Resilience::Checksum { hash, .. } => Some(parse_hash(hash)?),
         _ => None,
     };
-    let mut length = match (&rk.resilience, hash_len) {
+    let mut length = match (&rk.resilience, hash) {
         (Resilience::Checksum { block_size, .. }, Some(h)) => {
             rk.area_size / h.output_len() as u64 * u64::from(*block_size)
         }
@@ -475,106 +575,158 @@ pub fn run(
         _ => re::DEFAULT_NONE_HOTZONE_LENGTH,
     };
     length = length.min(re::MAX_HOTZONE_LENGTH).min(64 << 20);
-    if let Some(h) = opts.hotzone_size {
+    if let Some(h) = hotzone_size {
         length = length.min(h);
     }
     length -= length % alignment;
     if length == 0 {
         return Err(LuksError::Params("Invalid reencryption length.".into()));
     }
-    let io_err = |what| move |source| LuksError::Io { what, source };
-    let crypto_err = |spec: &str| {
-        let spec = spec.to_owned();
-        move |source| LuksError::Cipher { spec: spec.clone(), source }
-    };
-    let mut offset = st.forward_offset(&s.header.metadata).map_err(meta_err)?;
+    let mut offset = st.forward_offset(m).map_err(meta_err)?;
+    // One regular segment bound to the new key only: every hotzone was written and the run
+    // stopped before finishing (cryptsetup would start over here).
+    if st.hot.is_none()
+        && d_old != d_new
+        && ReencryptState::regular_segments(m).len() == 1
+        && m.segment_digest(0) == Some(d_new)
+        && !m.digests.get(&d_old).is_some_and(|d| d.segments.contains(&0))
     {
-        // One regular segment bound to the new key only: every hotzone was written and
-        // the run stopped before finishing (cryptsetup would start over here).
-        let m = &s.header.metadata;
-        if st.hot.is_none()
-            && d_old != d_new
-            && ReencryptState::regular_segments(m).len() == 1
-            && m.segment_digest(0) == Some(d_new)
-            && !m.digests.get(&d_old).is_some_and(|d| d.segments.contains(&0))
-        {
-            offset = device_size;
-        }
+        offset = device_size;
     }
+    Ok(Plan {
+        st,
+        d_old,
+        d_new,
+        old,
+        new,
+        old_spec: pc.encryption,
+        new_spec: fc.encryption,
+        old_ss: pc.sector_size,
+        new_ss: fc.sector_size,
+        data_offset,
+        device_size,
+        fixed,
+        alignment,
+        length,
+        hash,
+        offset,
+    })
+}
 
-    // Recovery of a hotzone that was being rewritten.
-    if let Some(h) = st.hot {
-        let hs = s.header.metadata.segments[&h].clone();
-        let len = hs.fixed_size().ok_or(meta_err(re::ReencryptMetaError::Layout("dynamic hotzone")))?;
-        if !len.is_multiple_of(alignment) {
-            return Err(meta_err(re::ReencryptMetaError::Layout("hotzone not aligned")));
-        }
-        log::warn!("reencrypt: recovering the hotzone at {offset} ({len} bytes) after an interrupted run");
-        let mut buf = SecretBuf::zeroed(len as usize);
-        data.read_at(data_offset + offset, &mut buf).map_err(io_err("hotzone"))?;
-        match (&rk.resilience, hash_len) {
-            (Resilience::Checksum { block_size, .. }, Some(hash)) => {
-                let bs = *block_size as usize;
-                let hl = hash.output_len();
-                let count = buf.len() / bs;
-                if (count * hl) as u64 > rk.area_size {
-                    return Err(meta_err(re::ReencryptMetaError::Layout(
-                        "hotzone larger than the checksum area",
-                    )));
-                }
-                let sums = io::read_bytes(meta, rk.area_offset, count * hl, "reencryption checksums")?;
-                let mut sum = vec![0u8; hl];
-                for b in 0..count {
-                    let blk = &mut buf[b * bs..(b + 1) * bs];
-                    hash.digest_into(&[&*blk], &mut sum);
-                    if sum == sums[b * hl..(b + 1) * hl] {
-                        let sector = (offset + (b * bs) as u64) / 512;
-                        old.decrypt(sector, blk).map_err(crypto_err(&pc.encryption))?;
-                        new.encrypt(sector, blk).map_err(crypto_err(&fc.encryption))?;
-                        data.write_at(
-                            data_offset + offset + (b * bs) as u64,
-                            blk,
-                            blockdev::WriteFlags::empty(),
-                        )
+fn io_err(what: &'static str) -> impl Fn(blockdev::BlockError) -> LuksError {
+    move |source| LuksError::Io { what, source }
+}
+
+fn crypto_err(spec: &str) -> impl Fn(sector_crypto::CryptoError) -> LuksError + '_ {
+    move |source| LuksError::Cipher { spec: spec.to_owned(), source }
+}
+
+/// Recovers the hotzone flagged `in-reencryption` (a run that stopped mid-hotzone) and
+/// writes the header that moves past it. Returns the new offset.
+fn recover(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    s: &mut Luks2State,
+    p: &mut Plan,
+) -> Result<(), LuksError> {
+    let Some(h) = p.st.hot else { return Ok(()) };
+    let rk = p.st.keyslot.clone();
+    let (data_offset, offset) = (p.data_offset, p.offset);
+    let hs = s.header.metadata.segments[&h].clone();
+    let len = hs.fixed_size().ok_or(meta_err(re::ReencryptMetaError::Layout("dynamic hotzone")))?;
+    if !len.is_multiple_of(p.alignment) {
+        return Err(meta_err(re::ReencryptMetaError::Layout("hotzone not aligned")));
+    }
+    log::warn!("reencrypt: recovering the hotzone at {offset} ({len} bytes) after an interrupted run");
+    let mut buf = SecretBuf::zeroed(len as usize);
+    data.read_at(data_offset + offset, &mut buf).map_err(io_err("hotzone"))?;
+    match (&rk.resilience, p.hash) {
+        (Resilience::Checksum { block_size, .. }, Some(hash)) => {
+            let bs = *block_size as usize;
+            let hl = hash.output_len();
+            let count = buf.len() / bs;
+            if (count * hl) as u64 > rk.area_size {
+                return Err(meta_err(re::ReencryptMetaError::Layout(
+                    "hotzone larger than the checksum area",
+                )));
+            }
+            let sums = io::read_bytes(meta, rk.area_offset, count * hl, "reencryption checksums")?;
+            let mut sum = vec![0u8; hl];
+            for b in 0..count {
+                let blk = &mut buf[b * bs..(b + 1) * bs];
+                hash.digest_into(&[&*blk], &mut sum);
+                if sum == sums[b * hl..(b + 1) * hl] {
+                    let sector = (offset + (b * bs) as u64) / 512;
+                    p.old.decrypt(sector, blk).map_err(crypto_err(&p.old_spec))?;
+                    p.new.encrypt(sector, blk).map_err(crypto_err(&p.new_spec))?;
+                    data.write_at(data_offset + offset + (b * bs) as u64, blk, blockdev::WriteFlags::empty())
                         .map_err(io_err("hotzone"))?;
-                    }
                 }
-            }
-            (Resilience::Journal, _) => {
-                if len > rk.area_size {
-                    return Err(meta_err(re::ReencryptMetaError::Layout("hotzone larger than the journal")));
-                }
-                let j = io::read_secret(meta, rk.area_offset, len as usize, "reencryption journal")?;
-                buf.copy_from_slice(&j);
-                old.decrypt(offset / 512, &mut buf).map_err(crypto_err(&pc.encryption))?;
-                new.encrypt(offset / 512, &mut buf).map_err(crypto_err(&fc.encryption))?;
-                data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
-                    .map_err(io_err("hotzone"))?;
-            }
-            _ => {
-                return Err(LuksError::Params(
-                    "Cannot recover the interrupted hotzone: resilience mode none keeps no copy.".into(),
-                ))
             }
         }
-        data.flush().map_err(io_err("data device"))?;
-        offset += len;
-        let mut next = s.clone();
-        let layout = re::forward_layout(&st, &next.header.metadata, offset, None, device_size, fixed)
-            .map_err(meta_err)?;
-        re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
-        luks2::write_header(&mut next, meta)?;
-        *s = next;
+        (Resilience::Journal, _) => {
+            if len > rk.area_size {
+                return Err(meta_err(re::ReencryptMetaError::Layout("hotzone larger than the journal")));
+            }
+            let j = io::read_secret(meta, rk.area_offset, len as usize, "reencryption journal")?;
+            buf.copy_from_slice(&j);
+            p.old.decrypt(offset / 512, &mut buf).map_err(crypto_err(&p.old_spec))?;
+            p.new.encrypt(offset / 512, &mut buf).map_err(crypto_err(&p.new_spec))?;
+            data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
+                .map_err(io_err("hotzone"))?;
+        }
+        _ => {
+            return Err(LuksError::Params(
+                "Cannot recover the interrupted hotzone: resilience mode none keeps no copy.".into(),
+            ))
+        }
     }
+    data.flush().map_err(io_err("data device"))?;
+    p.offset += len;
+    let mut next = s.clone();
+    let layout = re::forward_layout(&p.st, &next.header.metadata, p.offset, None, p.device_size, p.fixed)
+        .map_err(meta_err)?;
+    re::assign_segments(&mut p.st, &mut next.header.metadata, layout).map_err(meta_err)?;
+    luks2::write_header(&mut next, meta)?;
+    *s = next;
+    Ok(())
+}
 
+/// [`run`] with both keys already unlocked. With `online`, the run rewrites the data under
+/// a served [`ReencryptingDevice`]: each hotzone's range is held against the device's
+/// clients from the read of its old content until the header past it is written, and the
+/// device's boundary moves with it.
+pub fn run_unlocked(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    opts: &RunOptions,
+    online: Option<&super::reencrypting::ReencryptingDevice>,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<RunEnd, LuksError> {
+    let mut p = plan(data, luks, keys, opts.hotzone_size)?;
+    let s = v2(luks)?;
+    if p.st.hot.is_some() {
+        let _g = online.map(|d| d.hold(p.offset, p.device_size - p.offset));
+        recover(meta, data, s, &mut p)?;
+        if let Some(d) = online {
+            d.set_boundary(p.offset);
+        }
+    }
+    let rk = p.st.keyslot.clone();
+    let (data_offset, device_size, fixed, length) = (p.data_offset, p.device_size, p.fixed, p.length);
+    let mut offset = p.offset;
+    let mut st = p.st.clone();
     let none = rk.resilience == Resilience::None;
-    let mut buf = SecretBuf::zeroed(length.min(device_size.max(alignment)) as usize);
+    let mut buf = SecretBuf::zeroed(length.min(device_size.max(p.alignment)) as usize);
     let mut stopped = false;
     if !progress(offset, device_size) {
         stopped = true;
     }
     while !stopped && offset < device_size {
         let len = length.min(device_size - offset);
+        let guard = online.map(|d| d.hold(offset, len));
         let chunk = &mut buf[..len as usize];
         let mut next = s.clone();
         let layout = re::forward_layout(&st, &next.header.metadata, offset, Some(len), device_size, fixed)
@@ -582,7 +734,7 @@ pub fn run(
         let mut st_next = st.clone();
         re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         data.read_at(data_offset + offset, chunk).map_err(io_err("hotzone"))?;
-        match (&rk.resilience, hash_len) {
+        match (&rk.resilience, p.hash) {
             (Resilience::Checksum { block_size, .. }, Some(hash)) => {
                 let bs = *block_size as usize;
                 let hl = hash.output_len();
@@ -599,12 +751,10 @@ pub fn run(
             // The checksums (or journal) are durable before the header that points at
             // them; cryptsetup relies on the header write's flush alone.
             io::flush(meta, "reencryption area")?;
-        }
-        if !none {
             luks2::write_header(&mut next, meta)?;
         }
-        old.decrypt(offset / 512, chunk).map_err(crypto_err(&pc.encryption))?;
-        new.encrypt(offset / 512, chunk).map_err(crypto_err(&fc.encryption))?;
+        p.old.decrypt(offset / 512, chunk).map_err(crypto_err(&p.old_spec))?;
+        p.new.encrypt(offset / 512, chunk).map_err(crypto_err(&p.new_spec))?;
         data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty())
             .map_err(io_err("hotzone"))?;
         if !none {
@@ -619,6 +769,10 @@ pub fn run(
         }
         *s = next;
         st = st_next;
+        if let Some(d) = online {
+            d.set_boundary(offset);
+        }
+        drop(guard);
         if !progress(offset, device_size) {
             stopped = true;
         }
@@ -630,8 +784,59 @@ pub fn run(
     if offset < device_size {
         return Ok(RunEnd::Interrupted);
     }
-    finish(s, meta, &st, d_old, d_new)?;
+    if let Some(d) = online {
+        // Every sector is new: the clients' I/O no longer needs the old key.
+        d.set_boundary(device_size);
+    }
+    finish(s, meta, &st, p.d_old, p.d_new)?;
     Ok(RunEnd::Finished)
+}
+
+/// Where a volume mid-reencryption stands, for its activation.
+#[derive(Debug, Clone)]
+pub struct Activation {
+    /// Bytes from the data offset that use the new segment.
+    pub boundary: u64,
+    /// Bytes of data (both segments).
+    pub size: u64,
+    /// The data offset in bytes.
+    pub data_offset: u64,
+    /// Old segment: cipher spec and sector size.
+    pub old: (String, u32),
+    /// New segment: cipher spec and sector size.
+    pub new: (String, u32),
+}
+
+/// Prepares the activation of a volume whose reencryption is in progress (cryptsetup
+/// `LUKS2_activate` of a device in reencryption): recovers a hotzone left in reencryption
+/// by a crash (which writes: refused when `read_only`), and says where the new segment
+/// ends.
+pub fn prepare_activation(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    read_only: bool,
+) -> Result<Activation, LuksError> {
+    let mut p = plan(data, luks, keys, None)?;
+    if p.st.hot.is_some() {
+        if read_only {
+            return Err(LuksError::Params(
+                "The reencryption was interrupted mid-hotzone and needs recovery, which writes: open it \
+                 read-write (or resume it with `sealdisk reencrypt`)."
+                    .into(),
+            ));
+        }
+        let s = v2(luks)?;
+        recover(meta, data, s, &mut p)?;
+    }
+    Ok(Activation {
+        boundary: p.offset,
+        size: p.device_size,
+        data_offset: p.data_offset,
+        old: (p.old_spec, p.old_ss),
+        new: (p.new_spec, p.new_ss),
+    })
 }
 
 /// Finishing (cryptsetup `reencrypt_teardown_ok`): the old keyslots, the backup segments,
