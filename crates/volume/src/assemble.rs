@@ -77,6 +77,8 @@ pub struct LuksSpec<'a> {
     pub flags: CryptOptions,
     /// `--integrity-no-journal` (authenticated volumes).
     pub integrity_no_journal: bool,
+    /// `--journal-watermark`, `--journal-commit-time` (authenticated volumes, mode J).
+    pub integrity_journal: crate::luks::IntegrityJournalTuning,
     /// Bounds on the header's KDF costs.
     pub kdf_limits: KdfLimits,
     /// Where passphrases come from.
@@ -91,6 +93,7 @@ impl std::fmt::Debug for LuksSpec<'_> {
             .field("key_slot", &self.key_slot)
             .field("flags", &self.flags)
             .field("integrity_no_journal", &self.integrity_no_journal)
+            .field("integrity_journal", &self.integrity_journal)
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +107,7 @@ impl<'a> LuksSpec<'a> {
             key_slot: None,
             flags: CryptOptions::default(),
             integrity_no_journal: false,
+            integrity_journal: Default::default(),
             kdf_limits: KdfLimits::default(),
             passphrase,
         }
@@ -440,7 +444,12 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
     let version = unlocked.luks.version();
     if let Some(spec) = unlocked.luks.aead().map_err(wrap)? {
-        let a = luks::AeadOpen { flags: &l.flags, no_journal: l.integrity_no_journal, open: opts };
+        let a = luks::AeadOpen {
+            flags: &l.flags,
+            no_journal: l.integrity_no_journal,
+            journal: l.integrity_journal,
+            open: opts,
+        };
         let (device, layers) =
             luks::aead::open(&unlocked.luks, &spec, storage.device, &storage.name, &vk, &a).map_err(wrap)?;
         return Ok(Volume {
@@ -451,6 +460,12 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
             luks: Some(unlocked),
             rotational: false,
         });
+    }
+    if l.integrity_journal.is_set() {
+        return Err(wrap(LuksError::Params(
+            "--journal-watermark and --journal-commit-time apply to LUKS2 volumes with --integrity only"
+                .into(),
+        )));
     }
     let table = unlocked.luks.table(&storage.name, storage.size(), &vk, &l.flags).map_err(wrap)?;
     let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };

@@ -36,6 +36,7 @@ pub struct LuksResume {
     /// The header's UUID at open: a resume must find the same volume.
     pub uuid: String,
     pub integrity_no_journal: bool,
+    pub integrity_journal: volume::luks::IntegrityJournalTuning,
     pub kdf_limits: KdfLimits,
 }
 
@@ -508,6 +509,7 @@ impl Live {
             key_slot: None,
             flags: r.flags,
             integrity_no_journal: l.integrity_no_journal,
+            integrity_journal: l.integrity_journal,
             kdf_limits: l.kdf_limits,
             passphrase: &mut one,
         };

@@ -58,7 +58,10 @@ mod format;
 mod header;
 
 pub use activate::{load_checked, open, OpenParams, Opened};
-pub use aead::{format_integrity, format_integrity_until, wipe_integrity, AeadOpen, LuksIntegrity, WipeEnd};
+pub use aead::{
+    format_integrity, format_integrity_until, wipe_integrity, AeadOpen, IntegrityJournalTuning,
+    LuksIntegrity, WipeEnd,
+};
 pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
 pub use error::LuksError;
 pub use format::{default_key_bits, format, header_size, open_header_for_format, FormatParams};
