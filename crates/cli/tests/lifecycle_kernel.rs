@@ -99,6 +99,10 @@ fn make(img: &Path, kind: &str, tool: &str, pass: &str, seed: u64) -> String {
     std::fs::File::create(img).unwrap().set_len(SIZE).unwrap();
     let i = img.to_str().unwrap();
     let mut args = vec!["luksFormat", "--type", kind, "--batch-mode", "--key-file", pass];
+    if kind == "luks2" {
+        // LUKS1 holds only 512-byte sectors (cryptsetup picks 4096 on image files).
+        args.extend(["--sector-size", "512"]);
+    }
     args.extend(FAST_PBKDF2);
     args.push(i);
     if tool == "cryptsetup" {
