@@ -66,8 +66,11 @@ pub struct Transport {
     /// cached attributes are dropped; ublk updates the disk's capacity. Called after the
     /// swap when growing, before it when shrinking; an error before the swap refuses the
     /// resize. `None`: clients learn the size when they connect (NBD).
-    pub resized: Option<Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>>,
+    pub resized: Option<ResizeHook>,
 }
+
+/// [`Transport::resized`]: tells the kernel side of a new size in bytes.
+pub type ResizeHook = Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
 
 /// A running volume, as the control plane sees it.
 pub struct Live {
