@@ -644,3 +644,49 @@ fn mount_goes_away_when_server_dies_or_its_last_user_closes() {
     assert!(err.contains("still open") && err.contains("flushed and closed"), "{err}");
     assert!(!err.contains("signal 15 again"), "a second signal was needed: {err}");
 }
+
+/// The image grows underneath a volume served by FUSE, then `resize NAME`: the file's size
+/// (`stat`, which the kernel had cached) follows, the old data stays, and the new end reads
+/// and takes writes through the file.
+#[test]
+fn the_fuse_file_grows_with_resize() {
+    if !fuse_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (img, key) = luks2_image(dir.path(), 32);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let s = FuseServed::start(&["open", "--key-file", &key, &img, "vol"], &mnt, "vol");
+    let before = (32u64 << 20) - (16 << 20);
+    assert_eq!(std::fs::metadata(&s.file).unwrap().len(), before);
+    let head = pattern(1 << 20, 7);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&s.file).unwrap();
+        f.write_all_at(&head, 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    std::fs::File::options().write(true).open(&img).unwrap().set_len(48 << 20).unwrap();
+    let out = Command::new(bin())
+        .args(["resize", "vol"])
+        .env("SEALDISK_RUNTIME_DIR", mnt.with_extension("run"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "resize: {}", String::from_utf8_lossy(&out.stderr));
+    let after = (48u64 << 20) - (16 << 20);
+    assert_eq!(std::fs::metadata(&s.file).unwrap().len(), after, "stat after resize");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&s.file).unwrap();
+        let tail = pattern(1 << 20, 8);
+        f.write_all_at(&tail, after - (1 << 20)).unwrap();
+        f.sync_all().unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        f.read_exact_at(&mut back, after - (1 << 20)).unwrap();
+        assert!(back == tail, "the new end read back differently");
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == head, "the old data changed");
+    }
+    s.stop_ok();
+}

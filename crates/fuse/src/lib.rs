@@ -345,7 +345,25 @@ pub fn mount(dir: &Path, device: Arc<dyn BlockDevice>, cfg: &FuseConfig) -> Resu
     Ok(Mounted { session, dir: dir.into(), threads })
 }
 
+/// Tells the kernel that the file's size changed (a running volume's `resize`): its cached
+/// attributes of the file are dropped, so the next `stat` asks the server again.
+#[derive(Debug, Clone)]
+pub struct SizeNotifier(fuser::Notifier);
+
+impl SizeNotifier {
+    /// Invalidates the file's cached attributes (not its data: the served device is the
+    /// same, only its end moved).
+    pub fn size_changed(&self) -> std::io::Result<()> {
+        self.0.inval_inode(fs::FILE, -1, 0)
+    }
+}
+
 impl Mounted {
+    /// A handle that tells the kernel of a new size, from another thread.
+    pub fn size_notifier(&self) -> SizeNotifier {
+        SizeNotifier(self.session.notifier())
+    }
+
     /// A handle that unmounts from another thread; [`Mounted::run`] then returns once the
     /// last user has closed the file.
     pub fn unmounter(&self) -> Unmounter {

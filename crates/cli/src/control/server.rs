@@ -63,7 +63,15 @@ pub struct Transport {
     pub clients: Option<Box<dyn Fn() -> usize + Send + Sync>>,
     /// Stops serving (the NBD server's graceful shutdown, the FUSE unmount).
     pub stop: Box<dyn Fn() + Send + Sync>,
+    /// Tells the transport's kernel side of a new size in bytes (`resize`): the FUSE file's
+    /// cached attributes are dropped; ublk updates the disk's capacity. Called after the
+    /// swap when growing, before it when shrinking; an error before the swap refuses the
+    /// resize. `None`: clients learn the size when they connect (NBD).
+    pub resized: Option<ResizeHook>,
 }
+
+/// [`Transport::resized`]: tells the kernel side of a new size in bytes.
+pub type ResizeHook = Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
 
 /// A running volume, as the control plane sees it.
 pub struct Live {
@@ -408,32 +416,49 @@ impl Live {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         }
         let Some(table) = &r.table else {
+            if self.base.integrity.is_some() {
+                // cryptsetup's refusal (crypt_resize): a LUKS2 --integrity volume's
+                // dm-integrity area would need tags for the new sectors.
+                return Response::err(
+                    exit::BAD_ARGS,
+                    "Resize of LUKS2 device with integrity protection is not supported.",
+                );
+            }
             return Response::err(
                 exit::BAD_ARGS,
-                format!(
-                    "resize of {} is not supported: authenticated (integrity) volumes cannot be resized live",
-                    self.name
-                ),
+                format!("Device {} ({}) cannot be resized.", self.name, self.base.kind),
             );
         };
-        let avail = (r.storage.size() / 512).saturating_sub(table.offset);
-        let len = sectors.unwrap_or(avail);
+        // The storage as it is now: grown (or shrunk) underneath since it was opened.
+        let storage = match r.storage.remeasured() {
+            Ok(s) => s,
+            Err(e) => {
+                return Response::err(exit::FAILURE, format!("reading the size of {}: {e}", r.storage.name))
+            }
+        };
+        // cryptsetup's device_block_adjust, with its messages: the data must start inside the
+        // device, and the mapping must end inside it; `--size 0` (or none) means the rest of
+        // the device.
+        let too_small = || Response::err(exit::BAD_ARGS, format!("Device {} is too small.", storage.name));
+        let device_sectors = storage.size() / 512;
+        if table.offset >= device_sectors {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Requested offset is beyond real size of device {}.", storage.name),
+            );
+        }
+        let avail = device_sectors - table.offset;
+        let len = sectors.filter(|&s| s != 0).unwrap_or(avail);
         let block = u64::from(table.options.sector_size() / 512).max(1);
-        if len == 0 || !len.is_multiple_of(block) {
+        if !len.is_multiple_of(block) {
             return Response::err(exit::BAD_ARGS, "Device size is not aligned to requested sector size.");
         }
         if len > avail {
-            return Response::err(
-                exit::BAD_ARGS,
-                format!(
-                    "Requested size {len} sectors exceeds the {avail} sectors of {} after the data offset.",
-                    r.storage.name
-                ),
-            );
+            return too_small();
         }
         let mut t = table.clone();
         t.len = len;
-        let vol = match volume::open(Spec::Table(t.clone()), r.storage.clone(), &r.opts) {
+        let vol = match volume::open(Spec::Table(t.clone()), storage.clone(), &r.opts) {
             Ok(v) => v,
             Err(e) => return Response::err(exit::FAILURE, format!("rebuilding {}: {e}", self.name)),
         };
@@ -443,9 +468,35 @@ impl Live {
                 "the resized volume differs in block size or capabilities: refused",
             );
         }
+        let bytes = vol.device.geometry().size;
+        let hook = self.transport.get().and_then(|t| t.resized.as_ref());
+        let growing = bytes >= self.gate.geometry().size;
+        if let (Some(h), false) = (hook, growing) {
+            // Shrinking: the kernel stops sending requests past the new end first.
+            if let Err(e) = h(bytes) {
+                return Response::err(exit::FAILURE, format!("resizing {}: {e}", self.name));
+            }
+        }
         let Volume { device, .. } = vol;
         drop(self.gate.replace_resized(device));
         r.table = Some(t);
+        r.storage = storage;
+        if let (Some(h), true) = (hook, growing) {
+            if let Err(e) = h(bytes) {
+                log::warn!(
+                    "{}: resized to {len} sectors, but its {} device was not told: {e}",
+                    self.name,
+                    self.transport.get().map_or("", |t| t.kind)
+                );
+                return Response::err(
+                    exit::FAILURE,
+                    format!(
+                        "{} was resized to {len} sectors, but the kernel's device keeps its old size: {e}",
+                        self.name
+                    ),
+                );
+            }
+        }
         log::info!("{}: resized to {len} sectors", self.name);
         Response::ok()
     }
