@@ -75,7 +75,11 @@ impl FuseServed {
                 child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
                 panic!("sealdisk exited early ({status}): {err}");
             }
-            if is_mounted(mnt) && std::fs::metadata(&file).is_ok_and(|m| m.is_file()) {
+            // Listing needs a live server (a dead mount answers stat from its caches).
+            if is_mounted(mnt)
+                && std::fs::read_dir(mnt).is_ok()
+                && std::fs::metadata(&file).is_ok_and(|m| m.is_file())
+            {
                 return FuseServed { child: Some(child), mnt: mnt.to_path_buf(), file };
             }
             assert!(t0.elapsed() < Duration::from_secs(20), "{} never appeared", file.display());
@@ -560,7 +564,7 @@ fn mount_goes_away_when_server_dies_or_its_last_user_closes() {
             // fusermount3 3.14 unmounts only when opening the directory fails with ENOTCONN;
             // when its open races the kernel's teardown it gets ECONNABORTED and leaves the
             // mount behind, dead. The next server on the directory reclaims it (below).
-            let e = std::fs::metadata(&mnt).expect_err("a live mount after its server was killed");
+            let e = std::fs::read_dir(&mnt).expect_err("a live mount after its server was killed");
             assert!(matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)), "{e}");
             eprintln!("fusermount3 left a dead mount behind (its auto-unmount race); reclaimed below");
             break;
@@ -596,7 +600,7 @@ fn mount_goes_away_when_server_dies_or_its_last_user_closes() {
         let _ = Command::new("kill").arg("-KILL").arg(&fusermount[0]).status();
         std::thread::sleep(Duration::from_millis(200));
         assert!(is_mounted(&mnt), "no dead mount was left to reclaim");
-        let e = std::fs::metadata(&mnt).expect_err("the mount is dead");
+        let e = std::fs::read_dir(&mnt).expect_err("the mount is dead");
         assert!(matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)), "{e}");
         let again = FuseServed::start(&args, &mnt, "k");
         assert_eq!(std::fs::metadata(&again.file).unwrap().len(), 4 << 20);

@@ -129,19 +129,25 @@ pub fn check_mountpoint(dir: &Path) -> Result<(), FuseError> {
     let Some(fusermount) = find_fusermount() else {
         return Err(FuseError::NoFusermount);
     };
-    let meta = match std::fs::metadata(dir) {
-        Ok(m) => m,
+    // A dead mount may still answer stat from the kernel's attribute cache; listing it
+    // needs its server, so it is the listing that tells.
+    let listed = match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(FuseError::NotDirectory(dir.into())),
+        Ok(_) => std::fs::read_dir(dir),
+        Err(e) => Err(e),
+    };
+    let mut entries = match listed {
+        Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FuseError::DirMissing(dir.into())),
         Err(e) if is_dead_connection(&e) => {
             reclaim_dead_mount(dir, &fusermount)?;
-            std::fs::metadata(dir).map_err(|source| FuseError::Dir { path: dir.into(), source })?
+            if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+                return Err(FuseError::NotDirectory(dir.into()));
+            }
+            std::fs::read_dir(dir).map_err(|source| FuseError::Dir { path: dir.into(), source })?
         }
         Err(source) => return Err(FuseError::Dir { path: dir.into(), source }),
     };
-    if !meta.is_dir() {
-        return Err(FuseError::NotDirectory(dir.into()));
-    }
-    let mut entries = std::fs::read_dir(dir).map_err(|source| FuseError::Dir { path: dir.into(), source })?;
     if entries.next().is_some() {
         return Err(FuseError::DirNotEmpty(dir.into()));
     }
@@ -170,7 +176,7 @@ fn mount_type(dir: &Path) -> Option<String> {
             let point = left.split(' ').nth(4)?;
             (unescape_mountinfo(point) == full).then(|| right.split(' ').next().unwrap_or("").to_owned())
         })
-        .last()
+        .next_back()
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, and tab, newline, backslash).
