@@ -275,6 +275,30 @@ impl FileDevice {
         })
     }
 
+    /// The same open file measured again: a device of the size the file (or block device)
+    /// has now, for a volume whose storage was grown underneath it (`truncate -s`,
+    /// `lvextend`) and is being resized. The new device shares the open file description
+    /// (a `dup`), so the storage lock stays held as long as either device lives; its block
+    /// sizes are this device's. Refused (`Io`) once a flush has failed here: the new
+    /// device would not know of the lost writeback.
+    pub fn remeasured(&self) -> BlockResult<FileDevice> {
+        if self.writeback_failed() {
+            return Err(BlockError::new(
+                BlockErrorKind::Io,
+                format!("{}: a flush failed earlier; not measuring it again", self.path.display()),
+            ));
+        }
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| BlockError::io(format!("dup of {}", self.path.display()), e))?;
+        let opts = FileOptions { block_size: Some(self.geometry.logical_block), ..self.options };
+        let mut dev = Self::from_open_file(file, self.path.clone(), opts)?;
+        dev.options = self.options;
+        dev.geometry.physical_block = self.geometry.physical_block;
+        Ok(dev)
+    }
+
     /// The path this device was opened from.
     pub fn path(&self) -> &Path {
         &self.path

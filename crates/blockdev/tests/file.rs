@@ -443,3 +443,30 @@ fn real_writeback_failure_is_latched() {
     assert!(d.write_at(0, &chunk[..4096], WriteFlags::FUA).is_err());
     drop(d);
 }
+
+/// A file grown underneath an open device: `remeasured` sees the new size (rounded down to
+/// the block size) with the same block sizes, keeps the data, and keeps the storage lock
+/// held until both devices are gone.
+#[test]
+fn remeasured_sees_a_grown_file_and_keeps_the_lock() {
+    let dir = scratch();
+    let p = image(dir.path(), "grow.img", &pattern(8192, 5));
+    let opts = FileOptions { lock: FileLock::Exclusive, block_size: Some(4096), ..Default::default() };
+    let dev = FileDevice::open(&p, opts).unwrap();
+    assert_eq!(dev.geometry().size, 8192);
+    File::options().write(true).open(&p).unwrap().set_len(5 * 4096 + 100).unwrap();
+    assert_eq!(dev.geometry().size, 8192, "the open device keeps its size");
+    let grown = dev.remeasured().unwrap();
+    assert_eq!(grown.geometry().size, 5 * 4096);
+    assert_eq!(grown.geometry().logical_block, dev.geometry().logical_block);
+    assert_eq!(grown.geometry().physical_block, dev.geometry().physical_block);
+    assert_eq!(grown.options(), dev.options());
+    let mut buf = vec![0u8; 8192];
+    grown.read_at(0, &mut buf).unwrap();
+    assert_eq!(buf, pattern(8192, 5));
+    grown.write_at(4 * 4096, &pattern(4096, 9), WriteFlags::empty()).unwrap();
+    drop(dev);
+    let again = FileDevice::open(&p, opts).unwrap_err();
+    assert_eq!(again.kind(), BlockErrorKind::Busy, "the lock went with the first device");
+    drop(grown);
+}

@@ -393,6 +393,8 @@ fn serve_live(
             let handle = handle.clone();
             move || handle.shutdown()
         }),
+        // Clients learn the size at connect (NBD cannot tell a connected client).
+        resized: None,
     });
     let control = control::server::start(claim, live.clone())?;
     let mut signals =
@@ -460,6 +462,10 @@ fn serve_fuse(
             let u = std::sync::Mutex::new(mounted.unmounter());
             move || u.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unmount()
         }),
+        resized: Some(Box::new({
+            let n = mounted.size_notifier();
+            move |_| n.size_changed().map_err(|e| format!("telling the kernel of the FUSE file's size: {e}"))
+        })),
     });
     let control = control::server::start(claim, live.clone())?;
     let mut signals =
@@ -557,6 +563,10 @@ fn serve_ublk(
             let stop = stop.clone();
             move || stop.stop()
         }),
+        resized: Some(Box::new({
+            let h = server.size_handle();
+            move |bytes| h.set_size(bytes).map_err(|e| e.to_string())
+        })),
     });
     let control = control::server::start(claim, live.clone())?;
     let mut signals =

@@ -695,6 +695,117 @@ fn resize_changes_the_size_new_clients_see() {
     assert!(srv.wait().status.success());
 }
 
+/// The image grows underneath a running volume (`truncate -s`), then `resize NAME` (no
+/// size: the rest of the device, as cryptsetup) makes the served device bigger: a client
+/// that reconnects sees the new size (qemu-io, and nbdinfo where installed), the old data
+/// stays and the new area takes writes. A size beyond the grown device ("Device ... is too
+/// small.") and a device cut below the data offset ("Requested offset is beyond real size
+/// of device ...") get cryptsetup's errors and change nothing.
+/// The same for a plain volume with an offset.
+#[test]
+fn resize_follows_an_image_grown_underneath() {
+    if !have("qemu-io") {
+        return;
+    }
+    let env = Env::new();
+    let img = env.luks2_with(&["--sector-size", "4096"]);
+    let offset = data_offset_sectors(&env, &img);
+    let srv = env.open(&img, "grow", &[]);
+    let before = (32u64 << 20) - offset * 512;
+    assert_eq!(nbd_length(&srv.uri), before);
+    qemu_io(&srv.uri, &["write -P 0x5a 0 1M", "write -P 0x5b 14M 1M"]);
+    // Nothing grew yet: the device's size stays.
+    ok(&env.run(&["resize", "grow"]));
+    assert_eq!(nbd_length(&srv.uri), before);
+    std::fs::File::options().write(true).open(&img).unwrap().set_len(48 << 20).unwrap();
+    let after = (48u64 << 20) - offset * 512;
+    let out = env.run(&["resize", "grow", "--size", &(after / 512 + 8).to_string()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("Device {img} is too small.")), "{}", stderr(&out));
+    assert_eq!(nbd_length(&srv.uri), before, "a refused resize changed the size");
+    ok(&env.run(&["resize", "grow"]));
+    assert_eq!(nbd_length(&srv.uri), after);
+    if have("nbdinfo") {
+        let out = Command::new("nbdinfo").args(["--size", &srv.uri]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), after.to_string());
+    }
+    let text = ok(&env.run(&["status", "grow"]));
+    assert_eq!(field(&text, "size"), Some(format!("{} sectors", after / 512).as_str()), "{text}");
+    qemu_io(&srv.uri, &["read -P 0x5a 0 1M", "read -P 0x5b 14M 1M", "write -P 0x5c 30M 1M"]);
+    qemu_io(&srv.uri, &["read -P 0x5c 30M 1M"]);
+    // Cut below the data offset underneath (its data is gone): refused, the volume serves on
+    // at its size.
+    std::fs::File::options().write(true).open(&img).unwrap().set_len(offset * 512).unwrap();
+    let out = env.run(&["resize", "grow"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("Requested offset is beyond real size of device {img}.")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(nbd_length(&srv.uri), after, "a refused resize changed the size");
+    ok(&env.run(&["close", "grow"]));
+    assert!(srv.wait().status.success());
+
+    // Plain, with an offset: the served size is the device after the offset.
+    let plain = env.s("plain.img");
+    std::fs::write(&plain, vec![0u8; 8 << 20]).unwrap();
+    let key = env.s("plain.key");
+    std::fs::write(&key, [0x42u8; 64]).unwrap();
+    let sock = env.path("pgrow.sock");
+    let child = env
+        .cmd(&[
+            "open",
+            "--type",
+            "plain",
+            "--offset",
+            "2048",
+            "--key-file",
+            &key,
+            &plain,
+            "pgrow",
+            "--listen",
+        ])
+        .arg(format!("unix:{}", sock.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let uri = format!("nbd+unix:///pgrow?socket={}", sock.display());
+    let srv = Server { child: Some(wait_for_socket(child, &sock)), uri };
+    assert_eq!(nbd_length(&srv.uri), 7 << 20);
+    qemu_io(&srv.uri, &["write -P 0x61 6M 1M"]);
+    std::fs::File::options().write(true).open(&plain).unwrap().set_len(16 << 20).unwrap();
+    ok(&env.run(&["resize", "pgrow"]));
+    assert_eq!(nbd_length(&srv.uri), 15 << 20);
+    qemu_io(&srv.uri, &["read -P 0x61 6M 1M", "write -P 0x62 14M 1M"]);
+    ok(&env.run(&["close", "pgrow"]));
+    assert!(srv.wait().status.success());
+
+    // LUKS2 --integrity: cryptsetup refuses to resize it (crypt_resize), running or not.
+    let img = env.luks2_with(&["--integrity", "hmac-sha256", "--integrity-no-wipe"]);
+    let srv = env.open(&img, "igrow", &[]);
+    std::fs::File::options().write(true).open(&img).unwrap().set_len(48 << 20).unwrap();
+    for args in [&["resize", "igrow"][..], &["resize", "igrow", "--size", "8192"]] {
+        let out = env.run(args);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("Resize of LUKS2 device with integrity protection is not supported."),
+            "{}",
+            stderr(&out)
+        );
+    }
+    ok(&env.run(&["close", "igrow"]));
+    assert!(srv.wait().status.success());
+    let out = env.run(&["resize", &img, "--size", "90000"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Resize of LUKS2 device with integrity protection is not supported."),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// A client does not talk to a control socket in a runtime directory open to others: it
 /// could be anyone's, and `luksResume` sends a passphrase.
 #[test]

@@ -365,6 +365,38 @@ fn keyring_token_opens_the_volume() {
         let out = cs(&["open", "--test-passphrase", "--token-only", "--token-id", "1", &v.img]);
         assert_eq!(out.status.code(), Some(2));
     }
+    // --token-type (cryptsetup 2.6): only tokens of that type are tried; each case exits
+    // as cryptsetup's does on the same image.
+    ok(&open(&["--token-only", "--token-type", "luks2-keyring"]), "--token-type luks2-keyring");
+    let tpm2 = ["--token-only", "--token-type", "systemd-tpm2"];
+    fails(&open(&tpm2), 1, "No usable token (type systemd-tpm2) is available.", "no token of a type");
+    if cryptsetup() {
+        let mut args = vec!["open", "--test-passphrase"];
+        args.extend(tpm2);
+        args.push(&v.img);
+        assert_eq!(cs(&args).status.code(), Some(1), "cryptsetup --token-type systemd-tpm2");
+    }
+    // Only tokens whose key is missing: a wrong passphrase (exit 2), also without an id.
+    let w = Vol::new(false);
+    ok(&sealdisk(&["token", "add", "--key-description", &missing, &w.img]), "token add");
+    fn only<'a>(extra: &[&'a str], img: &'a str) -> Vec<&'a str> {
+        let mut args = vec!["open", "--test-passphrase", "--token-only"];
+        args.extend(extra);
+        args.push(img);
+        args
+    }
+    for (extra, msg) in [
+        (&[][..], "Token 0 cannot unlock assigned keyslot(s)"),
+        (
+            &["--token-type", "luks2-keyring"][..],
+            "Token (type luks2-keyring) cannot unlock assigned keyslot(s)",
+        ),
+    ] {
+        fails(&sealdisk(&only(extra, &w.img)), 2, msg, &format!("missing key {extra:?}"));
+        if cryptsetup() {
+            assert_eq!(cs(&only(extra, &w.img)).status.code(), Some(2), "cryptsetup {extra:?}");
+        }
+    }
 }
 
 #[test]

@@ -23,9 +23,9 @@ use fuser::{
 
 use crate::io::{VolumeIo, Zeroing};
 
-const FILE: INodeNo = INodeNo(2);
-/// Attributes never change behind the kernel's back (the size is fixed), so they may be
-/// cached for long.
+pub(crate) const FILE: INodeNo = INodeNo(2);
+/// Attributes never change behind the kernel's back (a running volume's `resize` changes
+/// the size, and invalidates them with `crate::SizeNotifier`), so they may be cached for long.
 const TTL: Duration = Duration::from_secs(3600);
 /// The most bytes in one READ/WRITE request the kernel is asked to send (its own limit is
 /// `max_pages`, 256 pages by default).

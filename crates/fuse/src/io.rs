@@ -42,11 +42,11 @@ pub fn errno_of(e: &BlockError) -> Errno {
     }
 }
 
-/// The volume as a byte-addressed file of fixed size.
+/// The volume as a byte-addressed file of the device's size (which a running volume's
+/// `resize` may change: it is read from the device at each request).
 #[derive(Debug)]
 pub struct VolumeIo {
     dev: Arc<dyn BlockDevice>,
-    size: u64,
     block: u64,
     caps: Caps,
     locks: RangeLock,
@@ -57,18 +57,12 @@ impl VolumeIo {
     pub fn new(dev: Arc<dyn BlockDevice>) -> Self {
         let g = dev.geometry();
         let caps = dev.caps();
-        VolumeIo {
-            dev,
-            size: g.size,
-            block: u64::from(g.logical_block.max(1)),
-            caps,
-            locks: RangeLock::new(),
-        }
+        VolumeIo { dev, block: u64::from(g.logical_block.max(1)), caps, locks: RangeLock::new() }
     }
 
     /// The file size: the volume's size.
     pub fn size(&self) -> u64 {
-        self.size
+        self.dev.geometry().size
     }
 
     /// The logical block size.
@@ -103,10 +97,11 @@ impl VolumeIo {
 
     /// Reads up to `len` bytes at `off`; fewer at the end of the file, none past it.
     pub fn read(&self, off: u64, len: u32) -> Result<Vec<u8>, Errno> {
-        if off >= self.size || len == 0 {
+        let size = self.size();
+        if off >= size || len == 0 {
             return Ok(Vec::new());
         }
-        let end = off.saturating_add(u64::from(len)).min(self.size);
+        let end = off.saturating_add(u64::from(len)).min(size);
         let (a_start, a_end) = (self.down(off), self.up(end));
         let mut buf = vec![0u8; (a_end - a_start) as usize];
         self.dev.read_at(a_start, &mut buf).map_err(|e| self.fail("read", off, end - off, &e))?;
@@ -123,10 +118,11 @@ impl VolumeIo {
         if data.is_empty() {
             return Ok(0);
         }
-        if off >= self.size {
+        let size = self.size();
+        if off >= size {
             return Err(libc::ENOSPC);
         }
-        let end = off.saturating_add(data.len() as u64).min(self.size);
+        let end = off.saturating_add(data.len() as u64).min(size);
         let data = &data[..(end - off) as usize];
         let (a_start, a_end) = (self.down(off), self.up(end));
         let _held = self.locks.write(a_start, a_end - a_start);
@@ -176,10 +172,11 @@ impl VolumeIo {
     /// Zeroes `[off, off+len)` (clamped to the file): partial blocks by read-modify-write,
     /// whole blocks with the device's `write_zeroes`, or its `discard` when `discard` is set.
     pub fn zero(&self, off: u64, len: u64, how: Zeroing) -> Result<(), Errno> {
-        if off >= self.size || len == 0 {
+        let size = self.size();
+        if off >= size || len == 0 {
             return Ok(());
         }
-        let end = off.saturating_add(len).min(self.size);
+        let end = off.saturating_add(len).min(size);
         let (in_start, in_end) = (self.up(off), self.down(end));
         if in_start >= in_end {
             // Inside one block, or two adjacent partial blocks: no whole block to zero.

@@ -73,6 +73,9 @@ pub enum FuseError {
     /// The mount directory cannot be written by this user, so fusermount3 would refuse it.
     #[error("no write permission on mount directory {0}")]
     DirNotWritable(PathBuf),
+    /// The directory is a FUSE mount whose server is gone, and not one of sealdisk's.
+    #[error("{0} is a dead FUSE mount (its server is gone); unmount it first: fusermount3 -u {0}")]
+    DeadMount(PathBuf),
     /// The file name is not a single path component.
     #[error("{0:?} cannot be a file name (empty, '.', '..', or contains '/' or NUL)")]
     BadName(String),
@@ -116,29 +119,102 @@ pub struct FuseConfig {
     pub read_only: bool,
 }
 
-/// Checks, without changing anything, what mounting on `dir` needs: `/dev/fuse`,
-/// `fusermount3`, and `dir` an existing, empty directory this user may write. Cheap, so a
-/// caller runs it before any expensive step (a key derivation).
+/// Checks what mounting on `dir` needs: `/dev/fuse`, `fusermount3`, and `dir` an
+/// existing, empty directory this user may write. Cheap, so a caller runs it before any
+/// expensive step (a key derivation). It changes nothing, with one exception: a sealdisk
+/// mount left behind dead on `dir` (its server was killed and fusermount3's auto-unmount
+/// lost a race with the kernel, which fusermount3 3.14 can) is unmounted, lazily.
 pub fn check_mountpoint(dir: &Path) -> Result<(), FuseError> {
     check_device(Path::new("/dev/fuse"))?;
-    if find_fusermount().is_none() {
+    let Some(fusermount) = find_fusermount() else {
         return Err(FuseError::NoFusermount);
-    }
-    let meta = match std::fs::metadata(dir) {
-        Ok(m) => m,
+    };
+    // A dead mount may still answer stat from the kernel's attribute cache; listing it
+    // needs its server, so it is the listing that tells.
+    let listed = match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => return Err(FuseError::NotDirectory(dir.into())),
+        Ok(_) => std::fs::read_dir(dir),
+        Err(e) => Err(e),
+    };
+    let mut entries = match listed {
+        Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FuseError::DirMissing(dir.into())),
+        Err(e) if is_dead_connection(&e) => {
+            reclaim_dead_mount(dir, &fusermount)?;
+            if !std::fs::metadata(dir).is_ok_and(|m| m.is_dir()) {
+                return Err(FuseError::NotDirectory(dir.into()));
+            }
+            std::fs::read_dir(dir).map_err(|source| FuseError::Dir { path: dir.into(), source })?
+        }
         Err(source) => return Err(FuseError::Dir { path: dir.into(), source }),
     };
-    if !meta.is_dir() {
-        return Err(FuseError::NotDirectory(dir.into()));
-    }
-    let mut entries = std::fs::read_dir(dir).map_err(|source| FuseError::Dir { path: dir.into(), source })?;
     if entries.next().is_some() {
         return Err(FuseError::DirNotEmpty(dir.into()));
     }
     if !rustix::process::geteuid().is_root() && rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_err()
     {
         return Err(FuseError::DirNotWritable(dir.into()));
+    }
+    Ok(())
+}
+
+/// What the kernel answers for a FUSE mount whose server has gone.
+fn is_dead_connection(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
+}
+
+/// The file system type of the mount on `dir` (the last one, the visible one), from
+/// /proc/self/mountinfo; `dir` itself is not touched (a dead mount cannot be stat'ed).
+fn mount_type(dir: &Path) -> Option<String> {
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let full = std::fs::canonicalize(parent).ok()?.join(dir.file_name()?);
+    let full = full.to_str()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let point = left.split(' ').nth(4)?;
+            (unescape_mountinfo(point) == full).then(|| right.split(' ').next().unwrap_or("").to_owned())
+        })
+        .next_back()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and tab, newline, backslash).
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let code = (b[i] == b'\\' && i + 3 < b.len())
+            .then(|| &b[i + 1..i + 4])
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| u8::try_from(d.iter().fold(0u32, |n, c| n * 8 + u32::from(c - b'0'))).ok());
+        if let Some(code) = code {
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Unmounts a dead `fuse.sealdisk` mount on `dir`; any other dead mount is refused.
+fn reclaim_dead_mount(dir: &Path, fusermount: &Path) -> Result<(), FuseError> {
+    if mount_type(dir).as_deref() != Some("fuse.sealdisk") {
+        return Err(FuseError::DeadMount(dir.into()));
+    }
+    log::warn!("{} holds a dead sealdisk mount (its server was killed); unmounting it", dir.display());
+    let out = std::process::Command::new(fusermount)
+        .args(["-u", "-z", "--"])
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|source| FuseError::Dir { path: dir.into(), source })?;
+    if !out.status.success() {
+        log::warn!("{}: {}", fusermount.display(), String::from_utf8_lossy(&out.stderr).trim());
+        return Err(FuseError::DeadMount(dir.into()));
     }
     Ok(())
 }
@@ -275,7 +351,25 @@ pub fn mount(dir: &Path, device: Arc<dyn BlockDevice>, cfg: &FuseConfig) -> Resu
     Ok(Mounted { session, dir: dir.into(), threads })
 }
 
+/// Tells the kernel that the file's size changed (a running volume's `resize`): its cached
+/// attributes of the file are dropped, so the next `stat` asks the server again.
+#[derive(Debug, Clone)]
+pub struct SizeNotifier(fuser::Notifier);
+
+impl SizeNotifier {
+    /// Invalidates the file's cached attributes (not its data: the served device is the
+    /// same, only its end moved).
+    pub fn size_changed(&self) -> std::io::Result<()> {
+        self.0.inval_inode(fs::FILE, -1, 0)
+    }
+}
+
 impl Mounted {
+    /// A handle that tells the kernel of a new size, from another thread.
+    pub fn size_notifier(&self) -> SizeNotifier {
+        SizeNotifier(self.session.notifier())
+    }
+
     /// A handle that unmounts from another thread; [`Mounted::run`] then returns once the
     /// last user has closed the file.
     pub fn unmounter(&self) -> Unmounter {
@@ -325,6 +419,22 @@ mod tests {
             assert!(!session_ended(&std::io::Error::from_raw_os_error(errno)), "{errno}");
         }
         assert!(!session_ended(&std::io::Error::other("Invalid request")));
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/tmp/a\040b\011c\134d"), "/tmp/a b\tc\\d");
+        assert_eq!(unescape_mountinfo(r"/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/end\04"), r"/end\04");
+        assert_eq!(unescape_mountinfo(r"/bad\089"), r"/bad\089");
+        assert_eq!(unescape_mountinfo(r"/big\777"), r"/big\777");
+    }
+
+    #[test]
+    fn dead_connections_are_recognised() {
+        assert!(is_dead_connection(&std::io::Error::from_raw_os_error(libc::ENOTCONN)));
+        assert!(is_dead_connection(&std::io::Error::from_raw_os_error(libc::ECONNABORTED)));
+        assert!(!is_dead_connection(&std::io::Error::from_raw_os_error(libc::ENOENT)));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::{Future, IntoFuture};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -33,11 +33,58 @@ fn err(kind: BlockErrorKind, msg: impl Into<String>) -> BlockError {
     BlockError::new(kind, msg)
 }
 
+/// An object's cached bytes: as downloaded (the HTTP client's own buffers, not copied: a
+/// read copies once, from them into the caller's buffer) until the first write makes them
+/// one owned vector (copy-on-write against uploads in flight).
+#[derive(Clone)]
+enum ObjData {
+    Fetched(Buffer),
+    Owned(Arc<Vec<u8>>),
+}
+
+impl ObjData {
+    fn len(&self) -> usize {
+        match self {
+            ObjData::Fetched(b) => b.len(),
+            ObjData::Owned(v) => v.len(),
+        }
+    }
+
+    /// Copies `[at, at + out.len())` into `out`.
+    fn copy_out(&self, at: usize, out: &mut [u8]) {
+        match self {
+            ObjData::Fetched(b) => {
+                let mut part = b.slice(at..at + out.len());
+                bytes::Buf::copy_to_slice(&mut part, out);
+            }
+            ObjData::Owned(v) => out.copy_from_slice(&v[at..at + out.len()]),
+        }
+    }
+
+    fn is_zero(&self, at: usize, len: usize) -> bool {
+        match self {
+            ObjData::Fetched(b) => Iterator::all(&mut b.slice(at..at + len), |c| is_zero(&c)),
+            ObjData::Owned(v) => is_zero(&v[at..at + len]),
+        }
+    }
+
+    /// The bytes to write into (copied out of the download's buffers the first time).
+    fn make_mut(&mut self) -> &mut Vec<u8> {
+        if let ObjData::Fetched(b) = self {
+            *self = ObjData::Owned(Arc::new(b.to_vec()));
+        }
+        match self {
+            ObjData::Owned(v) => Arc::make_mut(v),
+            ObjData::Fetched(_) => unreachable!("made owned just above"),
+        }
+    }
+}
+
 /// One object's cache state.
 #[derive(Default)]
 struct SlotState {
-    /// The object's bytes when cached (copy-on-write against uploads in flight).
-    data: Option<Arc<Vec<u8>>>,
+    /// The object's bytes when cached.
+    data: Option<ObjData>,
     /// Written since the last upload.
     dirty: bool,
     /// Bumped by every write: an upload marks the slot clean only if nothing was written
@@ -81,6 +128,8 @@ struct Inner {
     /// Serializes write-back (flush and cache eviction).
     writeback: Mutex<()>,
     lease: Mutex<Option<Lease>>,
+    /// The lease was found taken over: nothing is written to the store any more.
+    lost: AtomicBool,
     /// Read-ahead in flight or done, by object.
     inflight: Mutex<HashMap<u64, Arc<Prefetch>>>,
     /// The object of the last cache miss (sequential readers are read ahead of).
@@ -324,6 +373,7 @@ impl Inner {
             latch: WritebackLatch::new(),
             writeback: Mutex::new(()),
             lease: Mutex::new(None),
+            lost: AtomicBool::new(false),
             inflight: Mutex::new(HashMap::new()),
             last_miss: AtomicU64::new(u64::MAX),
         })
@@ -383,9 +433,25 @@ impl Inner {
         }
     }
 
-    /// Fails unless the lease in the store is still this device's.
+    fn lost_lease(&self) -> BlockError {
+        err(
+            BlockErrorKind::Io,
+            format!(
+                "{}: lost the lease: another writer took the volume over; nothing more is written",
+                self.loc.display()
+            ),
+        )
+    }
+
+    /// Fails unless the lease in the store is still this device's. Every upload is preceded
+    /// by this check (flush and cache eviction alike), so a writer whose lease was broken
+    /// stops writing at its next upload; once lost, the lease stays lost (latched), and it is
+    /// not deleted at close (it is the new writer's).
     fn check_lease(&self) -> BlockResult<()> {
-        let lease = lock(&self.lease);
+        let mut lease = lock(&self.lease);
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_lease());
+        }
         let Some(l) = lease.as_ref() else { return Ok(()) };
         let key = self.loc.key(LEASE);
         let bytes = self.run("checking the lease", || self.op.read(&key)).map_err(|e| {
@@ -395,10 +461,11 @@ impl Inner {
             .ok()
             .and_then(|v| v.get("holder").and_then(|h| h.as_str()).map(str::to_owned));
         if holder.as_deref() != Some(l.token.as_str()) {
-            return Err(err(
-                BlockErrorKind::Io,
-                format!("{}: lost the lease: another writer took the volume over", self.loc.display()),
-            ));
+            *lease = None;
+            self.lost.store(true, Ordering::SeqCst);
+            let e = self.lost_lease();
+            self.latch.record(&e);
+            return Err(e);
         }
         Ok(())
     }
@@ -414,7 +481,7 @@ impl Inner {
     }
 
     /// Downloads object `idx` (zeroes when absent), or takes its read-ahead.
-    fn fetch(&self, idx: u64) -> BlockResult<Vec<u8>> {
+    fn fetch(&self, idx: u64) -> BlockResult<Buffer> {
         let want = object_len(self.size, self.object_size, idx) as usize;
         let key = self.data_key(idx);
         let ahead = lock(&self.inflight).remove(&idx);
@@ -428,16 +495,16 @@ impl Inner {
                     g = p.cv.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
             }
-            None if !lock(&self.present).contains(&idx) => return Ok(vec![0; want]),
+            None if !lock(&self.present).contains(&idx) => return Ok(Buffer::from(vec![0; want])),
             None => self.run("downloading", || self.op.read(&key)),
         };
         match r {
-            Ok(b) if b.len() == want => Ok(b.to_vec()),
+            Ok(b) if b.len() == want => Ok(b),
             Ok(b) => Err(err(
                 BlockErrorKind::Io,
                 format!("{}: object {key} is {} bytes, expected {want}", self.loc.display(), b.len()),
             )),
-            Err(e) if e.kind() == DalKind::NotFound => Ok(vec![0; want]),
+            Err(e) if e.kind() == DalKind::NotFound => Ok(Buffer::from(vec![0; want])),
             Err(e) => {
                 Err(err(dal_kind(&e), format!("{}: downloading {key} failed: {e}", self.loc.display())))
             }
@@ -518,6 +585,9 @@ impl Inner {
                 // Everything is busy: let the caller go over the limit for now.
                 return Ok(());
             }
+            // Fencing: a writer whose lease was broken must not overwrite the new writer's
+            // objects, so write-back forced by a full cache checks the lease first, as flush does.
+            self.check_lease()?;
             self.upload(dirty)?;
         }
     }
@@ -529,7 +599,10 @@ impl Inner {
             .into_iter()
             .filter_map(|(i, s)| {
                 let st = lock(&s.state);
-                let d = st.data.clone().filter(|_| st.dirty)?;
+                let d = match &st.data {
+                    Some(ObjData::Owned(d)) if st.dirty => Arc::clone(d),
+                    _ => return None,
+                };
                 let g = st.generation;
                 drop(st);
                 Some((i, s, d, g))
@@ -558,7 +631,13 @@ impl Inner {
                             let body = body.clone();
                             async move {
                                 match body {
-                                    Some(b) => op.write(&key, b).await.map(|_| true),
+                                    // A content type: some GCS servers (the emulator) answer an
+                                    // upload without one with JSON OpenDAL cannot parse.
+                                    Some(b) => op
+                                        .write_with(&key, b)
+                                        .content_type("application/octet-stream")
+                                        .await
+                                        .map(|_| true),
                                     None => op.delete(&key).await.map(|_| false),
                                 }
                             }
@@ -617,7 +696,9 @@ impl Inner {
             .filter(|(_, s)| lock(&s.state).dirty)
             .map(|(i, s)| (*i, Arc::clone(s)))
             .collect();
-        let r = self.upload(dirty).and_then(|()| self.check_lease());
+        // The lease before uploading (fencing) and after (a takeover during the uploads).
+        let before = if dirty.is_empty() { Ok(()) } else { self.check_lease() };
+        let r = before.and_then(|()| self.upload(dirty)).and_then(|()| self.check_lease());
         self.latch.guard(r)
     }
 
@@ -656,11 +737,13 @@ impl Inner {
                 if st.data.is_none() {
                     let d = self.fetch(idx)?;
                     self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
-                    st.data = Some(Arc::new(d));
+                    st.data = Some(ObjData::Fetched(d));
                 }
             }
-            let d = st.data.as_ref().map(|d| &d[at..at + r.len()]).unwrap_or_default();
-            buf[r].copy_from_slice(d);
+            match st.data.as_ref() {
+                Some(d) => d.copy_out(at, &mut buf[r]),
+                None => buf[r].fill(0),
+            }
             Ok(())
         })
     }
@@ -674,19 +757,19 @@ impl Inner {
             let mut st = lock(&s.state);
             let olen = object_len(self.size, self.object_size, idx) as usize;
             match st.data.as_mut() {
-                Some(d) => Arc::make_mut(d)[at..at + r.len()].copy_from_slice(&buf[r]),
+                Some(d) => d.make_mut()[at..at + r.len()].copy_from_slice(&buf[r]),
                 None => {
                     let d = if at == 0 && r.len() == olen {
                         // Read-ahead of the old contents would be stale once this is evicted.
                         lock(&self.inflight).remove(&idx);
                         buf[r].to_vec()
                     } else {
-                        let mut d = self.fetch(idx)?;
+                        let mut d = self.fetch(idx)?.to_vec();
                         d[at..at + r.len()].copy_from_slice(&buf[r]);
                         d
                     };
                     self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
-                    st.data = Some(Arc::new(d));
+                    st.data = Some(ObjData::Owned(Arc::new(d)));
                 }
             }
             st.dirty = true;
@@ -779,7 +862,7 @@ fn describe_endpoint(loc: &Locator) -> String {
     match (&loc.endpoint, loc.service) {
         (Some(e), _) => e.clone(),
         (None, Service::S3) => std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into()),
-        (None, Service::Gcs) => "Google Cloud Storage".into(),
+        (None, Service::Gcs) => gcs_emulator().unwrap_or_else(|| "Google Cloud Storage".into()),
         (None, Service::Azblob) => "Azure Blob Storage".into(),
     }
 }
@@ -816,8 +899,14 @@ fn operator(loc: &Locator) -> BlockResult<Operator> {
         }
         Service::Gcs => {
             let mut b = opendal::services::Gcs::default().bucket(&loc.bucket).root("/");
-            if let Some(e) = &loc.endpoint {
+            // STORAGE_EMULATOR_HOST, as Google's own client libraries read it: a local GCS
+            // emulator, reached without credentials.
+            let emulator = gcs_emulator();
+            if let Some(e) = loc.endpoint.as_ref().or(emulator.as_ref()) {
                 b = b.endpoint(e);
+            }
+            if emulator.is_some() {
+                b = b.skip_signature().disable_vm_metadata().disable_config_load();
             }
             Operator::new(b).map_err(bad)?
         }
@@ -830,6 +919,13 @@ fn operator(loc: &Locator) -> BlockResult<Operator> {
         }
     };
     Ok(op)
+}
+
+/// `STORAGE_EMULATOR_HOST` as an endpoint URL (`host:port` gets `http://`), when set.
+fn gcs_emulator() -> Option<String> {
+    let h = std::env::var("STORAGE_EMULATOR_HOST").ok().filter(|h| !h.trim().is_empty())?;
+    let h = h.trim();
+    Some(if h.contains("://") { h.to_owned() } else { format!("http://{h}") })
 }
 
 async fn retry<T, F, Fut>(timeout: Duration, what: &str, f: F) -> Result<T, opendal::Error>
@@ -926,7 +1022,7 @@ impl BlockDevice for ObjectDevice {
             }
             // Cached: zero or not by its bytes; else absent objects are holes reading zeroes.
             let slot = lock(&i.slots).get(&idx).cloned();
-            let zero = slot.and_then(|s| lock(&s.state).data.as_ref().map(|d| is_zero(&d[at..at + r.len()])));
+            let zero = slot.and_then(|s| lock(&s.state).data.as_ref().map(|d| d.is_zero(at, r.len())));
             let present = lock(&i.present).contains(&idx);
             let flags = match (zero, present) {
                 (Some(true), false) | (None, false) => ExtentFlags::HOLE | ExtentFlags::ZERO,

@@ -24,8 +24,9 @@
 //!   (uploads run `concurrency=` at once), and latches a failure ([`WritebackLatch`]).
 //! * One writer per volume: a writer creates the lease object with a conditional write
 //!   (`If-None-Match: *`), refuses to open when it exists (`Busy`, naming the holder), checks
-//!   at every flush that the lease is still its own, and deletes it when dropped. A crashed
-//!   writer's lease is taken over with `break_lease=1`.
+//!   before every upload (flush or cache eviction) that the lease is still its own, stops
+//!   writing for good when it is not, and deletes it when dropped. A crashed writer's lease is
+//!   taken over with `break_lease=1`.
 //! * Everything is validated before anything is written: a prefix that holds objects but no
 //!   manifest, a manifest that does not parse, a data object with a foreign name or the wrong
 //!   size are refused at open.

@@ -166,6 +166,57 @@ fn a_second_writer_is_refused_and_a_broken_lease_is_noticed() {
     drop(b2);
 }
 
+/// The object `data/<idx>` under `prefix`, or None when absent.
+fn object(s: &S3Server, prefix: &str, idx: u64) -> Option<Vec<u8>> {
+    let (code, body) =
+        http_with(s.port, "GET", &format!("/vols/{prefix}/data/{idx:016x}"), b"", AS_USER).unwrap();
+    match code {
+        200 => Some(body),
+        404 => None,
+        c => panic!("GET object {idx}: {c} {}", String::from_utf8_lossy(&body)),
+    }
+}
+
+#[test]
+fn a_writer_whose_lease_was_broken_uploads_nothing_more_even_when_its_cache_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = env();
+    let Some(s) = server(dir.path()) else { return };
+    // A cache of two 64 KiB objects: a write to a third object forces write-back.
+    let uri = fresh(&s, "size=1M&object_size=64k&cache=128k");
+    let p = prefix_of(&uri);
+    let a = objstore::open(&uri, RW).unwrap();
+    a.write_at(0, &[0xa1; 65536], WriteFlags::empty()).unwrap();
+    a.write_at(65536, &[0xa2; 65536], WriteFlags::empty()).unwrap();
+    assert_eq!((object(&s, &p, 0), object(&s, &p, 1)), (None, None), "still only in a's cache");
+
+    // A second server takes the volume over while a holds those dirty objects, and writes
+    // object 1 itself.
+    let other = uri.replace("127.0.0.1", "localhost");
+    let b = objstore::open(&format!("{other}&break_lease=1"), RW).unwrap();
+    b.write_at(65536, &[0xb2; 65536], WriteFlags::empty()).unwrap();
+    b.flush().unwrap();
+
+    // a's next write needs room: its write-back must notice the lost lease and upload nothing.
+    let e = a.write_at(2 * 65536, &[0xa3; 65536], WriteFlags::empty()).unwrap_err();
+    assert!(e.to_string().contains("lost the lease"), "{e}");
+    assert_eq!(object(&s, &p, 0), None, "a's object 0 was not uploaded");
+    assert_eq!(object(&s, &p, 1), Some(vec![0xb2; 65536]), "b's object 1 was not overwritten");
+    assert_eq!(object(&s, &p, 2), None);
+    // And it stays fenced: flushes fail, close writes nothing and leaves b's lease alone.
+    assert!(a.flush().unwrap_err().to_string().contains("lost the lease"));
+    let e = a.write_at(3 * 65536, &[0xa4; 65536], WriteFlags::empty()).unwrap_err();
+    assert!(e.to_string().contains("lost the lease") || e.to_string().contains("earlier"), "{e}");
+    drop(a);
+    assert_eq!(object(&s, &p, 0), None, "nothing uploaded at close");
+    assert_eq!(object(&s, &p, 1), Some(vec![0xb2; 65536]));
+    assert!(keys(&s, &p).iter().any(|k| k.ends_with(objstore::LEASE)), "b's lease kept");
+    b.write_at(0, &[0xb1; 512], WriteFlags::empty()).unwrap();
+    b.flush().unwrap();
+    drop(b);
+    assert!(!keys(&s, &p).iter().any(|k| k.ends_with(objstore::LEASE)), "b released its lease");
+}
+
 #[test]
 fn bad_input_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();

@@ -313,6 +313,12 @@ impl IvGen {
         }
     }
 
+    /// Whether [`Self::before_encrypt`] rewrites the plaintext (elephant), so that encrypting
+    /// from one buffer into another must first copy it.
+    pub(crate) fn rewrites_plaintext(&self) -> bool {
+        matches!(self.kind, Kind::Elephant { .. })
+    }
+
     /// Before encryption: elephant XORs the sector key and runs diffusers A and B over the
     /// plaintext.
     pub(crate) fn before_encrypt(&self, iv_sectors: &[u64], data: &mut [u8], unit: usize) {

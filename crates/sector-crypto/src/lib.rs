@@ -337,17 +337,40 @@ impl SectorCipher {
     /// Encrypts `data` in place. `sector` is the target-relative 512-byte sector of `data[0]`
     /// (a multiple of `sector_size / 512`); `data.len()` is a multiple of `sector_size`.
     pub fn encrypt(&self, sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
-        self.convert(sector, data, true)
+        self.convert(sector, None, data, true)
+    }
+
+    /// Encrypts `src` into `dst` (the same length), leaving `src` alone: the ciphertext
+    /// [`Self::encrypt`] would leave in a copy of `src`, in one pass over the data where the
+    /// provider reads one buffer and writes another (aws-lc's AES-XTS); otherwise each batch
+    /// of sectors is copied, then encrypted in place while it is in cache.
+    pub fn encrypt_to(&self, sector: u64, src: &[u8], dst: &mut [u8]) -> Result<(), CryptoError> {
+        if src.len() != dst.len() {
+            return Err(CryptoError::InvalidParams(format!(
+                "encrypt_to: {} bytes of plaintext for a {}-byte buffer",
+                src.len(),
+                dst.len()
+            )));
+        }
+        self.convert(sector, Some(src), dst, true)
     }
 
     /// Decrypts `data` in place; arguments as for `encrypt`.
     pub fn decrypt(&self, sector: u64, data: &mut [u8]) -> Result<(), CryptoError> {
-        self.convert(sector, data, false)
+        self.convert(sector, None, data, false)
     }
 
     /// The kernel's `crypt_convert`: one cipher operation per crypto sector, IV from
     /// `cc_sector`, which advances by `sector_size >> 9`.
-    fn convert(&self, sector: u64, data: &mut [u8], encrypt: bool) -> Result<(), CryptoError> {
+    /// With `src` (encryption only, the same length as `data`), the plaintext is read from
+    /// `src` and the ciphertext written to `data`.
+    fn convert(
+        &self,
+        sector: u64,
+        src: Option<&[u8]>,
+        data: &mut [u8],
+        encrypt: bool,
+    ) -> Result<(), CryptoError> {
         let sector_size = self.params.sector_size as usize;
         let step = 1u64 << self.sector_shift;
         if data.len() % sector_size != 0 || sector % step != 0 {
@@ -362,8 +385,16 @@ impl SectorCipher {
         let mut iv_sectors = [0u64; IV_BATCH];
         let mut ivs: [Block; IV_BATCH] = [[0; 16]; IV_BATCH];
         let mut key_idx = [0usize; IV_BATCH];
-        for chunk in data.chunks_mut(sector_size * IV_BATCH) {
+        // Elephant rewrites the plaintext before encrypting it: copy each batch first.
+        let copy_first = self.iv.rewrites_plaintext();
+        let batch = sector_size * IV_BATCH;
+        for (b, chunk) in data.chunks_mut(batch).enumerate() {
             let n = chunk.len() / sector_size;
+            let mut plain = src.map(|s| &s[b * batch..b * batch + chunk.len()]);
+            if let (Some(p), true) = (plain, copy_first) {
+                chunk.copy_from_slice(p);
+                plain = None;
+            }
             for s in &mut iv_sectors[..n] {
                 *s = if self.params.iv_large_sectors { cc_sector >> self.sector_shift } else { cc_sector };
                 cc_sector = cc_sector.wrapping_add(step);
@@ -380,14 +411,24 @@ impl SectorCipher {
                 None
             };
             if encrypt {
-                self.iv.before_encrypt(iv_sectors, chunk, sector_size);
-                self.iv.fill_for_encrypt(iv_sectors, keys, ivs, first, chunk, sector_size)?;
-                self.run_modes(chunk_sector, chunk, ivs, true)?;
+                match plain {
+                    Some(p) => {
+                        // Nothing rewrites the plaintext (checked above): IVs from `p`, then
+                        // one pass from `p` into `chunk`.
+                        self.iv.fill_for_encrypt(iv_sectors, keys, ivs, first, p, sector_size)?;
+                        self.run_modes(chunk_sector, Some(p), chunk, ivs, true)?;
+                    }
+                    None => {
+                        self.iv.before_encrypt(iv_sectors, chunk, sector_size);
+                        self.iv.fill_for_encrypt(iv_sectors, keys, ivs, first, chunk, sector_size)?;
+                        self.run_modes(chunk_sector, None, chunk, ivs, true)?;
+                    }
+                }
                 self.iv.after_encrypt(iv_sectors, chunk, sector_size);
             } else {
                 self.iv.before_decrypt(iv_sectors, chunk, sector_size);
                 self.iv.fill_keyed(iv_sectors, keys, ivs, first)?;
-                self.run_modes(chunk_sector, chunk, ivs, false)?;
+                self.run_modes(chunk_sector, None, chunk, ivs, false)?;
                 self.iv.after_decrypt(iv_sectors, chunk, sector_size);
             }
             chunk_sector = cc_sector;
@@ -397,29 +438,30 @@ impl SectorCipher {
 
     /// Runs the mode over `chunk`, whose first crypto sector is at `cc_sector`: one call when
     /// there is one key, else one call per sector with key `cc_sector mod keycount`.
+    /// With `src` (encryption only), reads the plaintext from it and writes `chunk`.
     fn run_modes(
         &self,
         cc_sector: u64,
+        src: Option<&[u8]>,
         chunk: &mut [u8],
         ivs: &[Block],
         encrypt: bool,
     ) -> Result<(), CryptoError> {
         let sector_size = self.params.sector_size as usize;
-        let run = |m: &dyn SectorMode, data: &mut [u8], ivs: &[Block]| {
-            if encrypt {
-                m.encrypt(data, sector_size, ivs)
-            } else {
-                m.decrypt(data, sector_size, ivs)
-            }
+        let run = |m: &dyn SectorMode, src: Option<&[u8]>, data: &mut [u8], ivs: &[Block]| match src {
+            Some(src) => m.encrypt_to(src, data, sector_size, ivs),
+            None if encrypt => m.encrypt(data, sector_size, ivs),
+            None => m.decrypt(data, sector_size, ivs),
         };
         if self.modes.len() == 1 {
-            return run(self.modes[0].as_ref(), chunk, ivs);
+            return run(self.modes[0].as_ref(), src, chunk, ivs);
         }
         let step = 1u64 << self.sector_shift;
         let mask = self.modes.len() as u64 - 1;
         let mut s = cc_sector;
-        for (d, iv) in chunk.chunks_exact_mut(sector_size).zip(ivs.chunks(1)) {
-            run(self.modes[(s & mask) as usize].as_ref(), d, iv)?;
+        for (i, (d, iv)) in chunk.chunks_exact_mut(sector_size).zip(ivs.chunks(1)).enumerate() {
+            let p = src.map(|p| &p[i * sector_size..(i + 1) * sector_size]);
+            run(self.modes[(s & mask) as usize].as_ref(), p, d, iv)?;
             s = s.wrapping_add(step);
         }
         Ok(())

@@ -204,9 +204,10 @@ impl<D: BlockDevice> CryptTarget<D> {
     }
 
     /// Runs `op` (encrypt or decrypt) over `data`, whose first byte is target offset `off`,
-    /// where `mode` says. With `src`, each chunk first copies its plaintext from `src` (the
-    /// write path): copying and encrypting a chunk while it is hot in cache, on the thread
-    /// that encrypts it, beats copying the whole request first.
+    /// where `mode` says. With `src` (the write path, `op` is then encryption), each chunk is
+    /// encrypted from `src` into `data` in one pass ([`SectorCipher::encrypt_to`]: no copy
+    /// of the plaintext first where the provider reads one buffer and writes another), on
+    /// the thread that encrypts it.
     fn run(
         &self,
         mode: CryptMode,
@@ -220,10 +221,11 @@ impl<D: BlockDevice> CryptTarget<D> {
         let chunk = placement::chunk_len(cipher.sector_size() as usize);
         let policy = Policy::new(mode).same_cpu(self.cfg.same_cpu_crypt);
         placement::run(policy, data, chunk, |o, part: &mut [u8]| {
-            if let Some(src) = src {
-                part.copy_from_slice(&src[o..o + part.len()]);
+            let sector = sector0 + (o / 512) as u64;
+            match src {
+                Some(src) => cipher.encrypt_to(sector, &src[o..o + part.len()], part),
+                None => op(cipher, sector, part),
             }
-            op(cipher, sector0 + (o / 512) as u64, part)
         })
         .map_err(Self::crypt_err)
     }

@@ -313,6 +313,52 @@ impl StopHandle {
     }
 }
 
+/// Changes a running device's capacity from another thread (a running volume's `resize`).
+#[derive(Clone)]
+pub struct SizeHandle {
+    ctrl: Arc<UblkCtrl>,
+}
+
+impl std::fmt::Debug for SizeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SizeHandle").field("id", &self.ctrl.dev_info().dev_id).finish()
+    }
+}
+
+impl SizeHandle {
+    /// Whether the loaded driver can change a device's size (`UBLK_F_UPDATE_SIZE`: the
+    /// `UBLK_U_CMD_UPDATE_SIZE` command, Linux 6.16+).
+    pub fn supported() -> bool {
+        UblkCtrl::get_features().is_some_and(|f| f & u64::from(sys::UBLK_F_UPDATE_SIZE) != 0)
+    }
+
+    /// Sets the block device's capacity to `bytes` (a multiple of the logical block size).
+    /// The caller makes sure the served device covers it before growing, and stops using
+    /// the end before shrinking.
+    pub fn set_size(&self, bytes: u64) -> Result<(), UblkError> {
+        control_ring().map_err(driver("setting up a control ring"))?;
+        if !Self::supported() {
+            return Err(UblkError::Unsupported(
+                "UBLK_F_UPDATE_SIZE (a device's size changes with Linux 6.16+)",
+            ));
+        }
+        self.ctrl.update_size(bytes).map_err(driver("UPDATE_SIZE"))?;
+        Ok(())
+    }
+}
+
+/// Makes sure this thread has libublk's control io_uring (libublk makes it on the thread
+/// that built the device; another thread needs its own).
+fn control_ring() -> Result<(), libublk::UblkError> {
+    libublk::ublk_init_ctrl_task_ring(|ring| {
+        if ring.is_none() {
+            let r = io_uring::IoUring::<io_uring::squeue::Entry128>::builder().build(16)?;
+            *ring = Some(r);
+        }
+        Ok(())
+    })
+}
+
 /// A created (or recovering) ublk device, not yet serving.
 pub struct Server {
     ctrl: Arc<UblkCtrl>,
@@ -448,6 +494,11 @@ impl Server {
     /// Whether the device was created with user recovery.
     pub fn recoverable(&self) -> bool {
         self.ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) != 0
+    }
+
+    /// A handle that changes the device's size from another thread.
+    pub fn size_handle(&self) -> SizeHandle {
+        SizeHandle { ctrl: self.ctrl.clone() }
     }
 
     /// A handle that stops the device from another thread.

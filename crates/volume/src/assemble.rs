@@ -77,6 +77,8 @@ pub struct LuksSpec<'a> {
     pub flags: CryptOptions,
     /// `--integrity-no-journal` (authenticated volumes).
     pub integrity_no_journal: bool,
+    /// `--journal-watermark`, `--journal-commit-time` (authenticated volumes, mode J).
+    pub integrity_journal: crate::luks::IntegrityJournalTuning,
     /// Bounds on the header's KDF costs.
     pub kdf_limits: KdfLimits,
     /// Where passphrases come from.
@@ -91,6 +93,7 @@ impl std::fmt::Debug for LuksSpec<'_> {
             .field("key_slot", &self.key_slot)
             .field("flags", &self.flags)
             .field("integrity_no_journal", &self.integrity_no_journal)
+            .field("integrity_journal", &self.integrity_journal)
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +107,7 @@ impl<'a> LuksSpec<'a> {
             key_slot: None,
             flags: CryptOptions::default(),
             integrity_no_journal: false,
+            integrity_journal: Default::default(),
             kdf_limits: KdfLimits::default(),
             passphrase,
         }
@@ -227,6 +231,14 @@ pub enum LayerTable {
     Crypt(CryptTable),
     /// A dm-integrity layer.
     Integrity(IntegrityLayer),
+    /// A dm-linear layer: the plaintext segment of a LUKS2 volume mid-encryption or
+    /// mid-decryption (`offset` and `len` in 512-byte sectors of the data device).
+    Linear {
+        /// Start on the data device.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
 }
 
 /// The unlocked header of a LUKS volume.
@@ -260,7 +272,7 @@ impl Volume {
     pub fn crypt_table(&self) -> Option<&CryptTable> {
         self.layers.iter().rev().find_map(|l| match l {
             LayerTable::Crypt(t) => Some(t),
-            LayerTable::Integrity(_) => None,
+            LayerTable::Integrity(_) | LayerTable::Linear { .. } => None,
         })
     }
 }
@@ -357,12 +369,44 @@ fn open_layers(layers: Vec<Layer>, storage: Storage, opts: &OpenOptions) -> Resu
 /// Loads the LUKS header on `meta` (repairing a damaged LUKS2 copy unless `read_only`),
 /// checks the version asked for and that it can be opened, then tries the passphrases of
 /// `l` until one opens a keyslot. Nothing is assembled: `open --test-passphrase`, and the
-/// first half of [`open`] for LUKS.
+/// first half of [`open`] for LUKS. For a volume mid-reencryption the key returned is the
+/// new one (the passphrase opened both).
 pub fn unlock_luks(
     l: &mut LuksSpec<'_>,
     meta: &Storage,
     read_only: bool,
 ) -> Result<(Unlocked, VolumeKey), VolumeError> {
+    let (unlocked, keys) = unlock_keys(l, meta, read_only)?;
+    Ok((
+        unlocked,
+        match keys {
+            Keys::One(k) => k,
+            Keys::Reencrypt(k) => match k.volume_key() {
+                Some(vk) => vk.clone(),
+                None => {
+                    return Err(VolumeError::Luks {
+                        path: meta.name.clone(),
+                        source: LuksError::Params("the reencryption in progress has no volume key".into()),
+                    })
+                }
+            },
+        },
+    ))
+}
+
+/// The keys an unlock found.
+enum Keys {
+    /// The volume key.
+    One(VolumeKey),
+    /// Both keys of a reencryption in progress.
+    Reencrypt(luks::reencrypt::ReencryptKeys),
+}
+
+fn unlock_keys(
+    l: &mut LuksSpec<'_>,
+    meta: &Storage,
+    read_only: bool,
+) -> Result<(Unlocked, Keys), VolumeError> {
     let path = meta.name.as_str();
     let wrap = |source| VolumeError::Luks { path: path.to_owned(), source };
     if luks::probe(&*meta.device).map_err(wrap)?.is_none() {
@@ -370,11 +414,34 @@ pub fn unlock_luks(
         return Err(VolumeError::NotLuks { path: path.to_owned(), found });
     }
     let header = luks::load_checked(&*meta.device, path, l.version, !read_only).map_err(wrap)?;
-    header.check_supported().map_err(wrap)?;
+    let reencrypting = luks::reencrypt::status(&header).map_err(wrap)?.is_some();
+    if reencrypting {
+        luks::reencrypt::check_openable(&header).map_err(wrap)?;
+    } else {
+        header.check_supported().map_err(wrap)?;
+    }
     let mut last = None;
     while let Some(pass) = l.passphrase.next_passphrase()? {
-        match header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits) {
-            Ok((keyslot, vk)) => return Ok((Unlocked { luks: header, keyslot }, vk)),
+        let tried = if reencrypting {
+            // Both keys open with the passphrase (cryptsetup unlocks all segments' keys).
+            // The keyslot is the one that opened the volume's key (during an encryption it is
+            // bound to no regular segment yet); a --key-slot must open too.
+            luks::reencrypt::unlock_keys(&*meta.device, &header, &pass, &l.kdf_limits).and_then(|k| {
+                let slot = match l.key_slot {
+                    Some(s) if s != k.keyslot => {
+                        header.unlock_with(&*meta.device, &pass, Some(s), &l.kdf_limits)?.0
+                    }
+                    _ => k.keyslot,
+                };
+                Ok((slot, Keys::Reencrypt(k)))
+            })
+        } else {
+            header
+                .unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)
+                .map(|(k, vk)| (k, Keys::One(vk)))
+        };
+        match tried {
+            Ok((keyslot, keys)) => return Ok((Unlocked { luks: header, keyslot }, keys)),
             Err(LuksError::WrongPassphrase) => {
                 l.passphrase.rejected();
                 last = Some(LuksError::WrongPassphrase);
@@ -388,12 +455,24 @@ pub fn unlock_luks(
 fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
     let header = l.header.take();
     let meta = header.as_ref().unwrap_or(&storage);
-    let (unlocked, vk) = unlock_luks(&mut l, meta, opts.read_only)?;
+    let (unlocked, keys) = unlock_keys(&mut l, meta, opts.read_only)?;
+    let vk = match keys {
+        Keys::One(vk) => vk,
+        Keys::Reencrypt(k) => {
+            let meta_dev = header.as_ref().map_or_else(|| storage.device.clone(), |h| h.device.clone());
+            return open_reencrypting(&l, unlocked, &k, &*meta_dev, storage, opts);
+        }
+    };
     drop(header);
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
     let version = unlocked.luks.version();
     if let Some(spec) = unlocked.luks.aead().map_err(wrap)? {
-        let a = luks::AeadOpen { flags: &l.flags, no_journal: l.integrity_no_journal, open: opts };
+        let a = luks::AeadOpen {
+            flags: &l.flags,
+            no_journal: l.integrity_no_journal,
+            journal: l.integrity_journal,
+            open: opts,
+        };
         let (device, layers) =
             luks::aead::open(&unlocked.luks, &spec, storage.device, &storage.name, &vk, &a).map_err(wrap)?;
         return Ok(Volume {
@@ -405,9 +484,44 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
             rotational: false,
         });
     }
+    if l.integrity_journal.is_set() {
+        return Err(wrap(LuksError::Params(
+            "--journal-watermark and --journal-commit-time apply to LUKS2 volumes with --integrity only"
+                .into(),
+        )));
+    }
     let table = unlocked.luks.table(&storage.name, storage.size(), &vk, &l.flags).map_err(wrap)?;
     let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };
     crypt_volume(storage, table, opts, kind, Vec::new(), Some(unlocked))
+}
+
+/// A LUKS2 volume mid-reencryption: a hotzone a crash left half rewritten is recovered, then
+/// the device is the two segments split at the boundary (cryptsetup's two-segment
+/// activation). Layers: the new segment's table, then the old's (a linear layer for the
+/// plaintext side of an encryption or decryption).
+fn open_reencrypting(
+    l: &LuksSpec<'_>,
+    mut unlocked: Unlocked,
+    keys: &luks::reencrypt::ReencryptKeys,
+    meta: &dyn BlockDevice,
+    storage: Storage,
+    opts: &OpenOptions,
+) -> Result<Volume, VolumeError> {
+    let (device, tn, to) =
+        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
+    let layer = |t| match t {
+        luks::reencrypting::SegmentTable::Crypt(t) => LayerTable::Crypt(t),
+        luks::reencrypting::SegmentTable::Linear { offset, len } => LayerTable::Linear { offset, len },
+    };
+    let layers = vec![layer(tn), layer(to)];
+    Ok(Volume {
+        device,
+        kind: VolumeKind::Luks2,
+        layers,
+        integrity: None,
+        luks: Some(unlocked),
+        rotational: false,
+    })
 }
 
 /// Reads the FileVault2 metadata on `storage` and tries the passphrases of `f` until one

@@ -54,6 +54,9 @@ pub struct Storage {
     pub kind: StorageKind,
     /// Whether it sits on rotational media (`blockdev::is_rotational`); false when unknown.
     pub rotational: bool,
+    /// The same device as `device` when it is a file or block device [`open`] opened, for
+    /// [`Storage::remeasured`].
+    file: Option<Arc<FileDevice>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -69,7 +72,19 @@ impl std::fmt::Debug for Storage {
 impl Storage {
     /// Storage over a device the caller built.
     pub fn new(device: Arc<dyn BlockDevice>, name: impl Into<String>) -> Self {
-        Storage { device, name: name.into(), kind: StorageKind::Other, rotational: false }
+        Storage { device, name: name.into(), kind: StorageKind::Other, rotational: false, file: None }
+    }
+
+    /// The same storage measured again, after it was grown (or shrunk) underneath the open
+    /// volume: a file's or block device's size as it is now (same open file, same lock;
+    /// `FileDevice::remeasured`). Other storage keeps the size it was opened with, and is
+    /// returned as it is.
+    pub fn remeasured(&self) -> Result<Storage, VolumeError> {
+        let Some(file) = &self.file else { return Ok(self.clone()) };
+        let dev = Arc::new(
+            file.remeasured().map_err(|source| VolumeError::Device { path: self.name.clone(), source })?,
+        );
+        Ok(Storage { device: dev.clone(), file: Some(dev), ..self.clone() })
     }
 
     /// Size in bytes.
@@ -116,19 +131,22 @@ pub fn open(locator: &str, o: &StorageOptions) -> Result<Storage, VolumeError> {
             name: locator.to_owned(),
             kind: StorageKind::Object,
             rotational: false,
+            file: None,
         });
     }
     let path = local_path(locator)?;
     let fopts =
         FileOptions { read_only: o.read_only, direct: o.direct, lock: o.lock, ..FileOptions::default() };
-    let dev = FileDevice::open(path, fopts)
-        .map_err(|source| VolumeError::Device { path: path.to_owned(), source })?;
+    let dev = Arc::new(
+        FileDevice::open(path, fopts)
+            .map_err(|source| VolumeError::Device { path: path.to_owned(), source })?,
+    );
     let kind = match dev.backing() {
         BackingKind::RegularFile => StorageKind::File,
         BackingKind::BlockDevice => StorageKind::BlockDevice,
     };
     let rotational = blockdev::is_rotational(std::path::Path::new(path));
-    Ok(Storage { device: Arc::new(dev), name: path.to_owned(), kind, rotational })
+    Ok(Storage { device: dev.clone(), name: path.to_owned(), kind, rotational, file: Some(dev) })
 }
 
 /// `locator` without its `?parameters`, for messages.
@@ -185,6 +203,10 @@ mod tests {
         assert_eq!((s.size(), s.kind, s.name.as_str()), (1 << 20, StorageKind::File, p));
         ensure_size(p, 4096).unwrap();
         assert_eq!(std::fs::metadata(p).unwrap().len(), 1 << 20, "never shrunk");
+        ensure_size(p, 2 << 20).unwrap();
+        assert_eq!(s.size(), 1 << 20, "open storage keeps its size");
+        let grown = s.remeasured().unwrap();
+        assert_eq!((grown.size(), grown.kind, grown.name.as_str()), (2 << 20, StorageKind::File, p));
         let e = open(&format!("{p}.missing"), &StorageOptions::default()).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Io);
     }

@@ -5,6 +5,7 @@
 //! flush of init + run + finish (header and data on one crash device, so the flush order
 //! across both counts) never loses data with `checksum` and `journal` resilience.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use blockdev::{BlockDevice, MemDevice, Slice, WriteFlags};
@@ -13,6 +14,7 @@ use sector_crypto::{CipherSpec, SectorCipher, SectorParams};
 use testkit::CrashDevice;
 use volume::luks::reencrypt::{self, ReencryptParams, RunEnd, RunOptions};
 use volume::luks::{Luks, LuksError, LuksHeader, PbkdfParams, PbkdfType};
+use volume::{LuksSpec, OnePassphrase, OpenOptions, Spec, Storage};
 
 const MIB: u64 = 1 << 20;
 /// Size of the detached header (cryptsetup's default LUKS2 header).
@@ -328,4 +330,127 @@ fn cryptsetups_teardown_state_without_old_keyslots_finishes() {
     img.read_at(HDR, &mut data).unwrap();
     SectorCipher::new(&spec, &vk, sp).unwrap().decrypt(0, &mut data).unwrap();
     assert!(data == plaintext(2 * MIB as usize), "data lost");
+}
+
+/// Opens the volume (header `hdr`, data `data`) through the one assembly path.
+fn open_volume(hdr: &Arc<MemDevice>, data: &Arc<MemDevice>, read_only: bool) -> volume::Volume {
+    let p = pass();
+    let mut src = OnePassphrase::new(&p);
+    let mut spec = LuksSpec::new(&mut src);
+    spec.header = Some(Storage::new(hdr.clone(), "hdr"));
+    let opts = OpenOptions { read_only, ..OpenOptions::default() };
+    volume::open(Spec::Luks(spec), Storage::new(data.clone(), "data"), &opts).unwrap()
+}
+
+/// A volume stopped mid-encryption (linear old side, forward) or mid-decryption (linear
+/// new side, backward) opens as cryptsetup activates it: the device reads the plaintext
+/// across the boundary and takes writes on both sides; the run then resumes and the data
+/// written through the device is what the finished volume holds.
+#[test]
+fn a_volume_mid_encryption_or_decryption_opens_reads_and_writes() {
+    for decrypting in [false, true] {
+        let what = if decrypting { "mid-decryption" } else { "mid-encryption" };
+        let hdr = Arc::new(MemDevice::new(HDR, 512));
+        let data = Arc::new(MemDevice::from_vec(plaintext(DATA_LEN as usize), 512));
+        let p = params("checksum");
+        let (mut l, _) = reencrypt::init_encrypt(&*hdr, &*data, &pass(), &p).unwrap();
+        if decrypting {
+            let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+            assert_eq!(end, RunEnd::Finished);
+            let mut l2 = Luks::load(&*hdr, true).unwrap();
+            reencrypt::init_decrypt(&*hdr, DATA_LEN, &mut l2, &pass(), &p).unwrap();
+            l = l2;
+        }
+        // One hotzone (1 MiB of 3), then stop.
+        let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |done, _| done < MIB).unwrap();
+        assert_eq!(end, RunEnd::Interrupted, "{what}");
+        let st = reencrypt::status(&Luks::load(&*hdr, false).unwrap()).unwrap().expect("in progress");
+        assert_eq!(st.keyslot.direction.as_str(), if decrypting { "backward" } else { "forward" });
+
+        let v = open_volume(&hdr, &data, true);
+        let kinds: Vec<bool> =
+            v.layers.iter().map(|t| matches!(t, volume::LayerTable::Linear { .. })).collect();
+        // Layers: new segment, then old; the plaintext side is linear.
+        assert_eq!(kinds, if decrypting { vec![true, false] } else { vec![false, true] }, "{what}");
+        let mut buf = vec![0u8; DATA_LEN as usize];
+        v.device.read_at(0, &mut buf).unwrap();
+        assert!(buf == plaintext(DATA_LEN as usize), "{what}: read through the device");
+        drop(v);
+
+        // Writes on both sides of the boundary (1 MiB from the start when encrypting, from
+        // the end when decrypting), then the run finishes.
+        let mut want = plaintext(DATA_LEN as usize);
+        let v = open_volume(&hdr, &data, false);
+        let patch: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8).collect();
+        for off in [MIB / 2, DATA_LEN - 3 * MIB / 2] {
+            v.device.write_at(off, &patch, WriteFlags::empty()).unwrap();
+            want[off as usize..(off + MIB) as usize].copy_from_slice(&patch);
+        }
+        v.device.flush().unwrap();
+        drop(v);
+        let mut l = Luks::load(&*hdr, true).unwrap();
+        let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+        assert_eq!(end, RunEnd::Finished, "{what}");
+        assert!(visible(&*hdr, &*data) == want, "{what}: data written mid-run lost");
+    }
+}
+
+/// An encryption and a decryption resumed online (`run_unlocked` over the served
+/// [`ReencryptingDevice`](volume::luks::reencrypting::ReencryptingDevice), as the control
+/// server runs it) while a client writes through the device: every write lands, in the
+/// segment that holds its range at the time, and the finished volume holds them all.
+#[test]
+fn encryption_and_decryption_run_online_under_client_writes() {
+    for decrypting in [false, true] {
+        let what = if decrypting { "online decryption" } else { "online encryption" };
+        let hdr = Arc::new(MemDevice::new(HDR, 512));
+        let data = Arc::new(MemDevice::from_vec(plaintext(DATA_LEN as usize), 512));
+        let p = params("checksum");
+        let (mut l, _) = reencrypt::init_encrypt(&*hdr, &*data, &pass(), &p).unwrap();
+        if decrypting {
+            reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+            l = Luks::load(&*hdr, true).unwrap();
+            reencrypt::init_decrypt(&*hdr, DATA_LEN, &mut l, &pass(), &p).unwrap();
+        }
+        let keys = reencrypt::unlock_keys(&*hdr, &l, &pass(), &Default::default()).unwrap();
+        let storage = Storage::new(data.clone(), "data");
+        let (dev, _, _) = volume::luks::reencrypting::activate(
+            &storage,
+            &*hdr,
+            &mut l,
+            &keys,
+            &OpenOptions::default(),
+            &Default::default(),
+        )
+        .unwrap();
+        let mut want = plaintext(DATA_LEN as usize);
+        let small = RunOptions { hotzone_size: Some(256 << 10), ..RunOptions::default() };
+        std::thread::scope(|sc| {
+            let (hdr2, data2, dev2) = (hdr.clone(), data.clone(), dev.clone());
+            let (mut l2, keys2) = (l.clone(), &keys);
+            let run = sc.spawn(move || {
+                reencrypt::run_unlocked(&*hdr2, &*data2, &mut l2, keys2, &small, Some(&*dev2), &mut |_, _| {
+                    std::thread::sleep(Duration::from_millis(5));
+                    true
+                })
+            });
+            for i in 0..48u64 {
+                let off = (i * 61 * 4096) % (DATA_LEN - 8192);
+                let patch = vec![i as u8 ^ 0x5a; 8192];
+                dev.write_at(off, &patch, WriteFlags::empty()).unwrap();
+                want[off as usize..off as usize + 8192].copy_from_slice(&patch);
+                let mut back = vec![0u8; 8192];
+                dev.read_at(off, &mut back).unwrap();
+                assert!(back == patch, "{what}: read back at {off}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            assert_eq!(run.join().unwrap().unwrap(), RunEnd::Finished, "{what}");
+        });
+        let mut all = vec![0u8; DATA_LEN as usize];
+        dev.read_at(0, &mut all).unwrap();
+        assert!(all == want, "{what}: the device after the run");
+        assert_eq!(dev.boundary(), if decrypting { 0 } else { DATA_LEN }, "{what}: boundary");
+        drop(dev);
+        assert!(visible(&*hdr, &*data) == want, "{what}: the finished volume");
+    }
 }

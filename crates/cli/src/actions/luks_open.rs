@@ -84,6 +84,7 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
             ..CryptOptions::default()
         },
         integrity_no_journal: a.integrity_no_journal,
+        integrity_journal: journal_tuning(a),
         kdf_limits: a.kdf_limits.limits(),
         passphrase: &mut passphrases,
     };
@@ -125,8 +126,18 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         version: u.luks.version(),
         uuid: u.luks.uuid().to_owned(),
         integrity_no_journal: a.integrity_no_journal,
+        integrity_journal: journal_tuning(a),
         kdf_limits: a.kdf_limits.limits(),
     });
     let rebuild = Rebuild { storage, header, opts: *opts, flags: CryptOptions::default(), table: None, luks };
     serve_volume(claim, vol, rebuild, listener, &a.serve, a.readonly)
+}
+
+/// `--journal-watermark`, `--journal-commit-time` for the dm-integrity layer of an
+/// authenticated volume.
+fn journal_tuning(a: &OpenArgs) -> volume::luks::IntegrityJournalTuning {
+    volume::luks::IntegrityJournalTuning {
+        watermark: a.journal_watermark,
+        commit_time_ms: a.journal_commit_time,
+    }
 }

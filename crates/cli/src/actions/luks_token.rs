@@ -207,6 +207,9 @@ pub struct OpenTokenArgs {
     /// LUKS2: unlock through this token only.
     #[arg(long)]
     pub token_id: Option<u32>,
+    /// LUKS2: unlock through tokens of this type only (sealdisk has `luks2-keyring`).
+    #[arg(long, value_name = "TYPE")]
+    pub token_type: Option<String>,
     /// LUKS2, with --test-passphrase: also accept keyslots holding an unbound key.
     #[arg(long)]
     pub unbound: bool,
@@ -218,9 +221,9 @@ pub struct OpenTokenArgs {
 
 impl OpenTokenArgs {
     /// Whether tokens are tried before a passphrase: always unless a key file is given,
-    /// and always with --token-only / --token-id (cryptsetup 2.6).
+    /// and always with --token-only / --token-id / --token-type (cryptsetup 2.6).
     pub fn try_tokens(&self, key_file_given: bool) -> bool {
-        self.token_only || self.token_id.is_some() || !key_file_given
+        self.token_only || self.token_id.is_some() || self.token_type.is_some() || !key_file_given
     }
 }
 
@@ -252,14 +255,17 @@ pub fn keyring_passphrase(description: &str) -> Option<Passphrase> {
 }
 
 /// The passphrases of the usable `luks2-keyring` tokens of `luks` (one token, with
-/// `token_id`), in token order, with the token each came from. Tokens of other types
-/// are skipped. Errors as cryptsetup: a `--token-id` that is not a usable token is "No
-/// usable token is available.".
-pub fn token_passphrases(luks: &Luks, token_id: Option<u32>) -> Result<Vec<(u32, Passphrase)>> {
+/// `token_id`; only those of type `token_type`), in token order, with the token each
+/// came from. Tokens of other types are skipped.
+pub fn token_passphrases(
+    luks: &Luks,
+    token_id: Option<u32>,
+    token_type: Option<&str>,
+) -> Result<Vec<(u32, Passphrase)>> {
     let tokens = luks.tokens();
     let mut out = Vec::new();
     for (id, t) in &tokens {
-        if token_id.is_some_and(|want| want != *id) {
+        if token_id.is_some_and(|want| want != *id) || token_type.is_some_and(|want| want != t.type_name) {
             continue;
         }
         let Some(desc) = t.key_description() else {
@@ -326,24 +332,44 @@ impl PassphraseSource for TokenFirst<'_> {
 pub fn open_tokens(meta: &volume::Storage, lc: &OpenTokenArgs) -> Result<Vec<(u32, Passphrase)>> {
     let luks = match Luks::load(&*meta.device, false) {
         Ok(l) if l.version() == volume::luks::LuksVersion::V2 => l,
-        _ if lc.token_only || lc.token_id.is_some() => {
-            bail!(UsageError("No usable token is available.".into()))
+        _ if lc.token_only || lc.token_id.is_some() || lc.token_type.is_some() => {
+            bail!(UsageError(no_usable(lc)))
         }
         _ => return Ok(Vec::new()),
     };
-    let found = token_passphrases(&luks, lc.token_id)?;
+    let found = token_passphrases(&luks, lc.token_id, lc.token_type.as_deref())?;
     if found.is_empty() && lc.token_only {
-        // cryptsetup 2.6: a named keyring token whose key is missing fails as a wrong
-        // passphrase (exit 2); no usable token at all is a parameter error (exit 1).
-        if let Some(id) =
-            lc.token_id.filter(|id| luks.tokens().get(id).is_some_and(|t| t.key_description().is_some()))
-        {
-            eprintln!("Token {id} cannot unlock assigned keyslot(s) (wrong keyslot passphrase).");
+        // cryptsetup 2.6: a keyring token that was tried (the id and type asked for)
+        // whose key is missing fails as a wrong passphrase (exit 2); no such token at all
+        // is a parameter error (exit 1).
+        let tried = luks.tokens().into_iter().find(|(id, t)| {
+            t.key_description().is_some()
+                && lc.token_id.is_none_or(|want| want == *id)
+                && lc.token_type.as_deref().is_none_or(|want| want == t.type_name)
+        });
+        if let Some((id, _)) = tried {
+            match (lc.token_id, &lc.token_type) {
+                (None, Some(t)) => {
+                    eprintln!(
+                        "Token (type {t}) cannot unlock assigned keyslot(s) (wrong keyslot passphrase)."
+                    )
+                }
+                _ => eprintln!("Token {id} cannot unlock assigned keyslot(s) (wrong keyslot passphrase)."),
+            }
             return Err(luks_err(&meta.name)(LuksError::WrongPassphrase));
         }
-        bail!(UsageError("No usable token is available.".into()));
+        bail!(UsageError(no_usable(lc)));
     }
     Ok(found)
+}
+
+/// cryptsetup's message when no token can be tried (tools_token_error_msg): it names the
+/// type asked for, unless a token id was given.
+fn no_usable(lc: &OpenTokenArgs) -> String {
+    match (&lc.token_type, lc.token_id) {
+        (Some(t), None) => format!("No usable token (type {t}) is available."),
+        _ => "No usable token is available.".into(),
+    }
 }
 
 /// `open --unbound --test-passphrase [--key-slot N]`: the passphrase is tried on every

@@ -85,6 +85,15 @@ pub struct OpenArgs {
     /// (mode D: faster writes, a crash may leave a sector whose tag does not match).
     #[arg(long)]
     pub integrity_no_journal: bool,
+    /// LUKS2 authenticated encryption: the dm-integrity journal is copied out when this full,
+    /// in percent (integritysetup's option; default 50, the kernel's).
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub journal_watermark: Option<u32>,
+    /// LUKS2 authenticated encryption: uncommitted dm-integrity journal entries are committed
+    /// after this many ms (integritysetup's option; default 10000, the kernel's; 0: only on
+    /// flush and FUA).
+    #[arg(long, value_name = "MS")]
+    pub journal_commit_time: Option<u64>,
     /// Keep each request's crypto on one pool thread.
     #[arg(long = "perf-same_cpu_crypt")]
     pub perf_same_cpu_crypt: bool,
@@ -188,6 +197,11 @@ pub fn run(a: OpenArgs) -> Result<()> {
             }
             if matches!(kind, "luks" | "luks1" | "luks2") {
                 return super::luks_open::run(&a, kind, &opts);
+            }
+            if a.journal_watermark.is_some() || a.journal_commit_time.is_some() {
+                bail!(UsageError(
+                    "--journal-watermark and --journal-commit-time apply to LUKS2 volumes with --integrity only".into()
+                ));
             }
             if kind == "fvault2" {
                 return super::fvault2::open(&a, &opts);

@@ -69,6 +69,11 @@ pub struct ReencryptArgs {
     /// Do not ask for confirmation.
     #[arg(long = "batch-mode", short = 'q')]
     pub batch_mode: bool,
+    /// Reencrypt the active volume NAME online (its server runs the reencryption while it
+    /// goes on serving). Without it, a DEVICE served by a running `sealdisk open` is found
+    /// and reencrypted online the same way.
+    #[arg(long, value_name = "NAME")]
+    pub active_name: Option<String>,
     /// The LUKS2 device.
     pub device: String,
 }
@@ -146,6 +151,12 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
         ));
     }
     if a.decrypt && a.header.is_none() {
+        // cryptsetup 2.6 looks at the device first: a device that is not LUKS gets that
+        // said; a LUKS one needs a header file to decrypt to (data shift: not done here).
+        let dev = open_meta(&a.device, true)?;
+        if volume::luks::probe(&*dev.device).map_err(luks_err(&a.device))?.is_none() {
+            bail!(UsageError(format!("Device {} is not a valid LUKS device.", a.device)));
+        }
         bail!(UsageError("LUKS2 decryption requires --header option.".into()));
     }
     if a.encrypt && !encryption_in_progress(a.header.as_deref().unwrap_or_default()) {
@@ -159,6 +170,23 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     }
     if a.key_size.is_some_and(|b| b % 8 != 0) {
         bail!(UsageError("Key size must be a multiple of 8 bits".into()));
+    }
+    let active = match &a.active_name {
+        Some(n) => Some(n.clone()),
+        None if a.header.is_none() => crate::control::client::serving(&a.device),
+        None => None,
+    };
+    if let Some(name) = active {
+        if (a.encrypt || a.decrypt) && !a.resume_only {
+            // The server initializes only a reencryption; an encryption or decryption in
+            // progress (initialized offline) is resumed online with --resume-only.
+            bail!(UsageError(
+                "starting --encrypt or --decrypt of an active device is not supported: initialize it with \
+                 --init-only while closed, open it, then resume it with --resume-only --active-name NAME"
+                    .into()
+            ));
+        }
+        return online(&a, &name);
     }
     let meta_path = a.header.as_deref().unwrap_or(&a.device);
     let meta = open_meta(meta_path, false)?;
@@ -310,4 +338,61 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
 
 fn data_dev_meta(s: &volume::Storage) -> &dyn blockdev::BlockDevice {
     &*s.device
+}
+
+/// Online reencryption (cryptsetup's `reencrypt` of an active device): the server of
+/// `name` runs it; this shows its progress until it ends.
+fn online(a: &ReencryptArgs, name: &str) -> Result<()> {
+    use crate::control::{client, proto};
+    let pass = super::luks::passphrase(&a.key, "Enter passphrase for key slot: ")?;
+    let p = &a.pbkdf;
+    let req = proto::Reencrypt {
+        secret_len: 0,
+        init_only: a.init_only,
+        resume_only: a.resume_only,
+        cipher: a.cipher.clone(),
+        key_bytes: a.key_size.map(|b| b / 8),
+        sector_size: a.sector_size,
+        key_slot: a.key_slot,
+        resilience: a.resilience.clone(),
+        resilience_hash: a.resilience_hash.clone(),
+        hotzone_size: a.hotzone_size,
+        pbkdf: p.pbkdf.clone(),
+        hash: p.hash.clone(),
+        iter_time_ms: p.iter_time,
+        pbkdf_force_iterations: p.pbkdf_force_iterations,
+        pbkdf_memory: p.pbkdf_memory,
+        pbkdf_parallel: p.pbkdf_parallel,
+    };
+    client::reencrypt(name, req, pass.as_bytes())?;
+    if a.init_only {
+        return Ok(());
+    }
+    let mut progress = Progress::new(a.progress_frequency);
+    loop {
+        let st = client::status_of(name).with_context(|| format!("following the reencryption of {name}"))?;
+        let Some(r) = st.reencryption else { bail!("{name}'s server reports no reencryption") };
+        progress.update(r.done, r.total);
+        match r.state.as_str() {
+            "running" => {}
+            "finished" => break,
+            "interrupted" => {
+                progress.finish();
+                eprintln!("Reencryption was interrupted; run `sealdisk reencrypt {}` to resume.", a.device);
+                return Ok(());
+            }
+            _ => {
+                progress.finish();
+                bail!("reencrypting {name}: {}", r.error.unwrap_or_else(|| r.state.clone()));
+            }
+        }
+        if crate::hardening::stop_requested().is_some() {
+            progress.finish();
+            eprintln!("The reencryption goes on in {name}'s server: `sealdisk status {name}` shows it.");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    progress.finish();
+    Ok(())
 }

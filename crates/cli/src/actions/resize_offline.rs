@@ -56,10 +56,8 @@ pub fn resize(path: &str, size: Option<u64>, kind: Option<&str>, o: &OfflineArgs
         let luks = Luks::load(&*dev.device, true).map_err(luks_err(meta_path))?;
         luks.check_supported().map_err(luks_err(meta_path))?;
         if luks.aead().map_err(luks_err(meta_path))?.is_some() {
-            bail!(UsageError(
-                "resize of a LUKS2 --integrity volume is not supported (its dm-integrity area would need formatting)"
-                    .into()
-            ));
+            // cryptsetup's refusal (crypt_resize).
+            bail!(UsageError("Resize of LUKS2 device with integrity protection is not supported.".into()));
         }
         let seg = luks.segment().map_err(luks_err(meta_path))?;
         if seg.size.is_some() {

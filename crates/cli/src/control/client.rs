@@ -226,7 +226,55 @@ pub fn render(s: &Status) -> String {
         let _ = writeln!(o, "  clients: {c}");
     }
     let _ = writeln!(o, "  pid:     {}", s.pid);
+    if let Some(r) = &s.reencryption {
+        let pct = if r.total == 0 { 100.0 } else { r.done as f64 * 100.0 / r.total as f64 };
+        let _ = writeln!(
+            o,
+            "  reencryption: {} {pct:.1}% ({} of {} MiB, {:.1} MiB/s, ETA {:02}:{:02})",
+            r.state,
+            r.done >> 20,
+            r.total >> 20,
+            r.rate / f64::from(1 << 20),
+            r.eta_secs / 60,
+            r.eta_secs % 60
+        );
+        if let Some(e) = &r.error {
+            let _ = writeln!(o, "  reencryption error: {e}");
+        }
+    }
     o
+}
+
+/// Asks the server of `name` to reencrypt its volume online with `pass`.
+pub fn reencrypt(name: &str, req: proto::Reencrypt, pass: &[u8]) -> Result<()> {
+    super::check_name(name)?;
+    let req = proto::Reencrypt { secret_len: pass.len(), ..req };
+    call(name, Command::Reencrypt(req), pass, Some(Duration::from_secs(600)))?;
+    Ok(())
+}
+
+/// The status of the server of `name`.
+pub fn status_of(name: &str) -> Result<Status> {
+    let resp = call(name, Command::Status, &[], Some(Duration::from_secs(30)))?;
+    resp.status.context("the server sent no status")
+}
+
+/// The name of the running volume served from `device` (same file once symlinks are
+/// resolved), looked up among the control sockets of the runtime directory.
+pub fn serving(device: &str) -> Option<String> {
+    let want = std::fs::canonicalize(device).ok()?;
+    let dir = super::runtime_dir();
+    super::check_dir(&dir).ok()?;
+    for e in std::fs::read_dir(&dir).ok()?.flatten() {
+        let file = e.file_name();
+        let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".ctl")) else { continue };
+        if let Ok(st) = status_of(name) {
+            if std::fs::canonicalize(&st.device).is_ok_and(|d| d == want) {
+                return Some(name.to_owned());
+            }
+        }
+    }
+    None
 }
 
 /// Runs `close`.

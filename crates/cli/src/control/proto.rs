@@ -48,6 +48,48 @@ pub enum Command {
         /// Bytes of passphrase after the line.
         secret_len: usize,
     },
+    /// Start (or resume) a LUKS2 reencryption of the served volume, online; the passphrase
+    /// follows the line. Answered once it runs; `status` shows its progress.
+    Reencrypt(Reencrypt),
+}
+
+/// `reencrypt`'s options (cryptsetup's names), sent to the server of an active volume.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Reencrypt {
+    /// Bytes of passphrase after the line.
+    pub secret_len: usize,
+    pub init_only: bool,
+    pub resume_only: bool,
+    pub cipher: Option<String>,
+    pub key_bytes: Option<usize>,
+    pub sector_size: Option<u32>,
+    pub key_slot: Option<u32>,
+    pub resilience: Option<String>,
+    pub resilience_hash: String,
+    pub hotzone_size: Option<u64>,
+    /// New keyslot's KDF: `--pbkdf`, `--hash`, `--iter-time` (ms), forced iterations,
+    /// memory (KiB), parallel lanes.
+    pub pbkdf: Option<String>,
+    pub hash: String,
+    pub iter_time_ms: u64,
+    pub pbkdf_force_iterations: Option<u32>,
+    pub pbkdf_memory: Option<u32>,
+    pub pbkdf_parallel: Option<u32>,
+}
+
+/// An online reencryption as `status` shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReencryptProgress {
+    /// `running`, `finished`, `interrupted`, `failed`.
+    pub state: String,
+    /// Bytes rewritten (from the data offset), of `total`.
+    pub done: u64,
+    pub total: u64,
+    /// Bytes per second since this run started, and the seconds left at that rate.
+    pub rate: f64,
+    pub eta_secs: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `refresh`'s new flags (they replace the running ones, as `cryptsetup refresh`).
@@ -127,6 +169,9 @@ pub struct Status {
     /// Connected NBD clients.
     pub clients: Option<usize>,
     pub pid: u32,
+    /// The online reencryption this server ran or runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reencryption: Option<ReencryptProgress>,
 }
 
 /// Why a line could not be read.

@@ -19,7 +19,7 @@ use volume::luks::{KdfLimits, LuksVersion};
 use volume::{LayerTable, LuksSpec, OnePassphrase, OpenOptions, Spec, Storage, Volume, VolumeKind};
 
 use super::gate::Gate;
-use super::proto::{self, Command, Refresh, Response, Status, MAX_SECRET};
+use super::proto::{self, Command, ReencryptProgress, Refresh, Response, Status, MAX_SECRET};
 use super::Claim;
 use crate::exit;
 
@@ -36,6 +36,7 @@ pub struct LuksResume {
     /// The header's UUID at open: a resume must find the same volume.
     pub uuid: String,
     pub integrity_no_journal: bool,
+    pub integrity_journal: volume::luks::IntegrityJournalTuning,
     pub kdf_limits: KdfLimits,
 }
 
@@ -62,7 +63,15 @@ pub struct Transport {
     pub clients: Option<Box<dyn Fn() -> usize + Send + Sync>>,
     /// Stops serving (the NBD server's graceful shutdown, the FUSE unmount).
     pub stop: Box<dyn Fn() + Send + Sync>,
+    /// Tells the transport's kernel side of a new size in bytes (`resize`): the FUSE file's
+    /// cached attributes are dropped; ublk updates the disk's capacity. Called after the
+    /// swap when growing, before it when shrinking; an error before the swap refuses the
+    /// resize. `None`: clients learn the size when they connect (NBD).
+    pub resized: Option<ResizeHook>,
 }
+
+/// [`Transport::resized`]: tells the kernel side of a new size in bytes.
+pub type ResizeHook = Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
 
 /// A running volume, as the control plane sees it.
 pub struct Live {
@@ -76,6 +85,24 @@ pub struct Live {
     /// `close` that asked for it has been answered.
     finished: Mutex<(Option<Result<(), String>>, bool)>,
     finished_cv: Condvar,
+    /// The online reencryption (its progress is shared with its thread).
+    reenc: Arc<Mutex<Job>>,
+}
+
+/// An online reencryption run by this server.
+#[derive(Default)]
+struct Job {
+    progress: Option<ReencryptProgress>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The new segment's table: once the run finished, the volume's one table.
+    new_table: Option<CryptTable>,
+}
+
+impl Job {
+    fn running(&self) -> bool {
+        self.progress.as_ref().is_some_and(|p| p.state == "running")
+    }
 }
 
 impl std::fmt::Debug for Live {
@@ -173,7 +200,10 @@ impl Live {
             base.skipped = t.iv_offset;
             base.crypt_mode = Some(mode_name(rebuild.opts.crypt_mode).into());
             rebuild.flags = CryptOptions { integrity_aead: None, ..t.options };
-            if vol.kind != VolumeKind::Luks2Aead {
+            // One table cannot rebuild a volume mid-reencryption (two segments, two keys):
+            // `refresh` and `resize` refuse it as they refuse an authenticated one.
+            let data_layers = vol.layers.iter().filter(|l| !matches!(l, LayerTable::Integrity(_))).count();
+            if vol.kind != VolumeKind::Luks2Aead && data_layers == 1 {
                 rebuild.table = Some(t.clone());
             }
         } else {
@@ -216,6 +246,7 @@ impl Live {
             transport: OnceLock::new(),
             finished: Mutex::new((None, false)),
             finished_cv: Condvar::new(),
+            reenc: Arc::new(Mutex::new(Job::default())),
         });
         (live, gate)
     }
@@ -228,6 +259,7 @@ impl Live {
     /// Serving is over (`result` is the final flush's outcome): answers a waiting `close`,
     /// and gives it a moment to send its reply before the process exits.
     pub fn finish(&self, result: &Result<()>) {
+        self.stop_reencryption();
         // The stack and the storage go first: a `close` caller may reopen the device at once.
         drop(lock(&self.rebuild).take());
         self.gate.retire();
@@ -259,6 +291,16 @@ impl Live {
         if s.suspended {
             s.key_location = s.key_location.map(|_| "none (suspended: key wiped)".into());
         }
+        {
+            let j = lock(&self.reenc);
+            s.reencryption = j.progress.clone();
+            if let (Some(t), Some(p)) = (&j.new_table, &j.progress) {
+                if p.state == "finished" {
+                    s.cipher = Some(t.cipher.clone());
+                    s.keysize_bits = u32::try_from(t.key.len() * 8).ok();
+                }
+            }
+        }
         if let Some(t) = self.transport.get() {
             s.transport = t.kind.to_owned();
             s.address = t.address.clone();
@@ -278,6 +320,9 @@ impl Live {
             return Response::err(exit::BUSY, format!("Device {} is still starting.", self.name));
         };
         CLOSE_ASKED.fetch_add(1, Ordering::SeqCst);
+        // A reencryption stops after its hotzone, resumable (cryptsetup's close of a device
+        // being reencrypted online leaves the same state).
+        self.stop_reencryption();
         (t.stop)();
         let mut f = lock(&self.finished);
         while f.0.is_none() {
@@ -300,6 +345,7 @@ impl Live {
 
     fn refresh(&self, want: &Refresh) -> Response {
         let mut guard = lock(&self.rebuild);
+        self.adopt_reencrypted(guard.as_mut());
         let Some(r) = guard.as_mut() else {
             return Response::err(
                 exit::BAD_ARGS,
@@ -359,6 +405,7 @@ impl Live {
 
     fn resize(&self, sectors: Option<u64>) -> Response {
         let mut guard = lock(&self.rebuild);
+        self.adopt_reencrypted(guard.as_mut());
         let Some(r) = guard.as_mut() else {
             return Response::err(
                 exit::BAD_ARGS,
@@ -369,32 +416,49 @@ impl Live {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         }
         let Some(table) = &r.table else {
+            if self.base.integrity.is_some() {
+                // cryptsetup's refusal (crypt_resize): a LUKS2 --integrity volume's
+                // dm-integrity area would need tags for the new sectors.
+                return Response::err(
+                    exit::BAD_ARGS,
+                    "Resize of LUKS2 device with integrity protection is not supported.",
+                );
+            }
             return Response::err(
                 exit::BAD_ARGS,
-                format!(
-                    "resize of {} is not supported: authenticated (integrity) volumes cannot be resized live",
-                    self.name
-                ),
+                format!("Device {} ({}) cannot be resized.", self.name, self.base.kind),
             );
         };
-        let avail = (r.storage.size() / 512).saturating_sub(table.offset);
-        let len = sectors.unwrap_or(avail);
+        // The storage as it is now: grown (or shrunk) underneath since it was opened.
+        let storage = match r.storage.remeasured() {
+            Ok(s) => s,
+            Err(e) => {
+                return Response::err(exit::FAILURE, format!("reading the size of {}: {e}", r.storage.name))
+            }
+        };
+        // cryptsetup's device_block_adjust, with its messages: the data must start inside the
+        // device, and the mapping must end inside it; `--size 0` (or none) means the rest of
+        // the device.
+        let too_small = || Response::err(exit::BAD_ARGS, format!("Device {} is too small.", storage.name));
+        let device_sectors = storage.size() / 512;
+        if table.offset >= device_sectors {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Requested offset is beyond real size of device {}.", storage.name),
+            );
+        }
+        let avail = device_sectors - table.offset;
+        let len = sectors.filter(|&s| s != 0).unwrap_or(avail);
         let block = u64::from(table.options.sector_size() / 512).max(1);
-        if len == 0 || !len.is_multiple_of(block) {
+        if !len.is_multiple_of(block) {
             return Response::err(exit::BAD_ARGS, "Device size is not aligned to requested sector size.");
         }
         if len > avail {
-            return Response::err(
-                exit::BAD_ARGS,
-                format!(
-                    "Requested size {len} sectors exceeds the {avail} sectors of {} after the data offset.",
-                    r.storage.name
-                ),
-            );
+            return too_small();
         }
         let mut t = table.clone();
         t.len = len;
-        let vol = match volume::open(Spec::Table(t.clone()), r.storage.clone(), &r.opts) {
+        let vol = match volume::open(Spec::Table(t.clone()), storage.clone(), &r.opts) {
             Ok(v) => v,
             Err(e) => return Response::err(exit::FAILURE, format!("rebuilding {}: {e}", self.name)),
         };
@@ -404,14 +468,46 @@ impl Live {
                 "the resized volume differs in block size or capabilities: refused",
             );
         }
+        let bytes = vol.device.geometry().size;
+        let hook = self.transport.get().and_then(|t| t.resized.as_ref());
+        let growing = bytes >= self.gate.geometry().size;
+        if let (Some(h), false) = (hook, growing) {
+            // Shrinking: the kernel stops sending requests past the new end first.
+            if let Err(e) = h(bytes) {
+                return Response::err(exit::FAILURE, format!("resizing {}: {e}", self.name));
+            }
+        }
         let Volume { device, .. } = vol;
         drop(self.gate.replace_resized(device));
         r.table = Some(t);
+        r.storage = storage;
+        if let (Some(h), true) = (hook, growing) {
+            if let Err(e) = h(bytes) {
+                log::warn!(
+                    "{}: resized to {len} sectors, but its {} device was not told: {e}",
+                    self.name,
+                    self.transport.get().map_or("", |t| t.kind)
+                );
+                return Response::err(
+                    exit::FAILURE,
+                    format!(
+                        "{} was resized to {len} sectors, but the kernel's device keeps its old size: {e}",
+                        self.name
+                    ),
+                );
+            }
+        }
         log::info!("{}: resized to {len} sectors", self.name);
         Response::ok()
     }
 
     fn suspend(&self) -> Response {
+        if lock(&self.reenc).running() {
+            return Response::err(
+                exit::BUSY,
+                format!("Device {} is being reencrypted: it cannot be suspended now.", self.name),
+            );
+        }
         let mut guard = lock(&self.rebuild);
         let luks = guard.as_ref().and_then(|r| r.luks.as_ref());
         if luks.is_none() {
@@ -464,6 +560,7 @@ impl Live {
             key_slot: None,
             flags: r.flags,
             integrity_no_journal: l.integrity_no_journal,
+            integrity_journal: l.integrity_journal,
             kdf_limits: l.kdf_limits,
             passphrase: &mut one,
         };
@@ -500,6 +597,231 @@ impl Live {
         Response::ok()
     }
 
+    /// After an online reencryption finished, the new segment's table is the volume's
+    /// (so `refresh` and `resize` rebuild from it again).
+    fn adopt_reencrypted(&self, r: Option<&mut Rebuild>) {
+        let mut j = lock(&self.reenc);
+        if j.progress.as_ref().is_some_and(|p| p.state == "finished") {
+            if let (Some(r), Some(t)) = (r, j.new_table.take()) {
+                r.table = Some(t);
+            }
+        }
+    }
+
+    /// Stops the online reencryption, if one runs, after its current hotzone, and waits
+    /// for it (its header is then resumable by any tool).
+    fn stop_reencryption(&self) {
+        let thread = {
+            let mut j = lock(&self.reenc);
+            j.stop.store(true, Ordering::SeqCst);
+            j.thread.take()
+        };
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// `reencrypt` of the served volume (cryptsetup's online reencryption): initializes it
+    /// unless one is in progress, puts a [`volume::luks::reencrypting::ReencryptingDevice`]
+    /// in the gate, and runs the hotzones on a thread while clients go on.
+    fn reencrypt(&self, pass: Passphrase, q: &proto::Reencrypt) -> Response {
+        use volume::luks::reencrypt::{self as re, ReencryptParams, RunEnd, RunOptions};
+        let mut job = lock(&self.reenc);
+        if job.running() {
+            return Response::err(exit::BUSY, "Reencryption process is already running.");
+        }
+        let mut guard = lock(&self.rebuild);
+        let not_luks =
+            || Response::err(exit::BAD_ARGS, format!("Device {} is not a LUKS2 device.", self.name));
+        let Some(r) = guard.as_mut() else { return not_luks() };
+        let Some(l) = r.luks.clone() else { return not_luks() };
+        if l.version != LuksVersion::V2 {
+            return Response::err(
+                exit::BAD_ARGS,
+                "Reencryption is supported only for LUKS2 in this version of sealdisk.",
+            );
+        }
+        if self.gate.is_held() {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        }
+        if r.opts.read_only {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} is active read-only: it cannot be reencrypted online.", self.name),
+            );
+        }
+        if q.sector_size.is_some() {
+            return Response::err(
+                exit::BAD_ARGS,
+                "changing the sector size of an active volume is not supported online: close it and reencrypt offline",
+            );
+        }
+        let fail = |e: volume::luks::LuksError| {
+            let code = crate::actions::luks::kind_code(e.kind());
+            let msg = match e.kind() {
+                volume::ErrorKind::WrongKey => "No key available with this passphrase.".to_owned(),
+                _ => e.to_string(),
+            };
+            Response::err(code, msg)
+        };
+        let meta = r.header.clone().unwrap_or_else(|| r.storage.clone());
+        let mut luks = match volume::luks::Luks::load(&*meta.device, false) {
+            Ok(h) => h,
+            Err(e) => return fail(e),
+        };
+        if luks.uuid() != l.uuid {
+            return Response::err(
+                exit::FAILURE,
+                "the LUKS header now on the device has another UUID: refused",
+            );
+        }
+        let in_progress = match re::status(&luks) {
+            Ok(s) => s.is_some(),
+            Err(e) => return fail(e),
+        };
+        if in_progress && q.init_only {
+            return Response::err(
+                exit::BAD_ARGS,
+                "LUKS2 reencryption already initialized. Aborting operation.",
+            );
+        }
+        if !in_progress {
+            if q.resume_only {
+                return Response::err(exit::BAD_ARGS, "Device reencryption not in progress.");
+            }
+            let kind = match &q.pbkdf {
+                Some(k) => match k.parse::<volume::luks::PbkdfType>() {
+                    Ok(k) => Some(k),
+                    Err(e) => return Response::err(exit::BAD_ARGS, e.to_string()),
+                },
+                None => None,
+            };
+            let Ok(hash) = q.hash.parse() else {
+                return Response::err(exit::BAD_ARGS, format!("--hash: unknown hash {:?}", q.hash));
+            };
+            let params = ReencryptParams {
+                cipher: q.cipher.clone(),
+                key_bytes: q.key_bytes,
+                sector_size: None,
+                resilience: q.resilience.clone().unwrap_or_else(|| "checksum".into()),
+                resilience_hash: q.resilience_hash.clone(),
+                key_slot: q.key_slot,
+                pbkdf: volume::luks::PbkdfParams {
+                    kind,
+                    hash,
+                    iter_time: Duration::from_millis(q.iter_time_ms.max(1)),
+                    force_iterations: q.pbkdf_force_iterations,
+                    memory_kib: q.pbkdf_memory,
+                    parallel: q.pbkdf_parallel,
+                },
+                kdf_limits: l.kdf_limits,
+            };
+            match re::init(&*meta.device, r.storage.size(), &mut luks, &pass, &params) {
+                Ok(slot) => log::info!("{}: reencryption initialized, new key in keyslot {slot}", self.name),
+                Err(e) => return fail(e),
+            }
+            if q.init_only {
+                // Every sector is still in the old segment: the served stack stays right.
+                return Response::ok();
+            }
+        } else if let Some(res) = &q.resilience {
+            let cur = re::status(&luks).ok().flatten().map(|s| s.keyslot.resilience.type_name());
+            if cur != Some(res.as_str()) {
+                return Response::err(
+                    exit::BAD_ARGS,
+                    "changing the resilience mode on resume is not supported yet.",
+                );
+            }
+        }
+        let keys = match re::unlock_keys(&*meta.device, &luks, &pass, &l.kdf_limits) {
+            Ok(k) => k,
+            Err(e) => return fail(e),
+        };
+        // The device for both segments replaces the served one between requests.
+        let Some(old) = self.gate.hold() else {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        };
+        let built = volume::luks::reencrypting::activate(
+            &r.storage,
+            &*meta.device,
+            &mut luks,
+            &keys,
+            &r.opts,
+            &r.flags,
+        );
+        let (dev, new_table) = match built {
+            Ok((d, tn, _)) if self.gate.fits(&*d) => (d, tn.crypt()),
+            Ok(_) => {
+                drop(self.gate.replace(old));
+                return Response::err(
+                    exit::FAILURE,
+                    "the reencrypting volume differs in size or capabilities: refused",
+                );
+            }
+            Err(e) => {
+                drop(self.gate.replace(old));
+                return Response::err(crate::actions::luks::kind_code(e.kind()), format!("{e}"));
+            }
+        };
+        drop(self.gate.replace(dev.clone()));
+        drop(old);
+        // One crypt table cannot rebuild this volume any more (`refresh`, `resize`).
+        r.table = None;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        job.stop = stop.clone();
+        job.new_table = new_table;
+        job.progress = Some(ReencryptProgress { state: "running".into(), ..ReencryptProgress::default() });
+        let shared = self.reenc.clone();
+        let (meta_dev, data) = (meta.device.clone(), r.storage.device.clone());
+        let opts = RunOptions { hotzone_size: q.hotzone_size, kdf_limits: l.kdf_limits };
+        let name = self.name.clone();
+        let spawned = std::thread::Builder::new().name("reencrypt".into()).spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut first = None;
+            let mut update = |done: u64, total: u64| {
+                let f = *first.get_or_insert(done);
+                let rate = (done - f) as f64 / t0.elapsed().as_secs_f64().max(1e-3);
+                let eta = if rate > 0.0 { (total.saturating_sub(done) as f64 / rate) as u64 } else { 0 };
+                if let Some(p) = lock(&shared).progress.as_mut() {
+                    (p.done, p.total, p.rate, p.eta_secs) = (done, total, rate, eta);
+                }
+            };
+            let r =
+                re::run_unlocked(&*meta_dev, &*data, &mut luks, &keys, &opts, Some(&*dev), &mut |d, t| {
+                    update(d, t);
+                    !stop.load(Ordering::SeqCst)
+                });
+            drop(keys);
+            let mut j = lock(&shared);
+            if let Some(p) = j.progress.as_mut() {
+                match r {
+                    Ok(RunEnd::Finished) => {
+                        p.state = "finished".into();
+                        p.eta_secs = 0;
+                        log::info!("{name}: reencryption finished");
+                    }
+                    Ok(RunEnd::Interrupted) => {
+                        p.state = "interrupted".into();
+                        log::info!("{name}: reencryption interrupted at {} of {} bytes", p.done, p.total);
+                    }
+                    Err(e) => {
+                        log::error!("{name}: reencryption failed: {e}");
+                        p.state = "failed".into();
+                        p.error = Some(e.to_string());
+                    }
+                }
+            }
+        });
+        match spawned {
+            Ok(t) => job.thread = Some(t),
+            Err(e) => {
+                job.progress = None;
+                return Response::err(exit::FAILURE, format!("starting the reencryption thread: {e}"));
+            }
+        }
+        Response::ok()
+    }
+
     /// Answers one control connection.
     fn answer(&self, stream: UnixStream) {
         let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
@@ -521,6 +843,10 @@ impl Live {
                     Command::Resize { size } => self.resize(size),
                     Command::Resume { secret_len } => match read_secret(&mut reader, secret_len) {
                         Ok(pass) => self.resume(pass),
+                        Err(e) => Response::err(exit::BAD_ARGS, e),
+                    },
+                    Command::Reencrypt(q) => match read_secret(&mut reader, q.secret_len) {
+                        Ok(pass) => self.reencrypt(pass, &q),
                         Err(e) => Response::err(exit::BAD_ARGS, e),
                     },
                 },

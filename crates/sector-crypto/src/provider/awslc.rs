@@ -74,8 +74,9 @@ impl CipherCtx {
         Some(ctx)
     }
 
-    /// Runs one XTS data unit in place with tweak `iv`.
-    fn xts_unit(&mut self, iv: &Block, data: &mut [u8]) -> bool {
+    /// Runs one XTS data unit with tweak `iv`: from `src` into `data` (same length), or in
+    /// place in `data` without `src`.
+    fn xts_unit(&mut self, iv: &Block, src: Option<&[u8]>, data: &mut [u8]) -> bool {
         // SAFETY: the context is valid and keyed (constructor invariant) and exclusively
         // borrowed; `iv` points to 16 readable bytes, the IV length of AES-XTS; null cipher,
         // engine and key keep the cipher and key; -1 keeps the direction.
@@ -94,10 +95,17 @@ impl CipherCtx {
             return false;
         }
         let p = data.as_mut_ptr();
-        // SAFETY: `p` is valid for reads and writes of `data.len()` bytes for the duration of the
-        // call (we hold the only borrow of `data`); aws-lc's XTS supports in == out; the
-        // context is armed with a fresh IV, so exactly one data unit may be processed.
-        let ok = unsafe { ffi::EVP_Cipher(self.0.as_ptr(), p, p, data.len()) };
+        let input = match src {
+            Some(src) if src.len() == data.len() => src.as_ptr(),
+            Some(_) => return false,
+            None => p.cast_const(),
+        };
+        // SAFETY: `p` is valid for writes of `data.len()` bytes for the duration of the call
+        // (we hold the only borrow of `data`), and `input` for reads of as many: either `p`
+        // itself (aws-lc's XTS supports in == out) or `src`, which has that length and cannot
+        // overlap `data` (a shared and an exclusive borrow). The context is armed with a
+        // fresh IV, so exactly one data unit may be processed.
+        let ok = unsafe { ffi::EVP_Cipher(self.0.as_ptr(), p, input, data.len()) };
         if ok != 1 {
             clear_errors();
             return false;
@@ -198,8 +206,20 @@ impl Xts256 {
         Some(Xts256 { key, enc, dec })
     }
 
-    fn run(&self, data: &mut [u8], unit: usize, ivs: &[Block], encrypt: bool) -> Result<(), CryptoError> {
-        if unit < 16 || unit % 16 != 0 || data.len() % unit != 0 || ivs.len() < data.len() / unit {
+    fn run(
+        &self,
+        src: Option<&[u8]>,
+        data: &mut [u8],
+        unit: usize,
+        ivs: &[Block],
+        encrypt: bool,
+    ) -> Result<(), CryptoError> {
+        if unit < 16
+            || unit % 16 != 0
+            || data.len() % unit != 0
+            || ivs.len() < data.len() / unit
+            || src.is_some_and(|s| s.len() != data.len())
+        {
             return Err(CryptoError::Provider { op: "mode called with a malformed unit layout" });
         }
         let pool = if encrypt { &self.enc } else { &self.dec };
@@ -209,8 +229,9 @@ impl Xts256 {
                 .ok_or(CryptoError::Provider { op: "aws-lc: keying an XTS context" })?,
         };
         let mut ok = true;
-        for (u, iv) in data.chunks_exact_mut(unit).zip(ivs) {
-            if !ctx.xts_unit(iv, u) {
+        for (i, (u, iv)) in data.chunks_exact_mut(unit).zip(ivs).enumerate() {
+            let s = src.map(|s| &s[i * unit..(i + 1) * unit]);
+            if !ctx.xts_unit(iv, s, u) {
                 ok = false;
                 break;
             }
@@ -226,10 +247,13 @@ impl Xts256 {
 
 impl SectorMode for Xts256 {
     fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
-        self.run(data, unit, ivs, true)
+        self.run(None, data, unit, ivs, true)
     }
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
-        self.run(data, unit, ivs, false)
+        self.run(None, data, unit, ivs, false)
+    }
+    fn encrypt_to(&self, src: &[u8], dst: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        self.run(Some(src), dst, unit, ivs, true)
     }
     fn name(&self) -> &str {
         "aws-lc xts(aes256)"

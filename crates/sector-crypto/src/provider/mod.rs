@@ -45,6 +45,13 @@ pub(crate) trait SectorMode: Send + Sync {
     fn encrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError>;
     /// Decrypts every unit of `data` in place.
     fn decrypt(&self, data: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError>;
+    /// Encrypts every unit of `src` into `dst` (same length): the ciphertext of
+    /// [`Self::encrypt`] without touching `src`. The default copies, then encrypts in place;
+    /// a provider that can read one buffer and write another in one pass overrides it.
+    fn encrypt_to(&self, src: &[u8], dst: &mut [u8], unit: usize, ivs: &[Block]) -> Result<(), CryptoError> {
+        dst.copy_from_slice(src);
+        self.encrypt(dst, unit, ivs)
+    }
     /// Implementation name, e.g. `aws-lc xts(aes256)`, for logs and benchmarks.
     fn name(&self) -> &str;
 }

@@ -87,7 +87,9 @@ pub(super) fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>)
         }
         let n = RECALC_CHUNK_SECTORS.min(end - pos);
         let r = {
+            // Requests' writes, and journal copy-outs (which hold no request lock).
             let _g = i.locks.write(pos * 512, n * 512);
+            let _c = i.recalc_locks.write(pos * 512, n * 512);
             i.recalc_range(pos, pos + n)
         };
         if let Err(e) = r {

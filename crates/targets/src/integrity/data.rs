@@ -24,6 +24,9 @@ impl<D: BlockDevice> JournalSink for Inner<D> {
         &self.next
     }
     fn write_blocks(&self, sector: u64, data: &[u8], tags: &[u8]) -> BlockResult<()> {
+        // Copy-out holds no request range lock: a recalculation chunk reading these blocks'
+        // old data must not write its tags after ours.
+        let _g = self.recalc_locks.write(sector * 512, data.len() as u64);
         self.write_data_and_tags(sector, data, tags)
     }
     fn flush_all(&self) -> BlockResult<()> {

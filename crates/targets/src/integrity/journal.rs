@@ -28,7 +28,7 @@
 //! that finds a block in `index` copies it from the journal; a block not in `index` is not
 //! being copied out (the index forgets a copy only after its write).
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockErrorKind, BlockResult, WriteFlags};
 use formats::integrity::journal::{
@@ -82,27 +82,60 @@ pub(crate) struct JournalState {
 const IO_PIECE: usize = 256 << 10;
 const IO_THREADS: usize = 4;
 
-/// Runs `f` on every item, spread over up to [`IO_THREADS`] scoped threads; the first error.
-fn parallel<T: Sync>(items: &[T], f: impl Fn(&T) -> BlockResult<()> + Sync) -> BlockResult<()> {
-    if items.len() <= 1 {
-        return items.iter().try_for_each(&f);
+/// I/O threads (`dm-integrity-io-N` for commits, `dm-integrity-co-N` for copy-outs), one
+/// pool per kind and journal, started on first use: a thread spawned per commit cost more
+/// than a small commit itself, and separate pools keep a slow copy-out from holding up a
+/// commit (one commit and one copy-out run at a time per journal).
+#[derive(Debug, Default)]
+struct IoPool(OnceLock<Option<rayon::ThreadPool>>);
+
+impl IoPool {
+    fn get(&self, prefix: &'static str) -> Option<&rayon::ThreadPool> {
+        self.0
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(IO_THREADS)
+                    .thread_name(move |i| format!("{prefix}-{i}"))
+                    .build()
+                    .map_err(|e| log::warn!("dm-integrity: no journal I/O threads ({e}); writing serially"))
+                    .ok()
+            })
+            .as_ref()
     }
+}
+
+/// Runs `f` on every item, spread over `pool` (serially for one item, or without a pool); the
+/// first error.
+fn parallel<T: Sync>(
+    pool: Option<&rayon::ThreadPool>,
+    items: &[T],
+    f: impl Fn(&T) -> BlockResult<()> + Sync,
+) -> BlockResult<()> {
+    let pool = match pool {
+        Some(p) if items.len() > 1 => p,
+        _ => return items.iter().try_for_each(&f),
+    };
     let n = items.len().min(IO_THREADS);
-    std::thread::scope(|s| {
-        let f = &f;
-        let hs: Vec<_> =
-            (0..n).map(|t| s.spawn(move || items.iter().skip(t).step_by(n).try_for_each(f))).collect();
-        let mut r = Ok(());
-        for h in hs {
-            let x = h.join().unwrap_or_else(|_| {
-                Err(BlockError::new(BlockErrorKind::Io, "a journal I/O thread panicked"))
-            });
-            if r.is_ok() {
-                r = x;
+    let first: Mutex<Option<BlockError>> = Mutex::new(None);
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.scope(|s| {
+            for t in 0..n {
+                let (f, first) = (&f, &first);
+                s.spawn(move |_| {
+                    if let Err(e) = items.iter().skip(t).step_by(n).try_for_each(f) {
+                        first.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    }
+                });
             }
-        }
-        r
-    })
+        })
+    }));
+    if run.is_err() {
+        return Err(BlockError::new(BlockErrorKind::Io, "a journal I/O thread panicked"));
+    }
+    match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// What the journal needs from the engine to copy entries out and to MAC sections.
@@ -131,6 +164,26 @@ struct Run {
     tags: Vec<u8>,
     /// (block, absolute section, entry) of each block.
     from: Vec<(u64, u64, u32)>,
+}
+
+/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes: (sector, data, tags).
+fn copy_pieces(runs: &[Run]) -> Vec<(u64, &[u8], &[u8])> {
+    runs.iter()
+        .flat_map(|r| {
+            let n = r.from.len();
+            let (bs, ts) = (r.data.len() / n, r.tags.len() / n);
+            let per = (IO_PIECE / bs).max(1);
+            let spb = bs as u64 / 512;
+            (0..n).step_by(per).map(move |k| {
+                let m = per.min(n - k);
+                (
+                    r.sector + k as u64 * spb,
+                    &r.data.as_slice()[k * bs..(k + m) * bs],
+                    &r.tags[k * ts..(k + m) * ts],
+                )
+            })
+        })
+        .collect()
 }
 
 impl JournalState {
@@ -431,6 +484,8 @@ impl JournalState {
 pub(crate) struct Journal {
     state: Mutex<JournalState>,
     cv: Condvar,
+    commit_io: IoPool,
+    copy_io: IoPool,
 }
 
 fn lock(m: &Mutex<JournalState>) -> MutexGuard<'_, JournalState> {
@@ -441,7 +496,12 @@ type Guard<'a> = MutexGuard<'a, JournalState>;
 
 impl Journal {
     pub(crate) fn new(state: JournalState) -> Self {
-        Journal { state: Mutex::new(state), cv: Condvar::new() }
+        Journal {
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            commit_io: IoPool::default(),
+            copy_io: IoPool::default(),
+        }
     }
 
     /// The state (counters, reads).
@@ -537,7 +597,8 @@ impl Journal {
                     b.as_slice().chunks(step).enumerate().map(move |(k, c)| (off + (k * step) as u64, c))
                 })
                 .collect();
-            let r = parallel(&pieces, |(off, b)| sink.dev().write_at(*off, b, WriteFlags::empty()))
+            let pool = self.commit_io.get("dm-integrity-io");
+            let r = parallel(pool, &pieces, |(off, b)| sink.dev().write_at(*off, b, WriteFlags::empty()))
                 .and_then(|_| sink.dev().flush());
             j = self.lock();
             j.committing = false;
@@ -577,24 +638,10 @@ impl Journal {
         let (runs, upto) = j.plan_copy_out()?;
         j.copying = true;
         drop(j);
-        let pieces: Vec<(u64, &[u8], &[u8])> = runs
-            .iter()
-            .flat_map(|r| {
-                let n = r.from.len();
-                let (bs, ts) = (r.data.len() / n, r.tags.len() / n);
-                let per = (IO_PIECE / bs).max(1);
-                let spb = bs as u64 / 512;
-                (0..n).step_by(per).map(move |k| {
-                    let m = per.min(n - k);
-                    (
-                        r.sector + k as u64 * spb,
-                        &r.data.as_slice()[k * bs..(k + m) * bs],
-                        &r.tags[k * ts..(k + m) * ts],
-                    )
-                })
-            })
-            .collect();
-        let r = parallel(&pieces, |&(sec, d, t)| sink.write_blocks(sec, d, t)).and_then(|_| sink.flush_all());
+        let pieces = copy_pieces(&runs);
+        let pool = self.copy_io.get("dm-integrity-co");
+        let r = parallel(pool, &pieces, |&(sec, d, t)| sink.write_blocks(sec, d, t))
+            .and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;
         if let Err(e) = r {

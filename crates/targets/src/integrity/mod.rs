@@ -111,6 +111,10 @@ struct Inner<D> {
     salt: Option<[u8; 16]>,
     meta: MetaCache,
     locks: RangeLock,
+    /// Orders background recalculation against journal copy-out (both write tags of blocks
+    /// outside any request's range lock): held by the recalc thread per chunk, by copy-out
+    /// per written run. Taken after `locks`, never the other way round.
+    recalc_locks: RangeLock,
     sb: Mutex<SbState>,
     journal: Option<Journal>,
     /// Blocks in the journal index (read fast path: 0 = no lookup needed).

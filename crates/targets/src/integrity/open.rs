@@ -125,6 +125,7 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
             salt,
             meta,
             locks: RangeLock::new(),
+            recalc_locks: RangeLock::new(),
             sb: Mutex::new(SbState { sb, area }),
             journal: None,
             journal_blocks: AtomicU64::new(0),

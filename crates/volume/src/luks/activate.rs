@@ -27,6 +27,8 @@ pub struct OpenParams {
     /// `--integrity-no-journal`: open the dm-integrity layer of an authenticated volume in
     /// direct mode (D) instead of journaled (J). The header's `no-journal` flag does the same.
     pub integrity_no_journal: bool,
+    /// `--journal-watermark`, `--journal-commit-time` of that dm-integrity layer (mode J).
+    pub integrity_journal: super::IntegrityJournalTuning,
     /// Bounds on the header's KDF costs (`--max-pbkdf2-iterations`, `--max-argon2-cost`,
     /// `--allow-expensive-kdf`).
     pub kdf_limits: KdfLimits,
@@ -44,6 +46,7 @@ impl OpenParams {
             flags: CryptOptions::default(),
             open: crate::OpenOptions::default(),
             integrity_no_journal: false,
+            integrity_journal: Default::default(),
             kdf_limits: KdfLimits::default(),
         }
     }
@@ -104,6 +107,7 @@ pub fn open(p: &OpenParams, passphrase: &Passphrase) -> Result<Opened, crate::Vo
         key_slot: p.key_slot,
         flags: p.flags,
         integrity_no_journal: p.integrity_no_journal,
+        integrity_journal: p.integrity_journal,
         kdf_limits: p.kdf_limits,
         passphrase: &mut once,
     };

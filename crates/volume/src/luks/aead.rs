@@ -49,6 +49,26 @@ pub struct LuksIntegrity {
 /// The stack's built type over data device `D`.
 pub type AeadStack<D> = AeadCryptTarget<IntegrityTarget<D>>;
 
+/// Journal options of the dm-integrity layer under an authenticated volume, for its open
+/// (integritysetup's `--journal-watermark` and `--journal-commit-time`; cryptsetup itself
+/// always opens with the kernel's defaults, 50% and 10000 ms, which `None` keeps).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IntegrityJournalTuning {
+    /// `journal_watermark:` percent (0..=100): the writer copies out when the journal is this
+    /// full.
+    pub watermark: Option<u32>,
+    /// `commit_time:` ms: uncommitted journal entries are committed after this long (0: only
+    /// on flush, FUA and the watermark).
+    pub commit_time_ms: Option<u64>,
+}
+
+impl IntegrityJournalTuning {
+    /// Whether any option was given.
+    pub fn is_set(&self) -> bool {
+        self.watermark.is_some() || self.commit_time_ms.is_some()
+    }
+}
+
 /// How to open an authenticated volume (the LUKS part of [`crate::LuksSpec`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AeadOpen<'a> {
@@ -56,6 +76,8 @@ pub struct AeadOpen<'a> {
     pub flags: &'a CryptOptions,
     /// `--integrity-no-journal`.
     pub no_journal: bool,
+    /// `--journal-watermark`, `--journal-commit-time` (mode J only).
+    pub journal: IntegrityJournalTuning,
     /// Read-only and crypto placement.
     pub open: &'a crate::OpenOptions,
 }
@@ -140,7 +162,19 @@ pub(crate) fn open(
     let no_journal = p.no_journal || seg.flags.iter().any(|f| f == "no-journal");
     let mode = if no_journal { Mode::Direct } else { Mode::Journal };
     let read_only = p.open.read_only;
-    let cfg = integrity_config(spec, seg.sector_size, seg.offset / 512, mode, read_only);
+    let mut cfg = integrity_config(spec, seg.sector_size, seg.offset / 512, mode, read_only);
+    if let Some(w) = p.journal.watermark {
+        if w > 100 {
+            return Err(LuksError::Params(format!("journal watermark {w}% is above 100%")));
+        }
+        cfg.journal_watermark = w;
+    }
+    if let Some(t) = p.journal.commit_time_ms {
+        cfg.commit_time_ms = t;
+    }
+    if no_journal && p.journal.is_set() {
+        log::warn!("journal watermark and commit time do not apply without the journal (mode D)");
+    }
     let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
     // Crypto placement as for plain LUKS: the perf flags (given now or stored in the header)
     // keep a direction inline, otherwise the opener's mode (auto by default).

@@ -136,7 +136,7 @@ pub(super) fn check_supported(h: &Luks2Header) -> Result<(), LuksError> {
     for r in h.metadata.config.mandatory_requirements() {
         let what = match r {
             Requirement::OfflineReencrypt | Requirement::OnlineReencrypt { .. } => {
-                "LUKS2 reencryption is in progress: finish it with `sealdisk reencrypt` (opening a volume mid-reencryption is not supported yet)"
+                "LUKS2 reencryption is in progress: finish it with `sealdisk reencrypt` first (the volume can be opened and served meanwhile)"
             }
             Requirement::InlineHwTags => "LUKS2 inline hardware integrity tags are not supported",
             Requirement::Opal { .. } => "LUKS2 OPAL hardware encryption is not supported",

@@ -32,8 +32,11 @@
 //! [`targets::AeadCryptTarget`] over a dm-integrity target with external tags at the data
 //! offset, as cryptsetup does (`aead.rs`).
 //!
-//! Not supported (refused with a clear error rather than opened wrongly): opening a volume whose
-//! reencryption is in progress (`reencrypt::run` finishes it), OPAL
+//! A volume whose reencryption is in progress opens as two segments split at the
+//! reencryption offset (`reencrypting.rs`); other header changes on it are refused until
+//! `reencrypt::run` finishes it.
+//!
+//! Not supported (refused with a clear error rather than opened wrongly): OPAL
 //! segments, unknown mandatory requirements, tokens as unlock methods (tokens are kept
 //! verbatim through every header rewrite).
 
@@ -47,6 +50,7 @@ mod luks1;
 mod luks2;
 mod pbkdf;
 pub mod reencrypt;
+pub mod reencrypting;
 
 mod activate;
 mod error;
@@ -54,7 +58,10 @@ mod format;
 mod header;
 
 pub use activate::{load_checked, open, OpenParams, Opened};
-pub use aead::{format_integrity, format_integrity_until, wipe_integrity, AeadOpen, LuksIntegrity, WipeEnd};
+pub use aead::{
+    format_integrity, format_integrity_until, wipe_integrity, AeadOpen, IntegrityJournalTuning,
+    LuksIntegrity, WipeEnd,
+};
 pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
 pub use error::LuksError;
 pub use format::{default_key_bits, format, header_size, open_header_for_format, FormatParams};

@@ -540,7 +540,7 @@ fn unlock_digest(
     pass: &[u8],
     digest: u32,
     limits: &KdfLimits,
-) -> Result<VolumeKey, LuksError> {
+) -> Result<(u32, VolumeKey), LuksError> {
     let h = &s.header;
     let slots: Vec<u32> = h
         .metadata
@@ -560,7 +560,7 @@ fn unlock_digest(
     for k in slots {
         if let Some(vk) = luks2::try_slot(h, meta, k, pass)? {
             log::info!("reencrypt: keyslot {k} opened the key of digest {digest}");
-            return Ok(vk);
+            return Ok((k, vk));
         }
     }
     Err(LuksError::WrongPassphrase)
@@ -575,6 +575,165 @@ pub struct RunOptions {
     pub kdf_limits: KdfLimits,
 }
 
+/// The volume keys of a reencryption in progress, checked against its verification digest
+/// (cryptsetup unlocks "all segments" before a run or an activation). A side that is
+/// plaintext (the old one of an encryption, the new one of a decryption) has no key.
+pub struct ReencryptKeys {
+    /// The key of the old segment (backup-previous); `None` when it is linear, or in
+    /// cryptsetup's teardown state (see [`unlock_keys`]).
+    pub old: Option<VolumeKey>,
+    /// The key of the new segment (backup-final); `None` when it is linear.
+    pub new: Option<VolumeKey>,
+    /// The keyslot that opened [`Self::volume_key`].
+    pub keyslot: u32,
+}
+
+impl ReencryptKeys {
+    /// The key of the volume as a whole: the new one, or the old one while decrypting.
+    pub fn volume_key(&self) -> Option<&VolumeKey> {
+        self.new.as_ref().or(self.old.as_ref())
+    }
+}
+
+impl std::fmt::Debug for ReencryptKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReencryptKeys").finish_non_exhaustive()
+    }
+}
+
+/// Refuses a reencryption this implementation cannot run or activate (data shift), and
+/// backup-segment digests that do not match the mode.
+fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
+    if st.moved.is_some() || st.keyslot.resilience.shift() != 0 {
+        return Err(LuksError::Unsupported(format!(
+            "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
+            st.keyslot.mode.as_str(),
+            st.keyslot.direction.as_str(),
+            st.keyslot.resilience.type_name()
+        )));
+    }
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let digests_ok = match st.keyslot.mode {
+        ReencryptMode::Reencrypt => d_old.is_some() && d_new.is_some(),
+        ReencryptMode::Encrypt => d_old.is_none() && d_new.is_some(),
+        ReencryptMode::Decrypt => d_old.is_some() && d_new.is_none(),
+    };
+    if !digests_ok {
+        return Err(meta_err(re::ReencryptMetaError::Layout("backup segment digests do not match the mode")));
+    }
+    Ok(())
+}
+
+/// `true` in cryptsetup's teardown state: its teardown wipes the old keyslots (a header
+/// write each) before it drops the reencryption metadata; killed in between, every hotzone
+/// is written and the old key is gone (cryptsetup itself cannot resume: "No usable token is
+/// available"). No data is left to rewrite: the run only has to finish.
+fn teardown_state(st: &ReencryptState, m: &Luks2Metadata) -> bool {
+    st.keyslot.mode == ReencryptMode::Reencrypt
+        && st.digest_old != st.digest_new
+        && re::all_done(st, m)
+        && st
+            .digest_old
+            .and_then(|d| m.digests.get(&d))
+            .is_some_and(|d| !d.keyslots.iter().any(|k| m.keyslots.get(k).is_some_and(|ks| ks.is_luks2())))
+}
+
+/// Refuses what cannot be activated mid-reencryption: unknown mandatory requirements, a
+/// reencryption mode not handled here, backup segments that are neither plain crypt
+/// segments nor the linear (plaintext) side of an encryption or decryption.
+pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let m = &s.header.metadata;
+    let unknown = m.unknown_requirements();
+    if !unknown.is_empty() {
+        return Err(LuksError::Unsupported(format!(
+            "Unmet LUKS2 requirements detected: {} (this version of sealdisk does not know them)",
+            unknown.join(", ")
+        )));
+    }
+    let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    check_mode(&st)?;
+    for (id, linear_ok) in [
+        (st.previous, st.keyslot.mode == ReencryptMode::Encrypt),
+        (st.final_, st.keyslot.mode == ReencryptMode::Decrypt),
+    ] {
+        match m.segments.get(&id) {
+            Some(sg) if sg.type_name == "linear" && linear_ok => {}
+            Some(sg)
+                if sg.type_name == "crypt" && sg.crypt.as_ref().is_some_and(|c| c.integrity.is_none()) => {}
+            _ => {
+                return Err(LuksError::Unsupported(format!(
+                    "LUKS2 reencryption segment {id} is not a plain crypt segment"
+                )))
+            }
+        }
+    }
+    Ok(st)
+}
+
+/// Unlocks the keys of the reencryption in progress on `luks` with `passphrase` and checks
+/// them against the verification digest, which binds the metadata to them. In cryptsetup's
+/// teardown state (every hotzone written, old keyslots wiped) only the new key is unlocked
+/// (checked against its digest); such a run can only be finished ([`run_unlocked`]).
+pub fn unlock_keys(
+    meta: &dyn BlockDevice,
+    luks: &Luks,
+    passphrase: &Passphrase,
+    limits: &KdfLimits,
+) -> Result<ReencryptKeys, LuksError> {
+    let Some(st) = status(luks)? else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    check_mode(&st)?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let pass = passphrase.as_bytes();
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let mut keyslot = None;
+    let vk_new = match d_new {
+        Some(d) => {
+            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            keyslot = Some(k);
+            Some(vk)
+        }
+        None => None,
+    };
+    let m = &s.header.metadata;
+    if teardown_state(&st, m) {
+        let keyslot = keyslot.ok_or(LuksError::WrongPassphrase)?;
+        return Ok(ReencryptKeys { old: None, new: vk_new, keyslot });
+    }
+    let vk_old = match d_old {
+        Some(_) if d_old == d_new => vk_new.clone(),
+        Some(d) => {
+            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            keyslot.get_or_insert(k);
+            Some(vk)
+        }
+        None => None,
+    };
+    let keyslot = keyslot.ok_or(LuksError::WrongPassphrase)?;
+    let vdata = st
+        .verification_data(
+            m,
+            st.version,
+            vk_old.as_ref().map(VolumeKey::as_bytes),
+            vk_new.as_ref().map(VolumeKey::as_bytes),
+        )
+        .map_err(meta_err)?;
+    let ok = match st.digest_verify.and_then(|d| m.digests.get(&d)).and_then(|d| d.pbkdf2.as_ref()) {
+        Some(p) => check_pbkdf2(p, &vdata)?,
+        None => false,
+    };
+    if !ok {
+        return Err(LuksError::Params("Reencryption metadata is invalid.".into()));
+    }
+    Ok(ReencryptKeys { old: vk_old, new: vk_new, keyslot })
+}
+
 /// Runs (or resumes) the reencryption in progress on `luks` (metadata on `meta`, data on
 /// `data`). `progress(done, total)` is called after every hotzone; returning `false` stops
 /// the run cleanly (resumable). Crash recovery happens first when needed.
@@ -586,103 +745,114 @@ pub fn run(
     opts: &RunOptions,
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<RunEnd, LuksError> {
-    let Some(mut st) = status(luks)? else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
-    };
-    if st.moved.is_some() || st.keyslot.resilience.shift() != 0 {
-        return Err(LuksError::Unsupported(format!(
-            "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
-            st.keyslot.mode.as_str(),
-            st.keyslot.direction.as_str(),
-            st.keyslot.resilience.type_name()
-        )));
+    let keys = unlock_keys(meta, luks, passphrase, &opts.kdf_limits)?;
+    run_unlocked(meta, data, luks, &keys, opts, None, progress)
+}
+
+/// One side of a reencryption: a cipher, or plaintext (a linear segment) when `None`.
+struct Side {
+    cipher: Option<(SectorCipher, String)>,
+    sector_size: u32,
+}
+
+impl Side {
+    fn spec(&self) -> Option<(String, u32)> {
+        self.cipher.as_ref().map(|(_, s)| (s.clone(), self.sector_size))
     }
-    let backward = st.keyslot.direction == Direction::Backward;
-    let s = v2(luks)?;
-    let pass = passphrase.as_bytes();
-    let (d_old, d_new) = (st.digest_old, st.digest_new);
-    let digests_ok = match st.keyslot.mode {
-        ReencryptMode::Reencrypt => d_old.is_some() && d_new.is_some(),
-        ReencryptMode::Encrypt => d_old.is_none() && d_new.is_some(),
-        ReencryptMode::Decrypt => d_old.is_some() && d_new.is_none(),
-    };
-    if !digests_ok {
-        return Err(meta_err(re::ReencryptMetaError::Layout("backup segment digests do not match the mode")));
+}
+
+/// The parameters of a run, from the metadata and the data device.
+struct Plan {
+    st: ReencryptState,
+    d_old: Option<u32>,
+    d_new: Option<u32>,
+    old: Side,
+    new: Side,
+    backward: bool,
+    data_offset: u64,
+    device_size: u64,
+    fixed: bool,
+    alignment: u64,
+    length: u64,
+    hash: Option<HashAlg>,
+    /// The boundary before any recovery (relative to the data offset): forward, the end of
+    /// the new part (everything below is new); backward, the end of the old part
+    /// (everything above is new).
+    pos: u64,
+}
+
+impl Plan {
+    /// Old content to new content, in place (`sector` in 512-byte units from the data
+    /// offset).
+    fn rewrite(&self, sector: u64, buf: &mut [u8]) -> Result<(), LuksError> {
+        if let Some((c, spec)) = &self.old.cipher {
+            c.decrypt(sector, buf).map_err(crypto_err(spec))?;
+        }
+        if let Some((c, spec)) = &self.new.cipher {
+            c.encrypt(sector, buf).map_err(crypto_err(spec))?;
+        }
+        Ok(())
     }
-    let vk_new = match d_new {
-        Some(d) => Some(unlock_digest(s, meta, pass, d, &opts.kdf_limits)?),
-        None => None,
-    };
-    // cryptsetup's teardown wipes the old keyslots (a header write each) before it drops
-    // the reencryption metadata: killed in between, every hotzone is written, the old key
-    // is gone, and cryptsetup itself cannot resume ("No usable token is available"). No data
-    // is left to rewrite, so the run only has to finish; the new key (checked above against
-    // its digest) is what the finished header keeps.
-    if st.keyslot.mode == ReencryptMode::Reencrypt
-        && vk_new.is_some()
-        && d_old != d_new
-        && re::all_done(&st, &s.header.metadata)
-        && d_old.and_then(|d| s.header.metadata.digests.get(&d)).is_some_and(|d| {
-            !d.keyslots.iter().any(|k| s.header.metadata.keyslots.get(k).is_some_and(|ks| ks.is_luks2()))
-        })
-    {
-        log::warn!("reencrypt: every hotzone was written and the old keyslots are gone; finishing");
-        finish(s, meta, &st, d_old, d_new)?;
-        return Ok(RunEnd::Finished);
+
+    /// The regular segments with the boundary at `pos` and, with `hot`, the hotzone of
+    /// that length next to it (above when forward, below when backward).
+    fn layout(
+        &self,
+        st: &ReencryptState,
+        m: &Luks2Metadata,
+        pos: u64,
+        hot: Option<u64>,
+    ) -> Result<Vec<(re::Part, formats::luks2::Segment)>, LuksError> {
+        if self.backward {
+            re::backward_layout(st, m, pos, hot, self.device_size, self.fixed)
+        } else {
+            re::forward_layout(st, m, pos, hot, self.device_size, self.fixed)
+        }
+        .map_err(meta_err)
     }
-    let vk_old = match d_old {
-        Some(_) if d_old == d_new => vk_new.clone(),
-        Some(d) => Some(unlock_digest(s, meta, pass, d, &opts.kdf_limits)?),
-        None => None,
-    };
-    // The verification digest binds the metadata to the keys.
-    {
-        let m = &s.header.metadata;
-        let vdata = st
-            .verification_data(
-                m,
-                st.version,
-                vk_old.as_ref().map(VolumeKey::as_bytes),
-                vk_new.as_ref().map(VolumeKey::as_bytes),
-            )
-            .map_err(meta_err)?;
-        let ok = match st.digest_verify.and_then(|d| m.digests.get(&d)).and_then(|d| d.pbkdf2.as_ref()) {
-            Some(p) => check_pbkdf2(p, &vdata)?,
-            None => false,
-        };
-        if !ok {
-            return Err(LuksError::Params("Reencryption metadata is invalid.".into()));
+
+    /// Bytes already in the new segment with the boundary at `pos`.
+    fn done(&self, pos: u64) -> u64 {
+        if self.backward {
+            self.device_size - pos
+        } else {
+            pos
         }
     }
+}
+
+fn plan(
+    data: &dyn BlockDevice,
+    luks: &Luks,
+    keys: &ReencryptKeys,
+    hotzone_size: Option<u64>,
+) -> Result<Plan, LuksError> {
+    let Some(st) = status(luks)? else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    check_mode(&st)?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let backward = st.keyslot.direction == Direction::Backward;
     let m = &s.header.metadata;
     let prev = m.segments[&st.previous].clone();
     let fin = m.segments[&st.final_].clone();
-    // The old and new sides: a cipher, or plaintext (linear).
     let side = |seg: &formats::luks2::Segment, vk: &Option<VolumeKey>, what: &'static str| match (
         seg.type_name.as_str(),
         &seg.crypt,
         vk,
     ) {
-        ("crypt", Some(c), Some(vk)) => {
-            Ok(Some((c.encryption.clone(), c.sector_size, cipher(&c.encryption, vk, c.sector_size)?)))
-        }
-        ("linear", _, None) => Ok(None),
+        ("crypt", Some(c), Some(vk)) => Ok(Side {
+            cipher: Some((cipher(&c.encryption, vk, c.sector_size)?, c.encryption.clone())),
+            sector_size: c.sector_size,
+        }),
+        ("linear", _, None) => Ok(Side { cipher: None, sector_size: 512 }),
         _ => Err(meta_err(re::ReencryptMetaError::Layout(what))),
     };
-    let old = side(&prev, &vk_old, "backup-previous does not match the mode")?;
-    let new = side(&fin, &vk_new, "backup-final does not match the mode")?;
-    let old_ss = old.as_ref().map_or(512, |o| o.1);
-    let new_ss = new.as_ref().map_or(512, |n| n.1);
-    // Old content to new content, in place (`sector` in 512-byte units from the data offset).
-    let rewrite = |sector: u64, buf: &mut [u8]| -> Result<(), LuksError> {
-        if let Some((spec, _, c)) = &old {
-            c.decrypt(sector, buf).map_err(|source| LuksError::Cipher { spec: spec.clone(), source })?;
-        }
-        if let Some((spec, _, c)) = &new {
-            c.encrypt(sector, buf).map_err(|source| LuksError::Cipher { spec: spec.clone(), source })?;
-        }
-        Ok(())
-    };
+    let old = side(&prev, &keys.old, "backup-previous does not match the mode or its key")?;
+    let new = side(&fin, &keys.new, "backup-final does not match the mode or its key")?;
     let data_offset = fin.offset;
     let (device_size, fixed) = match prev.size {
         SegmentSize::Bytes(b) => (b, true),
@@ -690,26 +860,26 @@ pub fn run(
     };
     let alignment = match &st.keyslot.resilience {
         Resilience::Checksum { block_size, .. } => u64::from(*block_size),
-        _ => u64::from(old_ss.max(new_ss).max(data.geometry().logical_block)),
+        _ => u64::from(old.sector_size.max(new.sector_size).max(data.geometry().logical_block)),
     };
     if !device_size.is_multiple_of(alignment) {
         return Err(LuksError::Params(format!(
             "Device size must be multiple of calculated zone alignment ({alignment} bytes)."
         )));
     }
-    if let Some(h) = opts.hotzone_size {
+    if let Some(h) = hotzone_size {
         if h == 0 || !h.is_multiple_of(alignment) {
             return Err(LuksError::Params(format!(
                 "Hotzone size must be multiple of calculated zone alignment ({alignment} bytes)."
             )));
         }
     }
-    let rk = st.keyslot.clone();
-    let hash_len = match &rk.resilience {
+    let rk = &st.keyslot;
+    let hash = match &rk.resilience {
         Resilience::Checksum { hash, .. } => Some(parse_hash(hash)?),
         _ => None,
     };
-    let mut length = match (&rk.resilience, hash_len) {
+    let mut length = match (&rk.resilience, hash) {
         (Resilience::Checksum { block_size, .. }, Some(h)) => {
             rk.area_size / h.output_len() as u64 * u64::from(*block_size)
         }
@@ -717,120 +887,181 @@ pub fn run(
         _ => re::DEFAULT_NONE_HOTZONE_LENGTH,
     };
     length = length.min(re::MAX_HOTZONE_LENGTH).min(64 << 20);
-    if let Some(h) = opts.hotzone_size {
+    if let Some(h) = hotzone_size {
         length = length.min(h);
     }
     length -= length % alignment;
     if length == 0 {
         return Err(LuksError::Params("Invalid reencryption length.".into()));
     }
-    let io_err = |what| move |source| LuksError::Io { what, source };
-    // `pos`: forward, the end of the new part (everything below is new); backward, the end
-    // of the old part (everything above is new). Progress is the new part's size.
-    let mut pos = if re::all_done(&st, &s.header.metadata) {
-        // Every hotzone was written and the run stopped before finishing.
+    let pos = if re::all_done(&st, m) {
+        // Every hotzone was written and the run stopped before finishing (cryptsetup would
+        // start over here, rewriting new data as if it were old).
         if backward {
             0
         } else {
             device_size
         }
     } else if backward {
-        re::backward_boundary(&st, &s.header.metadata, device_size).map_err(meta_err)?
+        re::backward_boundary(&st, m, device_size).map_err(meta_err)?
     } else {
-        st.forward_offset(&s.header.metadata).map_err(meta_err)?
+        st.forward_offset(m).map_err(meta_err)?
     };
-    let layout = |st: &ReencryptState, m: &Luks2Metadata, pos: u64, hot: Option<u64>| {
-        if backward {
-            re::backward_layout(st, m, pos, hot, device_size, fixed)
-        } else {
-            re::forward_layout(st, m, pos, hot, device_size, fixed)
-        }
-    };
-    let done_of = |pos: u64| if backward { device_size - pos } else { pos };
+    Ok(Plan {
+        st,
+        d_old,
+        d_new,
+        old,
+        new,
+        backward,
+        data_offset,
+        device_size,
+        fixed,
+        alignment,
+        length,
+        hash,
+        pos,
+    })
+}
 
-    // Recovery of a hotzone that was being rewritten.
-    if let Some(h) = st.hot {
-        let hs = s.header.metadata.segments[&h].clone();
-        let len = hs.fixed_size().ok_or(meta_err(re::ReencryptMetaError::Layout("dynamic hotzone")))?;
-        if !len.is_multiple_of(alignment) {
-            return Err(meta_err(re::ReencryptMetaError::Layout("hotzone not aligned")));
-        }
-        let offset = hs
-            .offset
-            .checked_sub(data_offset)
-            .ok_or(meta_err(re::ReencryptMetaError::Layout("hotzone before the data offset")))?;
-        log::warn!("reencrypt: recovering the hotzone at {offset} ({len} bytes) after an interrupted run");
-        let mut buf = SecretBuf::zeroed(len as usize);
-        data.read_at(data_offset + offset, &mut buf).map_err(io_err("hotzone"))?;
-        match (&rk.resilience, hash_len) {
-            (Resilience::Checksum { block_size, .. }, Some(hash)) => {
-                let bs = *block_size as usize;
-                let hl = hash.output_len();
-                let count = buf.len() / bs;
-                if (count * hl) as u64 > rk.area_size {
-                    return Err(meta_err(re::ReencryptMetaError::Layout(
-                        "hotzone larger than the checksum area",
-                    )));
-                }
-                let sums = io::read_bytes(meta, rk.area_offset, count * hl, "reencryption checksums")?;
-                let mut sum = vec![0u8; hl];
-                for b in 0..count {
-                    let blk = &mut buf[b * bs..(b + 1) * bs];
-                    hash.digest_into(&[&*blk], &mut sum);
-                    if sum == sums[b * hl..(b + 1) * hl] {
-                        let sector = (offset + (b * bs) as u64) / 512;
-                        rewrite(sector, blk)?;
-                        data.write_at(
-                            data_offset + offset + (b * bs) as u64,
-                            blk,
-                            blockdev::WriteFlags::empty(),
-                        )
-                        .map_err(io_err("hotzone"))?;
-                    }
-                }
-            }
-            (Resilience::Journal, _) => {
-                if len > rk.area_size {
-                    return Err(meta_err(re::ReencryptMetaError::Layout("hotzone larger than the journal")));
-                }
-                let j = io::read_secret(meta, rk.area_offset, len as usize, "reencryption journal")?;
-                buf.copy_from_slice(&j);
-                rewrite(offset / 512, &mut buf)?;
-                data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
-                    .map_err(io_err("hotzone"))?;
-            }
-            _ => {
-                return Err(LuksError::Params(
-                    "Cannot recover the interrupted hotzone: resilience mode none keeps no copy.".into(),
-                ))
-            }
-        }
-        data.flush().map_err(io_err("data device"))?;
-        pos = if backward { offset } else { offset + len };
-        let mut next = s.clone();
-        let l = layout(&st, &next.header.metadata, pos, None).map_err(meta_err)?;
-        re::assign_segments(&mut st, &mut next.header.metadata, l).map_err(meta_err)?;
-        luks2::write_header(&mut next, meta)?;
-        *s = next;
+fn io_err(what: &'static str) -> impl Fn(blockdev::BlockError) -> LuksError {
+    move |source| LuksError::Io { what, source }
+}
+
+fn crypto_err(spec: &str) -> impl Fn(sector_crypto::CryptoError) -> LuksError + '_ {
+    move |source| LuksError::Cipher { spec: spec.to_owned(), source }
+}
+
+/// Recovers the hotzone flagged `in-reencryption` (a run that stopped mid-hotzone) and
+/// writes the header that moves past it; `p.pos` is then the boundary past it.
+fn recover(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    s: &mut Luks2State,
+    p: &mut Plan,
+) -> Result<(), LuksError> {
+    let Some(h) = p.st.hot else { return Ok(()) };
+    let rk = p.st.keyslot.clone();
+    let data_offset = p.data_offset;
+    let hs = s.header.metadata.segments[&h].clone();
+    let len = hs.fixed_size().ok_or(meta_err(re::ReencryptMetaError::Layout("dynamic hotzone")))?;
+    if !len.is_multiple_of(p.alignment) {
+        return Err(meta_err(re::ReencryptMetaError::Layout("hotzone not aligned")));
     }
+    let offset = hs
+        .offset
+        .checked_sub(data_offset)
+        .filter(|o| o.checked_add(len).is_some_and(|e| e <= p.device_size))
+        .ok_or(meta_err(re::ReencryptMetaError::Layout("hotzone outside the data")))?;
+    log::warn!("reencrypt: recovering the hotzone at {offset} ({len} bytes) after an interrupted run");
+    let mut buf = SecretBuf::zeroed(len as usize);
+    data.read_at(data_offset + offset, &mut buf).map_err(io_err("hotzone"))?;
+    match (&rk.resilience, p.hash) {
+        (Resilience::Checksum { block_size, .. }, Some(hash)) => {
+            let bs = *block_size as usize;
+            let hl = hash.output_len();
+            let count = buf.len() / bs;
+            if (count * hl) as u64 > rk.area_size {
+                return Err(meta_err(re::ReencryptMetaError::Layout(
+                    "hotzone larger than the checksum area",
+                )));
+            }
+            let sums = io::read_bytes(meta, rk.area_offset, count * hl, "reencryption checksums")?;
+            let mut sum = vec![0u8; hl];
+            for b in 0..count {
+                let blk = &mut buf[b * bs..(b + 1) * bs];
+                hash.digest_into(&[&*blk], &mut sum);
+                if sum == sums[b * hl..(b + 1) * hl] {
+                    let sector = (offset + (b * bs) as u64) / 512;
+                    p.rewrite(sector, blk)?;
+                    data.write_at(data_offset + offset + (b * bs) as u64, blk, blockdev::WriteFlags::empty())
+                        .map_err(io_err("hotzone"))?;
+                }
+            }
+        }
+        (Resilience::Journal, _) => {
+            if len > rk.area_size {
+                return Err(meta_err(re::ReencryptMetaError::Layout("hotzone larger than the journal")));
+            }
+            let j = io::read_secret(meta, rk.area_offset, len as usize, "reencryption journal")?;
+            buf.copy_from_slice(&j);
+            p.rewrite(offset / 512, &mut buf)?;
+            data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
+                .map_err(io_err("hotzone"))?;
+        }
+        _ => {
+            return Err(LuksError::Params(
+                "Cannot recover the interrupted hotzone: resilience mode none keeps no copy.".into(),
+            ))
+        }
+    }
+    data.flush().map_err(io_err("data device"))?;
+    p.pos = if p.backward { offset } else { offset + len };
+    let mut next = s.clone();
+    let layout = p.layout(&p.st, &next.header.metadata, p.pos, None)?;
+    re::assign_segments(&mut p.st, &mut next.header.metadata, layout).map_err(meta_err)?;
+    luks2::write_header(&mut next, meta)?;
+    *s = next;
+    Ok(())
+}
 
+/// [`run`] with the keys already unlocked. With `online`, the run rewrites the data under
+/// a served [`ReencryptingDevice`](super::reencrypting::ReencryptingDevice): each hotzone's
+/// range is held against the device's clients from the read of its old content until the
+/// header past it is written, and the device's boundary moves with it.
+pub fn run_unlocked(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    opts: &RunOptions,
+    online: Option<&super::reencrypting::ReencryptingDevice>,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<RunEnd, LuksError> {
+    {
+        let st =
+            status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+        let s = v2(luks)?;
+        if teardown_state(&st, &s.header.metadata) {
+            // The new key was checked against its digest by the unlock; it is what the
+            // finished header keeps. No data is rewritten.
+            log::warn!("reencrypt: every hotzone was written and the old keyslots are gone; finishing");
+            finish(s, meta, &st, st.digest_old, st.digest_new)?;
+            return Ok(RunEnd::Finished);
+        }
+    }
+    let mut p = plan(data, luks, keys, opts.hotzone_size)?;
+    let s = v2(luks)?;
+    let device_size = p.device_size;
+    if p.st.hot.is_some() {
+        let _g = online.map(|d| d.hold(0, device_size));
+        recover(meta, data, s, &mut p)?;
+        if let Some(d) = online {
+            d.set_boundary(p.pos);
+        }
+    }
+    let rk = p.st.keyslot.clone();
+    let (data_offset, length, backward) = (p.data_offset, p.length, p.backward);
+    let mut pos = p.pos;
+    let mut st = p.st.clone();
     let none = rk.resilience == Resilience::None;
-    let mut buf = SecretBuf::zeroed(length.min(device_size.max(alignment)) as usize);
+    let mut buf = SecretBuf::zeroed(length.min(device_size.max(p.alignment)) as usize);
     let mut stopped = false;
-    if !progress(done_of(pos), device_size) {
+    if !progress(p.done(pos), device_size) {
         stopped = true;
     }
     let left = |pos: u64| if backward { pos } else { device_size - pos };
     while !stopped && left(pos) > 0 {
         let len = length.min(left(pos));
         let offset = if backward { pos - len } else { pos };
+        let guard = online.map(|d| d.hold(offset, len));
         let chunk = &mut buf[..len as usize];
         let mut next = s.clone();
-        let l = layout(&st, &next.header.metadata, pos, Some(len)).map_err(meta_err)?;
+        let layout = p.layout(&st, &next.header.metadata, pos, Some(len))?;
         let mut st_next = st.clone();
-        re::assign_segments(&mut st_next, &mut next.header.metadata, l).map_err(meta_err)?;
+        re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         data.read_at(data_offset + offset, chunk).map_err(io_err("hotzone"))?;
-        match (&rk.resilience, hash_len) {
+        match (&rk.resilience, p.hash) {
             (Resilience::Checksum { block_size, .. }, Some(hash)) => {
                 let bs = *block_size as usize;
                 let hl = hash.output_len();
@@ -847,25 +1078,27 @@ pub fn run(
             // The checksums (or journal) are durable before the header that points at
             // them; cryptsetup relies on the header write's flush alone.
             io::flush(meta, "reencryption area")?;
-        }
-        if !none {
             luks2::write_header(&mut next, meta)?;
         }
-        rewrite(offset / 512, chunk)?;
+        p.rewrite(offset / 512, chunk)?;
         data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty())
             .map_err(io_err("hotzone"))?;
         if !none {
             data.flush().map_err(io_err("data device"))?;
         }
         pos = if backward { offset } else { offset + len };
-        let l = layout(&st_next, &next.header.metadata, pos, None).map_err(meta_err)?;
-        re::assign_segments(&mut st_next, &mut next.header.metadata, l).map_err(meta_err)?;
+        let layout = p.layout(&st_next, &next.header.metadata, pos, None)?;
+        re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         if !none {
             luks2::write_header(&mut next, meta)?;
         }
         *s = next;
         st = st_next;
-        if !progress(done_of(pos), device_size) {
+        if let Some(d) = online {
+            d.set_boundary(pos);
+        }
+        drop(guard);
+        if !progress(p.done(pos), device_size) {
             stopped = true;
         }
     }
@@ -876,8 +1109,71 @@ pub fn run(
     if left(pos) > 0 {
         return Ok(RunEnd::Interrupted);
     }
-    finish(s, meta, &st, d_old, d_new)?;
+    if let Some(d) = online {
+        // Every sector is new: the clients' I/O no longer needs the old key.
+        d.set_boundary(if backward { 0 } else { device_size });
+    }
+    finish(s, meta, &st, p.d_old, p.d_new)?;
     Ok(RunEnd::Finished)
+}
+
+/// Where a volume mid-reencryption stands, for its activation.
+#[derive(Debug, Clone)]
+pub struct Activation {
+    /// The boundary between the segments, in bytes from the data offset: forward runs have
+    /// the new segment below it, backward runs (decryption) the old one.
+    pub boundary: u64,
+    /// `true` for a backward run.
+    pub backward: bool,
+    /// Bytes of data (both segments).
+    pub size: u64,
+    /// The data offset in bytes.
+    pub data_offset: u64,
+    /// Old segment: cipher spec and sector size, `None` when plaintext (linear).
+    pub old: Option<(String, u32)>,
+    /// New segment: cipher spec and sector size, `None` when plaintext (linear).
+    pub new: Option<(String, u32)>,
+}
+
+/// Prepares the activation of a volume whose reencryption is in progress (cryptsetup
+/// `LUKS2_activate` of a device in reencryption): recovers a hotzone left in reencryption
+/// by a crash (which writes: refused when `read_only`), and says where the segments meet.
+pub fn prepare_activation(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    read_only: bool,
+) -> Result<Activation, LuksError> {
+    if let (Some(st), LuksHeader::V2(s)) = (status(luks)?, &luks.header) {
+        if teardown_state(&st, &s.header.metadata) {
+            return Err(LuksError::Params(
+                "The reencryption wrote every hotzone but was not finished (its old keyslots are gone): \
+                 finish it with `sealdisk reencrypt --resume-only` first."
+                    .into(),
+            ));
+        }
+    }
+    let mut p = plan(data, luks, keys, None)?;
+    if p.st.hot.is_some() {
+        if read_only {
+            return Err(LuksError::Params(
+                "The reencryption was interrupted mid-hotzone and needs recovery, which writes: open it \
+                 read-write (or resume it with `sealdisk reencrypt`)."
+                    .into(),
+            ));
+        }
+        let s = v2(luks)?;
+        recover(meta, data, s, &mut p)?;
+    }
+    Ok(Activation {
+        boundary: p.pos,
+        backward: p.backward,
+        size: p.device_size,
+        data_offset: p.data_offset,
+        old: p.old.spec(),
+        new: p.new.spec(),
+    })
 }
 
 /// Finishing (cryptsetup `reencrypt_teardown_ok`): the old keyslots, the backup segments,

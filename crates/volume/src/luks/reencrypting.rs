@@ -1,0 +1,291 @@
+//! The device of a LUKS2 volume whose reencryption is in progress (cryptsetup activates it
+//! as a dm table of two segments): the data is split at a boundary between the new segment
+//! and the old one, each a crypt layer (its key and cipher) or, for the plaintext side of an
+//! encryption or decryption, a linear window of the data. Forward runs (reencryption,
+//! encryption) have the new segment below the boundary, backward runs (decryption) above it.
+//! Each request is split at the boundary.
+//!
+//! ```text
+//!   forward:  0                 boundary                              size
+//!             [=== new segment ===|=========== old segment ============]
+//!                                 [-- hotzone --]  held exclusively while an online run
+//!                                                  rewrites it; the boundary moves to its
+//!                                                  end, then the hold is released
+//!   backward: [========= old segment =========|====== new segment =====]
+//!                              [-- hotzone --]  the boundary moves to its start
+//! ```
+//!
+//! Client requests hold their range shared, the run loop ([`super::reencrypt::run_unlocked`]
+//! with `online`) holds each hotzone exclusively, so a request never sees a hotzone half
+//! rewritten and the boundary it reads is right for its whole range (it only moves across a
+//! held hotzone). Both crypt layers address sectors from the data offset, as the segments'
+//! `iv_tweak` does, so one layer per key over the whole data area is the two-segment table.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use blockdev::{
+    BlockDevice, BlockResult, Caps, Geometry, RangeGuard, RangeLock, Slice, WriteFlags, ZeroFlags,
+};
+use formats::dm::{CryptOptions, CryptTable};
+use sector_crypto::VolumeKey;
+
+use super::reencrypt::{prepare_activation, ReencryptKeys};
+use super::{Luks, LuksError};
+use crate::{crypt_over, OpenOptions, Storage, VolumeError};
+
+/// One segment of an activation.
+#[derive(Debug, Clone)]
+pub enum SegmentTable {
+    /// A crypt segment: its table (it holds the key).
+    Crypt(CryptTable),
+    /// A linear (plaintext) segment: `offset` and `len` in 512-byte sectors of the data device.
+    Linear {
+        /// Start on the data device.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+impl SegmentTable {
+    /// The crypt table, if this is a crypt segment.
+    pub fn crypt(self) -> Option<CryptTable> {
+        match self {
+            SegmentTable::Crypt(t) => Some(t),
+            SegmentTable::Linear { .. } => None,
+        }
+    }
+}
+
+/// Activates the LUKS2 volume `luks` (header on `meta`, data on `storage`) whose
+/// reencryption is in progress: recovers a hotzone a crash left half rewritten (not when
+/// read-only), then builds the device. Returns it with the new segment's table and the old
+/// one's (they hold the keys; linear for a plaintext side). `flags` are the activation
+/// flags from the command line.
+pub fn activate(
+    storage: &Storage,
+    meta: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    opts: &OpenOptions,
+    flags: &CryptOptions,
+) -> Result<(Arc<ReencryptingDevice>, SegmentTable, SegmentTable), VolumeError> {
+    let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
+    let act = prepare_activation(meta, &*storage.device, luks, keys, opts.read_only).map_err(wrap)?;
+    if act.boundary > 0 && act.boundary < act.size {
+        log::info!(
+            "{}: reencryption in progress: boundary at {} of {} bytes ({} run)",
+            storage.name,
+            act.boundary,
+            act.size,
+            if act.backward { "backward" } else { "forward" }
+        );
+    }
+    let table = |spec: &Option<(String, u32)>, vk: &Option<VolumeKey>| -> Result<SegmentTable, VolumeError> {
+        match (spec, vk) {
+            (None, _) => Ok(SegmentTable::Linear { offset: act.data_offset / 512, len: act.size / 512 }),
+            (Some((cipher, ss)), Some(vk)) => Ok(SegmentTable::Crypt(CryptTable {
+                len: act.size / 512,
+                cipher: cipher.clone(),
+                key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
+                iv_offset: 0,
+                device: storage.name.clone(),
+                offset: act.data_offset / 512,
+                options: CryptOptions {
+                    sector_size: (*ss != 512).then_some(*ss),
+                    integrity_aead: None,
+                    ..*flags
+                },
+            })),
+            (Some(_), None) => Err(wrap(LuksError::Params("internal: no key for a crypt segment".into()))),
+        }
+    };
+    let (tn, to) = (table(&act.new, &keys.new)?, table(&act.old, &keys.old)?);
+    let layer = |t: &SegmentTable| -> Result<Box<dyn BlockDevice>, VolumeError> {
+        Ok(match t {
+            SegmentTable::Crypt(t) => Box::new(crypt_over(storage.device.clone(), t, opts)?),
+            SegmentTable::Linear { .. } => {
+                Box::new(Slice::new(storage.device.clone(), act.data_offset, act.size).map_err(|_| {
+                    VolumeError::Stack("the data area of the reencrypting volume does not fit the device")
+                })?)
+            }
+        })
+    };
+    let (new, old) = (layer(&tn)?, layer(&to)?);
+    let (below, above) = if act.backward { (old, new) } else { (new, old) };
+    let device = ReencryptingDevice::from_layers(below, above, act.boundary).map_err(VolumeError::Stack)?;
+    Ok((Arc::new(device), tn, to))
+}
+
+/// A LUKS2 volume mid-reencryption (see the module docs).
+#[derive(Debug)]
+pub struct ReencryptingDevice {
+    below: Box<dyn BlockDevice>,
+    above: Box<dyn BlockDevice>,
+    geometry: Geometry,
+    boundary: AtomicU64,
+    locks: RangeLock,
+}
+
+impl ReencryptingDevice {
+    /// The device over two layers of the same size: `below` under `boundary`, `above` from
+    /// it on (forward runs: new, old; backward runs: old, new). Their block sizes may
+    /// differ: the device's is the larger.
+    pub fn new(
+        below: impl BlockDevice + 'static,
+        above: impl BlockDevice + 'static,
+        boundary: u64,
+    ) -> Result<Self, &'static str> {
+        Self::from_layers(Box::new(below), Box::new(above), boundary)
+    }
+
+    /// [`Self::new`] of boxed layers.
+    pub fn from_layers(
+        below: Box<dyn BlockDevice>,
+        above: Box<dyn BlockDevice>,
+        boundary: u64,
+    ) -> Result<Self, &'static str> {
+        let (gn, go) = (below.geometry(), above.geometry());
+        if gn.size != go.size {
+            return Err("the two segments of a reencrypting device differ in size");
+        }
+        let block = gn.logical_block.max(go.logical_block);
+        let geometry = Geometry {
+            size: gn.size / u64::from(block) * u64::from(block),
+            logical_block: block,
+            physical_block: gn.physical_block.max(go.physical_block).max(block),
+        };
+        if boundary > geometry.size || !boundary.is_multiple_of(u64::from(block)) {
+            return Err("the reencryption boundary is not a block boundary inside the device");
+        }
+        Ok(ReencryptingDevice {
+            below,
+            above,
+            geometry,
+            boundary: AtomicU64::new(boundary),
+            locks: RangeLock::new(),
+        })
+    }
+
+    /// Bytes (from the start of the device) below the boundary.
+    pub fn boundary(&self) -> u64 {
+        self.boundary.load(Ordering::Acquire)
+    }
+
+    /// Holds `[off, off+len)` against client requests until the guard is dropped.
+    pub fn hold(&self, off: u64, len: u64) -> RangeGuard<'_> {
+        self.locks.write(off, len)
+    }
+
+    /// Moves the boundary (the caller holds the range it moves across).
+    pub fn set_boundary(&self, b: u64) {
+        self.boundary.store(b.min(self.geometry.size), Ordering::Release);
+    }
+
+    /// Runs `f` on each part of `[off, off+len)`: `(device, offset, start in the request,
+    /// length)`, the part below the boundary first.
+    fn split(
+        &self,
+        off: u64,
+        len: u64,
+        mut f: impl FnMut(&dyn BlockDevice, u64, usize, usize) -> BlockResult<()>,
+    ) -> BlockResult<()> {
+        self.geometry.check_range(off, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let _g = self.locks.read(off, len);
+        let b = self.boundary();
+        let end = off + len;
+        let cut = b.clamp(off, end);
+        if cut > off {
+            f(&*self.below, off, 0, (cut - off) as usize)?;
+        }
+        if end > cut {
+            f(&*self.above, cut, (cut - off) as usize, (end - cut) as usize)?;
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for ReencryptingDevice {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn caps(&self) -> Caps {
+        // Discard only when both segments pass it down.
+        self.below.caps() & self.above.caps()
+    }
+
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |d, o, s, l| d.read_at(o, &mut buf[s..s + l]))
+    }
+
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |d, o, s, l| d.write_at(o, &buf[s..s + l], flags))
+    }
+
+    fn write_at_scratch(&self, off: u64, buf: &mut [u8], flags: WriteFlags) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |d, o, s, l| d.write_at_scratch(o, &mut buf[s..s + l], flags))
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        // Both layers sit on the same storage: one flush covers both.
+        self.below.flush()
+    }
+
+    fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
+        self.split(off, len, |d, o, _, l| d.discard(o, l as u64))
+    }
+
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
+        self.split(off, len, |d, o, _, l| d.write_zeroes(o, l as u64, flags))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdev::MemDevice;
+    use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+    use targets::{CryptConfig, CryptTarget};
+
+    fn layer(dev: &Arc<dyn BlockDevice>, key: u8, ss: u32) -> CryptTarget<Arc<dyn BlockDevice>> {
+        let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
+        let bytes: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ key).collect();
+        let vk = VolumeKey::from_slice(&bytes);
+        let c = SectorCipher::new(
+            &spec,
+            &vk,
+            SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
+        )
+        .unwrap();
+        CryptTarget::new(dev.clone(), c, CryptConfig { offset: 4096, ..CryptConfig::default() }).unwrap()
+    }
+
+    #[test]
+    fn requests_split_at_the_boundary_and_follow_it() {
+        let mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(4096 + 64 * 1024, 512));
+        let (newl, oldl) = (layer(&mem, 1, 4096), layer(&mem, 2, 512));
+        let d = ReencryptingDevice::new(layer(&mem, 1, 4096), layer(&mem, 2, 512), 16384).unwrap();
+        assert_eq!(d.geometry().logical_block, 4096);
+        let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
+        d.write_at(0, &data, WriteFlags::empty()).unwrap();
+        // Below the boundary the new key wrote, above it the old one.
+        let mut buf = vec![0u8; 16384];
+        newl.read_at(0, &mut buf).unwrap();
+        assert_eq!(buf, data[..16384]);
+        let mut buf = vec![0u8; 65536 - 16384];
+        oldl.read_at(16384, &mut buf).unwrap();
+        assert_eq!(buf, data[16384..]);
+        // A request across the boundary reads back whole.
+        let mut buf = vec![0u8; 8192];
+        d.read_at(12288, &mut buf).unwrap();
+        assert_eq!(buf, data[12288..20480]);
+        // Misaligned for the larger block size: refused, nothing written.
+        assert!(d.write_at(512, &data[..512], WriteFlags::empty()).is_err());
+        assert!(ReencryptingDevice::new(layer(&mem, 1, 4096), layer(&mem, 2, 512), 512).is_err());
+    }
+}
