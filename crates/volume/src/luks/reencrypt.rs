@@ -417,7 +417,7 @@ pub fn init_encrypt(
     let fp = super::FormatParams {
         cipher: cipher_name,
         key_bytes,
-        pbkdf: p.pbkdf.clone(),
+        pbkdf: p.pbkdf,
         sector_size: ss,
         detached: true,
         data_size: Some(g.size),
