@@ -342,6 +342,20 @@ fn bad_input_gets_cryptsetup_errors() {
         "is already LUKS device. Aborting operation.",
     );
     assert!(!d.hdr.exists(), "a header file was made for a refused encryption");
+    // The same with a data shift: cryptsetup says the device is LUKS first.
+    both(
+        &d,
+        &["--encrypt", "--reduce-device-size", "32M"],
+        &["--encrypt", "--force-offline-reencrypt", "--reduce-device-size", "32M"],
+        "is already LUKS device. Aborting operation.",
+    );
+    // Decryption of a header on the device into a new header file (cryptsetup 2.6's data
+    // shift decryption): not implemented, refused before anything is written or created.
+    let before = std::fs::read(&d.data).unwrap();
+    let out = sd(&d, &["--decrypt"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented"), "{out:?}");
+    assert!(!d.hdr.exists() && std::fs::read(&d.data).unwrap() == before, "a refused --decrypt wrote");
     // Decrypting a volume in reencryption: refused.
     let d = Disk::new(8 * MIB);
     ok(&csr(&d, &["--encrypt", "--init-only"]), "cryptsetup --encrypt --init-only");

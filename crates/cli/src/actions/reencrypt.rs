@@ -136,6 +136,9 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
         if r % 512 != 0 {
             bail!(UsageError("Reduce size must be multiple of 512 bytes sector.".into()));
         }
+        if a.encrypt && !a.decrypt && is_luks(&a.device)? {
+            bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
+        }
         bail!(UsageError(
             "reencrypt --reduce-device-size (data shift) is not implemented in sealdisk yet".into()
         ));
@@ -153,11 +156,21 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     if a.decrypt && a.header.is_none() {
         // cryptsetup 2.6 looks at the device first: a device that is not LUKS gets that
         // said; a LUKS one needs a header file to decrypt to (data shift: not done here).
-        let dev = open_meta(&a.device, true)?;
-        if volume::luks::probe(&*dev.device).map_err(luks_err(&a.device))?.is_none() {
+        if !is_luks(&a.device)? {
             bail!(UsageError(format!("Device {} is not a valid LUKS device.", a.device)));
         }
         bail!(UsageError("LUKS2 decryption requires --header option.".into()));
+    }
+    if let (true, Some(h)) = (a.decrypt, &a.header) {
+        // cryptsetup 2.6 decrypts a volume whose header is on the device into a new header
+        // file (data shift, `online-reencrypt-v3`): not done here, refused before any write.
+        if !std::path::Path::new(h).exists() && is_luks(&a.device)? {
+            bail!(UsageError(format!(
+                "decryption of {} with its header on the device (data shift into the new header file {h}) \
+                 is not implemented in sealdisk yet",
+                a.device
+            )));
+        }
     }
     if a.encrypt && !encryption_in_progress(a.header.as_deref().unwrap_or_default()) {
         if a.resume_only {
@@ -282,6 +295,12 @@ fn run_to_end(
             Ok(())
         }
     }
+}
+
+/// `true` when `device` starts with a LUKS header (opened read-only).
+fn is_luks(device: &str) -> Result<bool> {
+    let dev = open_meta(device, true)?;
+    Ok(volume::luks::probe(&*dev.device).map_err(luks_err(device))?.is_some())
 }
 
 /// `true` when `header` holds a LUKS2 header with a reencryption in progress (an encryption
