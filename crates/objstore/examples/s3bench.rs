@@ -113,7 +113,12 @@ fn main() {
                 osz >> 20,
                 round,
                 "read: open / reads / close",
-                format!("{:.0} / {:.0} / {:.0} ms", t_open * 1e3, t_read * 1e3, (t_all - t_open - t_read) * 1e3)
+                format!(
+                    "{:.0} / {:.0} / {:.0} ms",
+                    t_open * 1e3,
+                    t_read * 1e3,
+                    (t_all - t_open - t_read) * 1e3
+                )
             );
             for (name, v) in [
                 ("direct upload (OpenDAL)", direct_up),
