@@ -398,17 +398,6 @@ pagecache_desc() {
 }
 
 # ---------------------------------------------------------------- fio jobs
-# job_args JOB: the fio options of one job (the same for every variant).
-job_args() {
-  case "$1" in
-    seqwrite-1m)       echo "--rw=write --bs=1M --iodepth=8" ;;
-    seqread-1m)        echo "--rw=read --bs=1M --iodepth=8" ;;
-    randread-4k-qd1)   echo "--rw=randread --bs=4k --iodepth=1" ;;
-    randwrite-4k-qd1)  echo "--rw=randwrite --bs=4k --iodepth=1" ;;
-    randread-4k-qd32)  echo "--rw=randread --bs=4k --iodepth=32" ;;
-    randwrite-4k-qd32) echo "--rw=randwrite --bs=4k --iodepth=32" ;;
-  esac
-}
 FIO_COMMON=(--ioengine=nbd --size="$SIZE_BYTES" --numjobs=1 --norandommap --randrepeat=1
             --time_based --runtime="$RUNTIME" --ramp_time="$RAMP" --output-format=json)
 
@@ -454,7 +443,7 @@ run_fio() { # run_fio NAME URI JSON LOG [fio options...]
     echo "server.$v=$(server_cmd "$v" "$SOCKDIR/$v.sock" | tr '\n' ' ' | sed 's/ $//')"
   done
   for j in $JOBS; do
-    echo "job.$j=fio ${FIO_COMMON[*]} $(job_args "$j") --uri=nbd+unix:///$EXPORT?socket=SOCK (TLS variants: --uri=$(uri_of x-tls SOCK))"
+    echo "job.$j=fio ${FIO_COMMON[*]} $(fio_job_args "$j") --uri=nbd+unix:///$EXPORT?socket=SOCK (TLS variants: --uri=$(uri_of x-tls SOCK))"
   done
   echo "pagecache=before every job: $(pagecache_desc)"
   echo "precondition=fio --ioengine=nbd --rw=write --bs=1M --iodepth=8 --size=$SIZE_BYTES --end_fsync=1 (once per server start)"
@@ -483,8 +472,8 @@ for rep in $(seq "$REPS"); do
       # variant starts the job on the same page-cache state.
       [[ -n "$img" ]] && reset_pagecache "$img"
       t0=$(proc_cpu_ticks "$SERVER_PID"); s0=$(date +%s.%N)
-      # shellcheck disable=SC2046 # job_args is a list of options
-      run_fio "$j" "$uri" "$dir/$j.json" "$dir/$j.log" "${FIO_COMMON[@]}" $(job_args "$j")
+      # shellcheck disable=SC2046 # fio_job_args is a list of options
+      run_fio "$j" "$uri" "$dir/$j.json" "$dir/$j.log" "${FIO_COMMON[@]}" $(fio_job_args "$j")
       t1=$(proc_cpu_ticks "$SERVER_PID"); s1=$(date +%s.%N)
       echo "$t0 $t1 $s0 $s1 $(getconf CLK_TCK)" >"$dir/$j.cpu"
       log "    $j: $(python3 "$LIB/report.py" --one "$dir/$j.json")"

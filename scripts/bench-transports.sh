@@ -73,18 +73,8 @@ for t in ublk nbd fuse; do
     --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file "$WORK/pass" "$WORK/$t.img" >/dev/null
 done
 
-job_args() {
-  case "$1" in
-    seqwrite-1m)       echo "--rw=write --bs=1M --iodepth=8" ;;
-    seqread-1m)        echo "--rw=read --bs=1M --iodepth=8" ;;
-    randread-4k-qd1)   echo "--rw=randread --bs=4k --iodepth=1" ;;
-    randwrite-4k-qd1)  echo "--rw=randwrite --bs=4k --iodepth=1" ;;
-    randread-4k-qd32)  echo "--rw=randread --bs=4k --iodepth=32" ;;
-    randwrite-4k-qd32) echo "--rw=randwrite --bs=4k --iodepth=32" ;;
-  esac
-}
 {
-  for j in $JOBS; do echo "$j $(job_args "$j")"; done
+  for j in $JOBS; do echo "$j $(fio_job_args "$j")"; done
 } > "$WORK/jobs.txt"
 FIO_COMMON="--ioengine=libaio --direct=1 --size=$SIZE_BYTES --numjobs=1 --norandommap --randrepeat=1 --time_based --runtime=$RUNTIME --ramp_time=$RAMP --output-format=terse --terse-version=3"
 echo "$FIO_COMMON" > "$WORK/fio-common.txt"

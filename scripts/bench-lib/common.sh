@@ -22,3 +22,16 @@ check_words() {
     [[ " $allowed " == *" $w "* ]] || die "unknown $kind '$w' (known: $allowed)"
   done
 }
+
+# fio_job_args JOB: the fio options of one job of the peer and transport tables (the same for
+# every variant).
+fio_job_args() {
+  case "$1" in
+    seqwrite-1m)       echo "--rw=write --bs=1M --iodepth=8" ;;
+    seqread-1m)        echo "--rw=read --bs=1M --iodepth=8" ;;
+    randread-4k-qd1)   echo "--rw=randread --bs=4k --iodepth=1" ;;
+    randwrite-4k-qd1)  echo "--rw=randwrite --bs=4k --iodepth=1" ;;
+    randread-4k-qd32)  echo "--rw=randread --bs=4k --iodepth=32" ;;
+    randwrite-4k-qd32) echo "--rw=randwrite --bs=4k --iodepth=32" ;;
+  esac
+}

@@ -74,10 +74,18 @@ pub fn install() -> Result<()> {
     Ok(())
 }
 
-/// Hands SIGINT/SIGTERM to the server's graceful shutdown (called once its handler is
-/// registered; no key derivation happens after this point).
-pub fn serving() {
+/// Hands SIGINT/SIGTERM to a server's graceful shutdown: registers a handler, marks the
+/// process as serving (no key derivation happens after this point) and runs `on_signals` on a
+/// thread named `signals` with the signals as they arrive.
+pub fn serving(on_signals: impl FnOnce(&mut dyn Iterator<Item = i32>) + Send + 'static) -> Result<()> {
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     SERVING.store(true, Ordering::SeqCst);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || on_signals(&mut signals.forever()))
+        .context("starting the signal thread")?;
+    Ok(())
 }
 
 /// Marks a wipe that can stop cleanly as running (`true`) or over (`false`): while it runs,

@@ -397,21 +397,14 @@ fn serve_live(
         resized: None,
     });
     let control = control::server::start(claim, live.clone())?;
-    let mut signals =
-        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-            .context("installing signal handlers")?;
-    crate::hardening::serving();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                log::info!("signal {sig}: shutting down");
-                // Suspended: held requests cannot be served without the key; fail them.
-                gate.close_held();
-                handle.shutdown();
-            }
-        })
-        .context("starting the signal thread")?;
+    crate::hardening::serving(move |signals| {
+        if let Some(sig) = signals.next() {
+            log::info!("signal {sig}: shutting down");
+            // Suspended: held requests cannot be served without the key; fail them.
+            gate.close_held();
+            handle.shutdown();
+        }
+    })?;
     eprintln!(
         "sealdisk: serving {name} ({} bytes, {}-byte blocks{}) on {}{}",
         g.size,
@@ -468,47 +461,36 @@ fn serve_fuse(
         })),
     });
     let control = control::server::start(claim, live.clone())?;
-    let mut signals =
-        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-            .context("installing signal handlers")?;
-    crate::hardening::serving();
     {
         let (file, device, gate) = (file.clone(), device.clone(), gate.clone());
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                let mut signals = signals.forever();
-                if let Some(sig) = signals.next() {
-                    log::info!("signal {sig}: unmounting {}", file.display());
-                    gate.close_held();
-                    unmounter.unmount();
-                    // Still here a moment later: someone (a loop device, say) has the file
-                    // open, and the kernel keeps it until they close it.
-                    std::thread::sleep(std::time::Duration::from_millis(500));
-                    eprintln!(
-                        "sealdisk: {} unmounted but still open; serving it until it is closed \
-                         (signal again to stop now)",
-                        file.display()
-                    );
-                }
-                if let Some(sig) = signals.next() {
-                    // The file is still open somewhere (the first signal's unmount waits for
-                    // its last user): stop now; its users get errors from here on.
-                    eprintln!(
-                        "sealdisk: signal {sig} again: stopping while {} is still open",
-                        file.display()
-                    );
-                    let code = match device.flush() {
-                        Ok(()) => 128 + sig,
-                        Err(e) => {
-                            eprintln!("sealdisk: flush failed: {e}");
-                            1
-                        }
-                    };
-                    std::process::exit(code);
-                }
-            })
-            .context("starting the signal thread")?;
+        crate::hardening::serving(move |signals| {
+            if let Some(sig) = signals.next() {
+                log::info!("signal {sig}: unmounting {}", file.display());
+                gate.close_held();
+                unmounter.unmount();
+                // Still here a moment later: someone (a loop device, say) has the file
+                // open, and the kernel keeps it until they close it.
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                eprintln!(
+                    "sealdisk: {} unmounted but still open; serving it until it is closed \
+                     (signal again to stop now)",
+                    file.display()
+                );
+            }
+            if let Some(sig) = signals.next() {
+                // The file is still open somewhere (the first signal's unmount waits for
+                // its last user): stop now; its users get errors from here on.
+                eprintln!("sealdisk: signal {sig} again: stopping while {} is still open", file.display());
+                let code = match device.flush() {
+                    Ok(()) => 128 + sig,
+                    Err(e) => {
+                        eprintln!("sealdisk: flush failed: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code);
+            }
+        })?;
     }
     let g = device.geometry();
     eprintln!(
@@ -569,23 +551,16 @@ fn serve_ublk(
         })),
     });
     let control = control::server::start(claim, live.clone())?;
-    let mut signals =
-        signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-            .context("installing signal handlers")?;
-    crate::hardening::serving();
     {
         let gate = gate.clone();
-        std::thread::Builder::new()
-            .name("signals".into())
-            .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    log::info!("signal {sig}: stopping the ublk device");
-                    // Suspended: held requests cannot be served without the key; fail them.
-                    gate.close_held();
-                    stop.stop();
-                }
-            })
-            .context("starting the signal thread")?;
+        crate::hardening::serving(move |signals| {
+            if let Some(sig) = signals.next() {
+                log::info!("signal {sig}: stopping the ublk device");
+                // Suspended: held requests cannot be served without the key; fail them.
+                gate.close_held();
+                stop.stop();
+            }
+        })?;
     }
     let (queues, recoverable) = (server.queues(), server.recoverable());
     let what = format!(

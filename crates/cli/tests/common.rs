@@ -274,3 +274,175 @@ pub fn tagged_lines(log: &str, key: &str) -> std::collections::HashMap<String, S
         .filter_map(|r| r.split_once(' ').map(|(n, v)| (n.to_string(), v.to_string())))
         .collect()
 }
+
+// ---- Object storage and cryptsetup (issue 15; s3_cli.rs, emulators_cli.rs) ----
+
+/// `cryptsetup ARGS` (batch mode, stdin closed); asserts success.
+fn cryptsetup(args: &[&str]) -> Output {
+    run_tool(Command::new("cryptsetup").args(args).stdin(Stdio::null()))
+}
+
+/// `sealdisk ARGS`; asserts success, returns stdout.
+fn sealdisk_ok(args: &[&str], what: &str) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{what}: exit {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn luks_uuid(dump: &str) -> Option<String> {
+    dump.lines().find(|l| l.starts_with("UUID")).map(|l| l.split_whitespace().last().unwrap_or("").to_owned())
+}
+
+/// The plaintext of the LUKS2 image `img`, decrypted by cryptsetup alone, without
+/// device-mapper (this machine has none): the volume key dumped, the data area copied out,
+/// a detached header with data offset 0 made for that key, then `reencrypt --decrypt`.
+fn cryptsetup_plaintext(dir: &Path, img: &Path, keyfile: &str) -> Vec<u8> {
+    let img_s = img.to_str().unwrap();
+    let vk = dir.join("cs-vk.bin");
+    let _ = std::fs::remove_file(&vk);
+    cryptsetup(&[
+        "luksDump",
+        "-q",
+        "--dump-volume-key",
+        "--volume-key-file",
+        vk.to_str().unwrap(),
+        "--key-file",
+        keyfile,
+        img_s,
+    ]);
+    let dump = String::from_utf8_lossy(&cryptsetup(&["luksDump", img_s]).stdout).into_owned();
+    let seg = &dump[dump.find("Data segments:").expect("segments")..];
+    let field = |name: &str| -> String {
+        let l = seg
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {seg}"));
+        l.split_whitespace().nth(1).unwrap().to_owned()
+    };
+    let (offset, cipher, sector): (usize, String, String) =
+        (field("offset:").parse().unwrap(), field("cipher:"), field("sector:"));
+    let key_bits = std::fs::metadata(&vk).unwrap().len() * 8;
+    let data = dir.join("cs-data.bin");
+    std::fs::write(&data, &std::fs::read(img).unwrap()[offset..]).unwrap();
+    let hdr = dir.join("cs-hdr.bin");
+    std::fs::File::create(&hdr).unwrap().set_len(16 << 20).unwrap();
+    let (hdr_s, data_s) = (hdr.to_str().unwrap(), data.to_str().unwrap());
+    let kb = key_bits.to_string();
+    let mut f =
+        vec!["luksFormat", "-q", "--type", "luks2", "--header", hdr_s, "--offset", "0", "--volume-key-file"];
+    f.extend([
+        vk.to_str().unwrap(),
+        "--key-size",
+        &kb,
+        "--cipher",
+        &cipher,
+        "--sector-size",
+        &sector,
+        "--key-file",
+        keyfile,
+    ]);
+    f.extend_from_slice(FAST_PBKDF2);
+    f.push(data_s);
+    cryptsetup(&f);
+    cryptsetup(&[
+        "reencrypt",
+        "--decrypt",
+        "-q",
+        "--force-offline-reencrypt",
+        "--key-file",
+        keyfile,
+        "--header",
+        hdr_s,
+        data_s,
+    ]);
+    let plain = std::fs::read(&data).unwrap();
+    for p in [&vk, &data, &hdr] {
+        let _ = std::fs::remove_file(p);
+    }
+    plain
+}
+
+/// LUKS2 between object storage and cryptsetup, both ways. `locator(name)` gives a fresh
+/// locator (with a `?` query) for volume `name`.
+///
+/// 1. `sealdisk luksFormat` on the store, data written over NBD and flushed, `export` to a
+///    file: cryptsetup dumps the same header, accepts the passphrase, and decrypts the data
+///    area to what was written.
+/// 2. A file cryptsetup encrypted in place (`reencrypt --encrypt`, no device-mapper needed),
+///    `import`ed: sealdisk opens it on the store and reads the original plaintext.
+pub fn luks2_object_store_round_trip(dir: &Path, locator: &dyn Fn(&str) -> String) {
+    if !have("cryptsetup") || !have("qemu-io") {
+        return;
+    }
+    let pass = dir.join("rt-pass");
+    std::fs::write(&pass, b"object store round trip").unwrap();
+    let pass = pass.to_str().unwrap();
+
+    let uri = format!("{}&size=24M&object_size=1M", locator("made"));
+    let mut f = vec!["luksFormat", "-q", "--type", "luks2", "--key-file", pass];
+    f.extend_from_slice(FAST_PBKDF2);
+    f.push(&uri);
+    sealdisk_ok(&f, "luksFormat on the store");
+    let srv = serve(dir, "rt-made", &["--key-file", pass, &uri, "rt-made"], None);
+    qemu_io(&srv.uri(), &["write -P 0x42 1M 3M", "write -P 0x17 6M 64k", "flush"]);
+    srv.stop_ok();
+    let ours = sealdisk_ok(&["luksDump", &uri], "luksDump on the store");
+    let img = dir.join("rt-made.img");
+    sealdisk_ok(&["export", &uri, img.to_str().unwrap()], "export");
+    let theirs =
+        String::from_utf8_lossy(&cryptsetup(&["luksDump", img.to_str().unwrap()]).stdout).into_owned();
+    assert!(
+        luks_uuid(&ours).is_some() && luks_uuid(&ours) == luks_uuid(&theirs),
+        "same header:\n{ours}\n{theirs}"
+    );
+    cryptsetup(&["open", "--test-passphrase", "--key-file", pass, img.to_str().unwrap()]);
+    let plain = cryptsetup_plaintext(dir, &img, pass);
+    assert!(plain[1 << 20..4 << 20].iter().all(|b| *b == 0x42), "cryptsetup decrypts what was written at 1M");
+    assert!(
+        plain[6 << 20..(6 << 20) + 65536].iter().all(|b| *b == 0x17),
+        "cryptsetup decrypts what was written at 6M"
+    );
+    let _ = std::fs::remove_file(&img);
+
+    // Encrypted by cryptsetup, imported, read by sealdisk on the store.
+    let src = dir.join("rt-theirs.img");
+    let mut plain = vec![0x6bu8; 4 << 20];
+    plain.extend(std::iter::repeat_n(0x3cu8, 4 << 20));
+    plain.resize(16 << 20, 0);
+    std::fs::write(&src, &plain).unwrap();
+    let src_s = src.to_str().unwrap();
+    let mut e = vec![
+        "reencrypt",
+        "--encrypt",
+        "-q",
+        "--type",
+        "luks2",
+        "--reduce-device-size",
+        "8M",
+        "--key-file",
+        pass,
+    ];
+    e.extend_from_slice(FAST_PBKDF2);
+    e.push(src_s);
+    cryptsetup(&e);
+    let uri = locator("theirs");
+    sealdisk_ok(&["import", src_s, &uri], "import of cryptsetup's volume");
+    let ours = sealdisk_ok(&["luksDump", &uri], "luksDump of the imported volume");
+    let theirs = String::from_utf8_lossy(&cryptsetup(&["luksDump", src_s]).stdout).into_owned();
+    assert!(luks_uuid(&ours).is_some() && luks_uuid(&ours) == luks_uuid(&theirs), "same header");
+    let srv = serve(dir, "rt-theirs", &["--key-file", pass, &uri, "rt-theirs"], None);
+    let out = qemu_io(&srv.uri(), &["read -P 0x6b 0 4M", "read -P 0x3c 4M 4M"]);
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("verification failed"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    srv.stop_ok();
+    let _ = std::fs::remove_file(&src);
+}

@@ -251,3 +251,111 @@ fn bad_locators_are_clear_errors() {
         assert!(!err.contains("zzz"), "{err}");
     }
 }
+
+#[test]
+fn luks2_made_on_s3_decrypts_in_cryptsetup_and_a_cryptsetup_encrypted_file_reads_on_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = start(dir.path()) else { return };
+    let e = s.endpoint();
+    common::luks2_object_store_round_trip(dir.path(), &|name| format!("s3://vols/{name}?endpoint={e}"));
+}
+
+/// Every object in bucket `vols`, key and bytes (moto answers unsigned requests).
+fn bucket(s: &S3Server) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let (_, body) = http(s.port, "GET", "/vols?list-type=2", b"").unwrap();
+    let text = String::from_utf8_lossy(&body).into_owned();
+    text.split("<Key>")
+        .skip(1)
+        .filter_map(|p| p.split("</Key>").next())
+        .map(|k| (k.to_owned(), http(s.port, "GET", &format!("/vols/{k}"), b"").unwrap().1))
+        .collect()
+}
+
+/// Bad input through the binary (issue 15's list): an unreachable endpoint, objects that
+/// are not a volume, a manifest that is not one, an object of the wrong size, bad
+/// credentials. `luksFormat`, `import` and `open` each fail with a message naming the
+/// problem, and the bucket is byte-for-byte what it was.
+#[test]
+fn bad_input_through_the_binary_is_a_clear_error_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(s) = start(dir.path()) else { return };
+    let e = s.endpoint();
+    let pass = dir.path().join("pass");
+    std::fs::write(&pass, b"bad input").unwrap();
+    let pass = pass.to_str().unwrap();
+    let img = dir.path().join("small.img");
+    std::fs::write(&img, vec![0x11u8; 4 << 20]).unwrap();
+    let img = img.to_str().unwrap();
+    let put = |key: &str, body: &[u8]| {
+        let auth = "Authorization: AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20250101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00\r\n";
+        let (code, b) =
+            testkit::s3server::http_with(s.port, "PUT", &format!("/vols/{key}"), body, auth).unwrap();
+        assert_eq!(code, 200, "{}", String::from_utf8_lossy(&b));
+    };
+    // A real volume whose object 2 is then replaced by one of the wrong size.
+    let vol = format!("s3://vols/vol?endpoint={e}&object_size=1M");
+    ok(run(&["import", img, &vol]), "import");
+    put("vol/data/0000000000000002", &[1; 1000]);
+    put("foreign/photo.jpg", b"not a volume");
+    put("badman/sealdisk-volume.json", b"{\"format\":\"zip\"}");
+    let before = bucket(&s);
+    assert_eq!(before.len(), 7, "{:?}", before.keys());
+
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cases = [
+        (format!("s3://vols/new?endpoint=http://127.0.0.1:{dead}&timeout=5"), format!("127.0.0.1:{dead}")),
+        (format!("s3://vols/foreign?endpoint={e}"), "not a sealdisk volume; refusing".to_owned()),
+        (format!("s3://vols/badman?endpoint={e}"), "not a sealdisk volume manifest".to_owned()),
+        (vol.clone(), "is 1000 bytes, expected 1048576".to_owned()),
+    ];
+    for (uri, want) in &cases {
+        let sized = format!("{uri}&size=4M");
+        let mut f = vec!["luksFormat", "-q", "--type", "luks2", "--key-file", pass];
+        f.extend_from_slice(FAST_PBKDF2);
+        f.push(&sized);
+        let sock = dir.path().join("bad.sock");
+        let listen = format!("unix:{}", sock.display());
+        for (what, out) in [
+            ("luksFormat", run(&f)),
+            ("import", run(&["import", img, uri])),
+            ("open", run(&["open", "--key-file", pass, uri, "bad", "--listen", &listen])),
+            ("export", run(&["export", uri, dir.path().join("out.img").to_str().unwrap()])),
+        ] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{what} {uri} succeeded");
+            // import of a volume that exists says so first; everything else names the problem.
+            let named =
+                err.contains(want.as_str()) || (what == "import" && err.contains("already holds a volume"));
+            assert!(named, "{what} {uri}: {err:?} does not say {want:?}");
+            assert!(!err.contains("panicked"), "{what} {uri}: {err}");
+        }
+        assert!(!dir.path().join("out.img").exists(), "a failed export left a file");
+        assert!(bucket(&s) == before, "{uri}: the bucket changed");
+    }
+
+    // Bad credentials, against a server that checks signatures.
+    let sd = tempfile::tempdir().unwrap();
+    let Some(a) = S3Server::start_with_auth(sd.path()) else { return };
+    a.create_bucket("vols");
+    let (id, _) = a.issued_key();
+    let uri = format!("s3://vols/auth?endpoint={}&size=4M", a.endpoint());
+    let mut f = vec!["luksFormat", "-q", "--type", "luks2", "--key-file", pass];
+    f.extend_from_slice(FAST_PBKDF2);
+    f.push(&uri);
+    let out = Command::new(bin())
+        .args(&f)
+        .env("AWS_ACCESS_KEY_ID", &id)
+        .env("AWS_SECRET_ACCESS_KEY", "not-the-secret-z3")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("access denied") && err.contains("AWS_SECRET_ACCESS_KEY"),
+        "{err}"
+    );
+    assert!(!err.contains("not-the-secret-z3"), "{err}");
+    let (_, state) = http(a.port, "GET", "/moto-api/data.json", b"").unwrap();
+    let state = String::from_utf8_lossy(&state);
+    assert!(state.contains("\"name\": \"vols\"") && !state.contains("\"name\": \"auth/"), "nothing written");
+}

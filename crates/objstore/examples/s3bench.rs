@@ -92,9 +92,11 @@ fn main() {
             let direct_down = mibs(total, t.elapsed().as_secs_f64());
             // Through the device, cold cache: 1M sequential reads.
             let t = Instant::now();
+            let (t_open, t_read);
             {
                 let d = objstore::open(&uri, objstore::OpenOptions { read_only: true, create: false })
                     .expect("open");
+                t_open = t.elapsed().as_secs_f64();
                 let mut buf = vec![0u8; 1 << 20];
                 for off in (0..total).step_by(1 << 20) {
                     d.read_at(off, &mut buf).expect("read");
@@ -102,8 +104,22 @@ fn main() {
                     // only lengths); the tests check contents.
                     assert_eq!(buf[..64], data[off as usize..off as usize + 64], "at {off}");
                 }
+                t_read = t.elapsed().as_secs_f64() - t_open;
             }
-            let dev_read = mibs(total, t.elapsed().as_secs_f64());
+            let t_all = t.elapsed().as_secs_f64();
+            let dev_read = mibs(total, t_all);
+            println!(
+                "{:>8} {:>5} {:>28} {:>10}",
+                osz >> 20,
+                round,
+                "read: open / reads / close",
+                format!(
+                    "{:.0} / {:.0} / {:.0} ms",
+                    t_open * 1e3,
+                    t_read * 1e3,
+                    (t_all - t_open - t_read) * 1e3
+                )
+            );
             for (name, v) in [
                 ("direct upload (OpenDAL)", direct_up),
                 ("device 1M seq write+flush", dev_write),

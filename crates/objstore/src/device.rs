@@ -233,8 +233,8 @@ impl Inner {
                     BlockErrorKind::Io,
                     format!(
                         "{shown}: access denied by {here} while {what}: check the credentials \
-                         (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials) \
-                         and the bucket's policy"
+                         ({}) and the bucket's policy",
+                        credential_sources(loc.service)
                     ),
                 )
                 .with_source(e),
@@ -855,7 +855,7 @@ fn parse_manifest(bytes: &[u8]) -> Result<(u64, u64), String> {
 
 fn is_bucket_missing(e: &opendal::Error) -> bool {
     let s = e.to_string();
-    s.contains("NoSuchBucket")
+    s.contains("NoSuchBucket") || s.contains("ContainerNotFound")
 }
 
 fn describe_endpoint(loc: &Locator) -> String {
@@ -915,10 +915,29 @@ fn operator(loc: &Locator) -> BlockResult<Operator> {
             if let Some(e) = &loc.endpoint {
                 b = b.endpoint(e);
             }
+            // The Azure CLI's names; OpenDAL's signer reads AZURE_STORAGE_ACCOUNT_NAME and
+            // AZURE_STORAGE_ACCOUNT_KEY (and a SAS token) by itself.
+            if let (Ok(name), Ok(key)) =
+                (std::env::var("AZURE_STORAGE_ACCOUNT"), std::env::var("AZURE_STORAGE_KEY"))
+            {
+                b = b.account_name(&name).account_key(&key);
+            }
             Operator::new(b).map_err(bad)?
         }
     };
     Ok(op)
+}
+
+/// Where the service's credentials come from, for messages.
+fn credential_sources(service: Service) -> &'static str {
+    match service {
+        Service::S3 => "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials",
+        Service::Gcs => "GOOGLE_APPLICATION_CREDENTIALS, the VM's service account",
+        Service::Azblob => {
+            "AZURE_STORAGE_ACCOUNT/AZURE_STORAGE_KEY or AZURE_STORAGE_ACCOUNT_NAME/\
+             AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN"
+        }
+    }
 }
 
 /// `STORAGE_EMULATOR_HOST` as an endpoint URL (`host:port` gets `http://`), when set.

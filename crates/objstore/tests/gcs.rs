@@ -8,66 +8,21 @@
 //! That emulator ignores `ifGenerationMatch=0` (a second create of an object succeeds), so
 //! the one-writer lease cannot be tested on it; real GCS honours it.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, WriteFlags};
 use objstore::OpenOptions;
+use testkit::emulators::GcsEmulator;
 use testkit::pattern::pattern;
 
 const RW: OpenOptions = OpenOptions { read_only: false, create: false };
 const RO: OpenOptions = OpenOptions { read_only: true, create: false };
 
-struct Emulator(Child);
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the emulator with bucket `vols` and points STORAGE_EMULATOR_HOST at it.
-fn emulator(dir: &std::path::Path) -> Option<Emulator> {
-    let ok = Command::new("gcp-storage-emulator")
-        .arg("--help")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED: gcp-storage-emulator is not installed (pip install gcp-storage-emulator; .ci/run installs it)");
-        return None;
-    }
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let log = std::fs::File::create(dir.join("gcs.log")).unwrap();
-    let child = Command::new("gcp-storage-emulator")
-        .args([
-            "start",
-            "--host=127.0.0.1",
-            &format!("--port={port}"),
-            "--in-memory",
-            "--default-bucket=vols",
-        ])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn gcp-storage-emulator");
-    let e = Emulator(child);
-    let t0 = Instant::now();
-    while testkit::s3server::http(port, "GET", "/storage/v1/b/vols", b"")
-        .map(|(c, _)| c != 200)
-        .unwrap_or(true)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(60), "gcp-storage-emulator did not come up on {port}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::env::set_var("STORAGE_EMULATOR_HOST", format!("127.0.0.1:{port}"));
+fn emulator(dir: &std::path::Path) -> Option<GcsEmulator> {
+    let e = GcsEmulator::start(dir)?;
+    std::env::set_var("STORAGE_EMULATOR_HOST", e.host());
     Some(e)
 }
 

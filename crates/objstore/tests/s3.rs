@@ -217,58 +217,103 @@ fn a_writer_whose_lease_was_broken_uploads_nothing_more_even_when_its_cache_is_f
     assert!(!keys(&s, &p).iter().any(|k| k.ends_with(objstore::LEASE)), "b released its lease");
 }
 
+/// Every object in bucket `vols`: key and bytes.
+fn bucket(s: &S3Server) -> std::collections::BTreeMap<String, Vec<u8>> {
+    keys(s, "")
+        .into_iter()
+        .map(|k| {
+            let (code, body) = http_with(s.port, "GET", &format!("/vols/{k}"), b"", AS_USER).unwrap();
+            assert_eq!(code, 200, "GET {k}");
+            (k, body)
+        })
+        .collect()
+}
+
 #[test]
 fn bad_input_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let _e = env();
     let Some(s) = server(dir.path()) else { return };
-    let msg = |uri: &str| objstore::open(uri, RW).unwrap_err().to_string();
+    // Each refusal is checked for its message and for the bucket being exactly as before
+    // (no manifest, lease or data object created, nothing overwritten or deleted).
+    let refused_with = |uri: &str, want: &str, opts: &[OpenOptions]| {
+        let before = bucket(&s);
+        for &o in opts {
+            let e = objstore::open(uri, o).unwrap_err().to_string();
+            assert!(e.contains(want), "{uri} ({o:?}): {e:?} does not say {want:?}");
+        }
+        assert!(bucket(&s) == before, "{uri}: the refusal changed the bucket");
+    };
+    // Where no volume is, `import`'s create is refused the same way; where one is, opening it.
+    let create = OpenOptions { read_only: false, create: true };
+    let refused = |uri: &str, want: &str| refused_with(uri, want, &[RW, create]);
+    let refused_open = |uri: &str, want: &str| refused_with(uri, want, &[RW, RO]);
 
-    // Unreachable endpoint: a port nobody listens on.
+    // Unreachable endpoint: a port nobody listens on; the message names it.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let e = msg(&format!("s3://vols/x?endpoint=http://127.0.0.1:{dead}&size=1M&timeout=5"));
-    assert!(e.contains(&format!("127.0.0.1:{dead}")), "{e}");
+    refused(
+        &format!("s3://vols/x?endpoint=http://127.0.0.1:{dead}&size=1M&timeout=5"),
+        &format!("127.0.0.1:{dead}"),
+    );
 
     // No bucket.
-    let e = msg(&format!("s3://nobucket/x?endpoint={}&size=1M", s.endpoint()));
-    assert!(e.contains("not found"), "{e}");
+    refused(&format!("s3://nobucket/x?endpoint={}&size=1M", s.endpoint()), "bucket \"nobucket\" not found");
 
     // No volume and no size.
-    let e = msg(&fresh(&s, ""));
+    let e = objstore::open(&fresh(&s, ""), RW).unwrap_err().to_string();
     assert!(e.contains("no volume here"), "{e}");
 
-    // Objects that do not form a volume.
+    // Objects that do not form a volume: with size= (which would create one) and without.
     put(&s, "foreign/photo.jpg", b"not a volume");
-    let e = msg(&format!("s3://vols/foreign?endpoint={}&size=1M", s.endpoint()));
-    assert!(e.contains("not a sealdisk volume"), "{e}");
-    assert_eq!(keys(&s, "foreign/"), ["foreign/photo.jpg"], "nothing written");
+    put(&s, "foreign/data/0000000000000000", &[7; 65536]);
+    for q in ["&size=1M", "&size=1M&object_size=64k", ""] {
+        refused(&format!("s3://vols/foreign?endpoint={}{q}", s.endpoint()), "not a sealdisk volume");
+    }
+    assert_eq!(keys(&s, "foreign/"), ["foreign/data/0000000000000000", "foreign/photo.jpg"]);
 
     // A manifest that does not parse.
     put(&s, "badman/sealdisk-volume.json", b"{\"format\":\"zip\"}");
-    let e = msg(&format!("s3://vols/badman?endpoint={}", s.endpoint()));
-    assert!(e.contains("not a sealdisk volume manifest"), "{e}");
+    put(&s, "badman/data/0000000000000000", &[7; 65536]);
+    refused_open(&format!("s3://vols/badman?endpoint={}", s.endpoint()), "not a sealdisk volume manifest");
 
-    // An object of the wrong size, and one with a foreign name.
+    // An object of the wrong size (too short, too long), and one with a foreign name: the
+    // volume's other objects stay as they were.
     let uri = fresh(&s, "size=1M&object_size=64k");
     let p = prefix_of(&uri);
-    drop(objstore::open(&uri, RW).unwrap());
-    put(&s, &format!("{p}/data/0000000000000003"), &[1; 1000]);
-    let e = msg(&uri);
-    assert!(e.contains("is 1000 bytes, expected 65536"), "{e}");
-    let (code, _) =
-        http_with(s.port, "DELETE", &format!("/vols/{p}/data/0000000000000003"), b"", AS_USER).unwrap();
-    assert_eq!(code, 204);
-    put(&s, &format!("{p}/data/0000000000000099"), &[1; 65536]);
-    let e = msg(&uri);
-    assert!(e.contains("is not a data object of this volume"), "{e}");
-    assert!(!keys(&s, &p).iter().any(|k| k.ends_with(objstore::LEASE)), "no lease taken");
+    {
+        let d = objstore::open(&uri, RW).unwrap();
+        d.write_at(0, &pattern(5, 0, 131072), WriteFlags::empty()).unwrap();
+    }
+    let del = |k: &str| {
+        let (code, _) = http_with(s.port, "DELETE", &format!("/vols/{p}/{k}"), b"", AS_USER).unwrap();
+        assert_eq!(code, 204);
+    };
+    for (name, len, want) in [
+        ("data/0000000000000003", 1000, "is 1000 bytes, expected 65536"),
+        ("data/0000000000000003", 65537, "is 65537 bytes, expected 65536"),
+        ("data/0000000000000099", 65536, "is not a data object of this volume"),
+        ("data/photo.jpg", 65536, "is not a data object of this volume"),
+    ] {
+        put(&s, &format!("{p}/{name}"), &vec![1; len]);
+        refused_open(&uri, want);
+        del(name);
+    }
+    // Still whole and writable afterwards.
+    let d = objstore::open(&uri, RW).unwrap();
+    let mut b = vec![0u8; 131072];
+    d.read_at(0, &mut b).unwrap();
+    assert!(b == pattern(5, 0, 131072));
+    drop(d);
 
-    // A size that disagrees with the manifest.
-    let e = msg(&uri.replace("size=1M", "size=2M"));
-    assert!(e.contains("not size="), "{e}");
+    // A size or object size that disagrees with the manifest.
+    refused_open(&uri.replace("size=1M", "size=2M"), "not size=");
+    refused_open(&uri.replace("object_size=64k", "object_size=128k"), "not object_size=");
+    refused_with(&uri, "already holds a volume", &[create]);
 
     // Credentials in the locator are refused without echoing them.
-    let e = msg(&format!("s3://vols/x?endpoint={}&secret_access_key=hunter2", s.endpoint()));
+    let e = objstore::open(&format!("s3://vols/x?endpoint={}&secret_access_key=hunter2", s.endpoint()), RW)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("credentials are never taken from the locator") && !e.contains("hunter2"), "{e}");
 }
 
@@ -280,10 +325,18 @@ fn bad_credentials_are_a_clear_error() {
     s.create_bucket("vols");
     let (id, secret) = s.issued_key();
     let uri = format!("s3://vols/auth?endpoint={}&size=1M", s.endpoint());
-    std::env::set_var("AWS_SECRET_ACCESS_KEY", "wrong");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "not-the-secret-q7");
     std::env::set_var("AWS_ACCESS_KEY_ID", &id);
     let e = objstore::open(&uri, RW).unwrap_err().to_string();
     assert!(e.contains("access denied") && e.contains("credentials"), "{e}");
+    assert!(!e.contains("not-the-secret-q7"), "the secret is not echoed: {e}");
+    // Nothing was written: moto's own dump of its state (unsigned) holds no key under the
+    // prefix; it does list the bucket, so the query itself works.
+    let (code, state) = http(s.port, "GET", "/moto-api/data.json", b"").unwrap();
+    let state = String::from_utf8_lossy(&state);
+    assert_eq!(code, 200);
+    assert!(state.contains("\"name\": \"vols\""), "moto's dump lists the bucket");
+    assert!(!state.contains("\"name\": \"auth/"), "a refused opener wrote under the prefix");
     // (The positive case is not checked here: moto 5.2.1's signature check of ListObjectsV2
     // with a prefix refuses correct keys too, boto3's as well; every other test runs with
     // moto's checks off.)

@@ -18,6 +18,7 @@
 
 pub mod conformance;
 mod crash;
+pub mod emulators;
 mod fault;
 pub mod integrity_golden;
 pub mod model;

@@ -100,19 +100,7 @@ fn veracrypt_kuznyechik_chains_decrypt_to_veracrypts_filesystem() {
         // The first cipher of the chain, as cryptsetup's test passes `-c` (cut -d- -f5).
         let first = chain.split('-').next().unwrap();
         let vol = open(&img, PASSWORD, Some(first)).unwrap_or_else(|e| panic!("{name}: {e:?}"));
-        let ciphers: Vec<&str> = vol
-            .layers
-            .iter()
-            .rev()
-            .map(|l| match l {
-                volume::LayerTable::Crypt(t) => t.cipher.as_str(),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(&ciphers, layers, "{name}: layers");
-        let mut boot = vec![0u8; 512];
-        vol.device.read_at(0, &mut boot).unwrap();
-        assert_eq!(fat_serial(&boot).as_deref(), Some("DEAD-BABE"), "{name}: the filesystem VeraCrypt wrote");
+        assert_chain_and_filesystem(&vol, layers, name);
     }
     // The whole search (no -c) finds the Kuznyechik chain too; a wrong passphrase finds none.
     let Some(img) = image(dir.path(), "vc_1-sha512-xts-kuznyechik-camellia") else { return };
@@ -161,22 +149,28 @@ fn truecrypt_legacy_volumes_map_as_cryptsetup_maps_them() {
             continue;
         }
         let vol = r.unwrap_or_else(|e| panic!("{name}: {e:?}"));
-        let ciphers: Vec<&str> = vol
-            .layers
-            .iter()
-            .rev()
-            .map(|l| match l {
-                volume::LayerTable::Crypt(t) => t.cipher.as_str(),
-                other => panic!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(&ciphers, layers, "{name}: layers");
-        let mut boot = vec![0u8; 512];
-        vol.device.read_at(0, &mut boot).unwrap();
-        assert_eq!(fat_serial(&boot).as_deref(), Some("DEAD-BABE"), "{name}: the filesystem TrueCrypt wrote");
+        assert_chain_and_filesystem(&vol, layers, name);
     }
     // A --cipher that names no chain: refused before any passphrase is tried (cryptsetup: exit 1).
     let Some(img) = image(dir.path(), "tc_1-sha1-cbc-aes") else { return };
     let e = open_with(&img, PASSWORD, "sha1", Some("xxx")).unwrap_err();
     assert_eq!(e.kind(), volume::ErrorKind::Usage, "{e:?}");
+}
+
+/// The volume maps `layers` (cipher specs, top layer first) and its first sector is the FAT
+/// filesystem the image's maker wrote.
+fn assert_chain_and_filesystem(vol: &volume::Volume, layers: &[&str], name: &str) {
+    let ciphers: Vec<&str> = vol
+        .layers
+        .iter()
+        .rev()
+        .map(|l| match l {
+            volume::LayerTable::Crypt(t) => t.cipher.as_str(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ciphers, layers, "{name}: layers");
+    let mut boot = vec![0u8; 512];
+    vol.device.read_at(0, &mut boot).unwrap();
+    assert_eq!(fat_serial(&boot).as_deref(), Some("DEAD-BABE"), "{name}: the filesystem its maker wrote");
 }
