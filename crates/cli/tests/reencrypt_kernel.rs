@@ -8,7 +8,10 @@
 //!   host sealdisk resumes and finishes it; the data decrypts to the original plaintext with
 //!   the key cryptsetup prints.
 //!
-//! Boots a kernel (~1 min under TCG): `cargo test -p sealdisk --test reencrypt_kernel -- --ignored`.
+//! The second test does the same for `--encrypt`/`--decrypt` with a detached header (see it).
+//!
+//! Boots a kernel per test (~1 min each under TCG):
+//! `cargo test -p sealdisk --test reencrypt_kernel -- --ignored`.
 
 mod common;
 
@@ -195,4 +198,132 @@ sync
     let mut data = std::fs::read(&b).unwrap().split_off(off as usize);
     cipher(&spec, &volume_key(bi, p), ss).decrypt(0, &mut data).unwrap();
     assert_eq!(sha_hex(&data), want, "data lost in cryptsetup(kernel)→sealdisk");
+}
+
+/// Kills `cmd` after a delay, trying delays until `header` shows a run in progress.
+fn kill_mid_run(header: &Path, mut cmd: impl FnMut() -> Command, reset: impl Fn()) -> bool {
+    for ms in [600u64, 300, 1200, 150, 80] {
+        reset();
+        let mut child = cmd().stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(ms));
+        let _ = child.kill();
+        let _ = child.wait();
+        let h = header.to_str().unwrap();
+        if header.exists() && cs(&["isLuks", h]).status.success() && in_progress(h) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Encryption and decryption with a detached header (`--encrypt`/`--decrypt --header`)
+/// against the kernel's cryptsetup 2.6, one boot:
+///
+/// * disk C (+ header H): sealdisk's encryption is SIGKILLed on the host mid-way; in the
+///   guest the kernel activates it mid-encryption (dm-linear + dm-crypt) and reads the
+///   plaintext, cryptsetup finishes the run, and dm-crypt reads the plaintext again.
+/// * disk D (+ header E): encrypted on the host by sealdisk; in the guest cryptsetup's
+///   decryption is SIGKILLed mid-way; on the host sealdisk finishes it: plaintext again.
+#[test]
+#[ignore = "boots Linux under qemu (kernel-run), ~1 min"]
+fn encryption_and_decryption_interrupted_resume_in_the_other_with_the_kernel() {
+    let Some(kr) = kernel_run() else { return };
+    if !common::have("cryptsetup") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pass = dir.path().join("pass");
+    std::fs::write(&pass, PASS).unwrap();
+    let p = pass.to_str().unwrap();
+    let (c, h, d, e) = (
+        dir.path().join("c.img"),
+        dir.path().join("h.img"),
+        dir.path().join("d.img"),
+        dir.path().join("e.img"),
+    );
+    let want_bytes = plaintext(SIZE as usize);
+    let want = sha_hex(&want_bytes);
+    let encrypt = |data: &Path, hdr: &Path| {
+        let mut cmd = Command::new(bin());
+        cmd.args(["reencrypt", "--encrypt", "--hotzone-size", "1M", "--key-file", p, "--header"])
+            .arg(hdr)
+            .args(FAST_PBKDF2)
+            .arg(data);
+        cmd
+    };
+    let caught = kill_mid_run(
+        &h,
+        || encrypt(&c, &h),
+        || {
+            let _ = std::fs::remove_file(&h);
+            std::fs::write(&c, &want_bytes).unwrap();
+        },
+    );
+    assert!(caught, "sealdisk --encrypt was never caught mid-run");
+    std::fs::write(&d, &want_bytes).unwrap();
+    let out = encrypt(&d, &e).output().unwrap();
+    assert!(out.status.success(), "sealdisk --encrypt: {}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(sha_hex(&std::fs::read(&d).unwrap()), want, "D is not encrypted");
+
+    let script = dir.path().join("guest.sh");
+    std::fs::write(
+        &script,
+        r#"set -e
+P=/kr/pass
+# C (/dev/vda) + header H (/dev/vdb): sealdisk's encryption, stopped mid-run.
+if cryptsetup luksDump /dev/vdb | grep -q in-reencryption; then
+  echo "C hotzone-mid-write"
+  cryptsetup repair --batch-mode --header /dev/vdb --key-file $P /dev/vda
+fi
+cryptsetup open --header /dev/vdb --key-file $P /dev/vda c
+echo "TABLE c $(dmsetup table c | awk '{print $3}' | tr '\n' ',')"
+echo "SHA cmid $(sha256sum /dev/mapper/c | cut -d' ' -f1)"
+cryptsetup close c
+cryptsetup reencrypt --batch-mode --resume-only --header /dev/vdb --key-file $P /dev/vda
+cryptsetup luksDump /dev/vdb | grep -q online-reencrypt && { echo "C still-in-progress"; exit 1; }
+cryptsetup open --header /dev/vdb --key-file $P /dev/vda c
+echo "SHA cend $(sha256sum /dev/mapper/c | cut -d' ' -f1)"
+cryptsetup close c
+# D (/dev/vdc) + header E (/dev/vdd): cryptsetup's decryption, killed mid-run.
+cryptsetup reencrypt --batch-mode --decrypt --init-only --header /dev/vdd --key-file $P --pbkdf pbkdf2 --pbkdf-force-iterations 1000 /dev/vdc
+cryptsetup reencrypt --batch-mode --resume-only --hotzone-size 1M --header /dev/vdd --key-file $P /dev/vdc &
+pid=$!
+for i in $(seq 1 100); do
+  sleep 0.05
+  n=$(cryptsetup luksDump /dev/vdd | grep -c "^  [0-9]: linear" || true)
+  [ "$n" -ge 3 ] && break
+done
+kill -9 $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+if cryptsetup luksDump /dev/vdd | grep -q online-reencrypt; then
+  echo "D killed-mid-run hot=$(cryptsetup luksDump /dev/vdd | grep -c in-reencryption)"
+else
+  echo "D finished-before-kill"
+fi
+sync
+"#,
+    )
+    .unwrap();
+    let log =
+        boot_kernel(&kr, std::slice::from_ref(&pass), &[c.clone(), h.clone(), d.clone(), e.clone()], &script);
+    let sums = tagged_lines(&log, "SHA");
+    let table = tagged_lines(&log, "TABLE");
+    // cryptsetup's two-segment table mid-encryption: dm-crypt below, dm-linear above (what
+    // sealdisk's ReencryptingDevice maps).
+    assert_eq!(table.get("c").map(String::as_str), Some("crypt,linear,"), "kernel table mid-encryption");
+    assert_eq!(sums.get("cmid"), Some(&want), "the kernel does not read sealdisk's mid-encryption volume");
+    assert_eq!(sums.get("cend"), Some(&want), "data lost in sealdisk→cryptsetup(kernel) encryption");
+
+    // D: sealdisk finishes the decryption the guest's cryptsetup left.
+    assert!(log.contains("D killed-mid-run"), "cryptsetup in the guest was not caught mid-run: {log}");
+    let (di, ei) = (d.to_str().unwrap(), e.to_str().unwrap());
+    assert!(in_progress(ei));
+    let out = sealdisk(&["reencrypt", "--resume-only", "--header", ei, "--key-file", p, di]);
+    assert!(out.status.success(), "sealdisk resume: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!in_progress(ei));
+    assert_eq!(
+        sha_hex(&std::fs::read(&d).unwrap()),
+        want,
+        "data lost in cryptsetup(kernel)→sealdisk decryption"
+    );
 }

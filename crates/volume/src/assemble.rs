@@ -231,6 +231,14 @@ pub enum LayerTable {
     Crypt(CryptTable),
     /// A dm-integrity layer.
     Integrity(IntegrityLayer),
+    /// A dm-linear layer: the plaintext segment of a LUKS2 volume mid-encryption or
+    /// mid-decryption (`offset` and `len` in 512-byte sectors of the data device).
+    Linear {
+        /// Start on the data device.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
 }
 
 /// The unlocked header of a LUKS volume.
@@ -264,7 +272,7 @@ impl Volume {
     pub fn crypt_table(&self) -> Option<&CryptTable> {
         self.layers.iter().rev().find_map(|l| match l {
             LayerTable::Crypt(t) => Some(t),
-            LayerTable::Integrity(_) => None,
+            LayerTable::Integrity(_) | LayerTable::Linear { .. } => None,
         })
     }
 }
@@ -373,7 +381,15 @@ pub fn unlock_luks(
         unlocked,
         match keys {
             Keys::One(k) => k,
-            Keys::Reencrypt(k) => k.new,
+            Keys::Reencrypt(k) => match k.volume_key() {
+                Some(vk) => vk.clone(),
+                None => {
+                    return Err(VolumeError::Luks {
+                        path: meta.name.clone(),
+                        source: LuksError::Params("the reencryption in progress has no volume key".into()),
+                    })
+                }
+            },
         },
     ))
 }
@@ -408,8 +424,15 @@ fn unlock_keys(
     while let Some(pass) = l.passphrase.next_passphrase()? {
         let tried = if reencrypting {
             // Both keys open with the passphrase (cryptsetup unlocks all segments' keys).
+            // The keyslot is the one that opened the volume's key (during an encryption it is
+            // bound to no regular segment yet); a --key-slot must open too.
             luks::reencrypt::unlock_keys(&*meta.device, &header, &pass, &l.kdf_limits).and_then(|k| {
-                let (slot, _) = header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)?;
+                let slot = match l.key_slot {
+                    Some(s) if s != k.keyslot => {
+                        header.unlock_with(&*meta.device, &pass, Some(s), &l.kdf_limits)?.0
+                    }
+                    _ => k.keyslot,
+                };
                 Ok((slot, Keys::Reencrypt(k)))
             })
         } else {
@@ -473,8 +496,9 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
 }
 
 /// A LUKS2 volume mid-reencryption: a hotzone a crash left half rewritten is recovered, then
-/// the device is the new segment below the reencryption offset and the old one above
-/// (cryptsetup's two-segment activation). Layers: the new segment's table, then the old's.
+/// the device is the two segments split at the boundary (cryptsetup's two-segment
+/// activation). Layers: the new segment's table, then the old's (a linear layer for the
+/// plaintext side of an encryption or decryption).
 fn open_reencrypting(
     l: &LuksSpec<'_>,
     mut unlocked: Unlocked,
@@ -485,10 +509,15 @@ fn open_reencrypting(
 ) -> Result<Volume, VolumeError> {
     let (device, tn, to) =
         luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
+    let layer = |t| match t {
+        luks::reencrypting::SegmentTable::Crypt(t) => LayerTable::Crypt(t),
+        luks::reencrypting::SegmentTable::Linear { offset, len } => LayerTable::Linear { offset, len },
+    };
+    let layers = vec![layer(tn), layer(to)];
     Ok(Volume {
         device,
         kind: VolumeKind::Luks2,
-        layers: vec![LayerTable::Crypt(tn), LayerTable::Crypt(to)],
+        layers,
         integrity: None,
         luks: Some(unlocked),
         rotational: false,

@@ -132,11 +132,51 @@ impl Progress {
 
 /// Runs `reencrypt`.
 pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
-    if a.encrypt || a.decrypt || a.reduce_device_size.is_some() {
+    if let Some(r) = a.reduce_device_size {
+        if r % 512 != 0 {
+            bail!(UsageError("Reduce size must be multiple of 512 bytes sector.".into()));
+        }
+        if a.encrypt && !a.decrypt && is_luks(&a.device)? {
+            bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
+        }
         bail!(UsageError(
-            "reencrypt --encrypt, --decrypt and --reduce-device-size are not implemented in sealdisk yet"
+            "reencrypt --reduce-device-size (data shift) is not implemented in sealdisk yet".into()
+        ));
+    }
+    if a.encrypt && a.decrypt {
+        bail!(UsageError("Options --encrypt and --decrypt are mutually exclusive.".into()));
+    }
+    if a.encrypt && a.header.is_none() {
+        bail!(UsageError(
+            "Encryption without detached header (--header) is not possible without data device size \
+             reduction (--reduce-device-size)."
                 .into()
         ));
+    }
+    if a.decrypt && a.header.is_none() {
+        // cryptsetup 2.6 looks at the device first: a device that is not LUKS gets that
+        // said; a LUKS one needs a header file to decrypt to (data shift: not done here).
+        if !is_luks(&a.device)? {
+            bail!(UsageError(format!("Device {} is not a valid LUKS device.", a.device)));
+        }
+        bail!(UsageError("LUKS2 decryption requires --header option.".into()));
+    }
+    if let (true, Some(h)) = (a.decrypt, &a.header) {
+        // cryptsetup 2.6 decrypts a volume whose header is on the device into a new header
+        // file (data shift, `online-reencrypt-v3`): not done here, refused before any write.
+        if !std::path::Path::new(h).exists() && is_luks(&a.device)? {
+            bail!(UsageError(format!(
+                "decryption of {} with its header on the device (data shift into the new header file {h}) \
+                 is not implemented in sealdisk yet",
+                a.device
+            )));
+        }
+    }
+    if a.encrypt && !encryption_in_progress(a.header.as_deref().unwrap_or_default()) {
+        if a.resume_only {
+            bail!(UsageError("Device reencryption not in progress.".into()));
+        }
+        return encrypt(a);
     }
     if a.init_only && a.resume_only {
         bail!(UsageError("Options --init-only and --resume-only are mutually exclusive.".into()));
@@ -150,6 +190,15 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
         None => None,
     };
     if let Some(name) = active {
+        if (a.encrypt || a.decrypt) && !a.resume_only {
+            // The server initializes only a reencryption; an encryption or decryption in
+            // progress (initialized offline) is resumed online with --resume-only.
+            bail!(UsageError(
+                "starting --encrypt or --decrypt of an active device is not supported: initialize it with \
+                 --init-only while closed, open it, then resume it with --resume-only --active-name NAME"
+                    .into()
+            ));
+        }
         return online(&a, &name);
     }
     let meta_path = a.header.as_deref().unwrap_or(&a.device);
@@ -196,6 +245,13 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
         let data_size = data_dev.geometry().size;
         let mut pass_used = None;
         with_passphrase(&a.key, "Enter passphrase for key slot: ", |p| {
+            if a.decrypt {
+                reencrypt::init_decrypt(&*meta.device, data_size, &mut luks, p, &params)
+                    .map_err(luks_err(meta_path))
+                    .context("initializing LUKS2 decryption")?;
+                pass_used = Some(p.clone());
+                return Ok(());
+            }
             let slot = reencrypt::init(&*meta.device, data_size, &mut luks, p, &params)
                 .map_err(luks_err(meta_path))
                 .context("initializing LUKS2 reencryption")?;
@@ -211,10 +267,22 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     if a.init_only {
         return Ok(());
     }
-    let opts = RunOptions { hotzone_size: a.hotzone_size, kdf_limits: limits };
+    run_to_end(&a, &meta, data_dev, &mut luks, &pass, meta_path)
+}
+
+/// Runs the reencryption in progress to its end (or to a clean stop on SIGINT/SIGTERM).
+fn run_to_end(
+    a: &ReencryptArgs,
+    meta: &volume::Storage,
+    data_dev: &dyn blockdev::BlockDevice,
+    luks: &mut Luks,
+    pass: &sector_crypto::kdf::Passphrase,
+    meta_path: &str,
+) -> Result<()> {
+    let opts = RunOptions { hotzone_size: a.hotzone_size, kdf_limits: a.kdf_limits.limits() };
     let mut progress = Progress::new(a.progress_frequency);
     crate::hardening::wiping(true);
-    let r = reencrypt::run(data_dev_meta(&meta), data_dev, &mut luks, &pass, &opts, &mut |done, total| {
+    let r = reencrypt::run(data_dev_meta(meta), data_dev, luks, pass, &opts, &mut |done, total| {
         progress.update(done, total);
         crate::hardening::stop_requested().is_none()
     });
@@ -227,6 +295,64 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `true` when `device` starts with a LUKS header (opened read-only).
+fn is_luks(device: &str) -> Result<bool> {
+    let dev = open_meta(device, true)?;
+    Ok(volume::luks::probe(&*dev.device).map_err(luks_err(device))?.is_some())
+}
+
+/// `true` when `header` holds a LUKS2 header with a reencryption in progress (an encryption
+/// to resume rather than start).
+fn encryption_in_progress(header: &str) -> bool {
+    if !std::path::Path::new(header).exists() {
+        return false;
+    }
+    let Ok(meta) = open_meta(header, true) else { return false };
+    Luks::load(&*meta.device, false).ok().and_then(|l| reencrypt::status(&l).ok().flatten()).is_some()
+}
+
+/// `reencrypt --encrypt --header FILE DEVICE`: formats the detached header (created or
+/// grown to the LUKS2 header size) with the encryption start state, then runs it unless
+/// `--init-only`.
+fn encrypt(a: ReencryptArgs) -> Result<()> {
+    let header = a.header.clone().unwrap_or_default();
+    if a.key_size.is_some_and(|b| b % 8 != 0) {
+        bail!(UsageError("Key size must be a multiple of 8 bits".into()));
+    }
+    let data = open_meta(&a.device, false)?;
+    let params = ReencryptParams {
+        cipher: a.cipher.clone(),
+        key_bytes: a.key_size.map(|b| b / 8),
+        sector_size: a.sector_size,
+        resilience: a.resilience.clone().unwrap_or_else(|| "checksum".into()),
+        resilience_hash: a.resilience_hash.clone(),
+        key_slot: a.key_slot,
+        pbkdf: a.pbkdf.params()?,
+        kdf_limits: a.kdf_limits.limits(),
+    };
+    // Refuse a LUKS data device before the header file is created or touched.
+    if volume::luks::probe(&*data.device).map_err(luks_err(&a.device))?.is_some() {
+        bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
+    }
+    let fp = volume::luks::FormatParams { detached: true, ..Default::default() };
+    let so = volume::OpenOptions { lock: true, ..Default::default() }.storage();
+    let meta = volume::luks::open_header_for_format(&header, &fp, &so)?;
+    let mut made = None;
+    with_passphrase(&a.key, "Enter passphrase: ", |p| {
+        let (luks, slot) = reencrypt::init_encrypt(&*meta.device, &*data.device, p, &params)
+            .map_err(luks_err(&header))
+            .context("initializing LUKS2 encryption")?;
+        log::info!("encrypt: volume key in keyslot {slot}");
+        made = Some((luks, p.clone()));
+        Ok(())
+    })?;
+    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
+    if a.init_only {
+        return Ok(());
+    }
+    run_to_end(&a, &meta, &*data.device, &mut luks, &pass, &header)
 }
 
 fn data_dev_meta(s: &volume::Storage) -> &dyn blockdev::BlockDevice {

@@ -202,8 +202,8 @@ impl Live {
             rebuild.flags = CryptOptions { integrity_aead: None, ..t.options };
             // One table cannot rebuild a volume mid-reencryption (two segments, two keys):
             // `refresh` and `resize` refuse it as they refuse an authenticated one.
-            let crypt_layers = vol.layers.iter().filter(|l| matches!(l, LayerTable::Crypt(_))).count();
-            if vol.kind != VolumeKind::Luks2Aead && crypt_layers == 1 {
+            let data_layers = vol.layers.iter().filter(|l| !matches!(l, LayerTable::Integrity(_))).count();
+            if vol.kind != VolumeKind::Luks2Aead && data_layers == 1 {
                 rebuild.table = Some(t.clone());
             }
         } else {
@@ -750,7 +750,7 @@ impl Live {
             &r.flags,
         );
         let (dev, new_table) = match built {
-            Ok((d, tn, _)) if self.gate.fits(&*d) => (d, tn),
+            Ok((d, tn, _)) if self.gate.fits(&*d) => (d, tn.crypt()),
             Ok(_) => {
                 drop(self.gate.replace(old));
                 return Response::err(
@@ -769,7 +769,7 @@ impl Live {
         r.table = None;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         job.stop = stop.clone();
-        job.new_table = Some(new_table);
+        job.new_table = new_table;
         job.progress = Some(ReencryptProgress { state: "running".into(), ..ReencryptProgress::default() });
         let shared = self.reenc.clone();
         let (meta_dev, data) = (meta.device.clone(), r.storage.device.clone());

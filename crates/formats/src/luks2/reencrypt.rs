@@ -626,6 +626,129 @@ pub fn forward_layout(
     Ok(out)
 }
 
+/// The regular segments of a backward run without data shift (cryptsetup
+/// `reencrypt_make_hot_segments_backward` / `reencrypt_make_post_segments_backward`). The
+/// run goes from the end down: `[0, boundary)` is still old and `[boundary, device_size)`
+/// already new. With `hot_len` the hotzone is `[boundary - hot_len, boundary)`; without, it
+/// is the layout once the hotzone below `boundary` is written. The new tail is dynamic
+/// unless `fixed` (and the data starts at 0 then: an all-new layout is dynamic again).
+pub fn backward_layout(
+    st: &ReencryptState,
+    m: &Luks2Metadata,
+    boundary: u64,
+    hot_len: Option<u64>,
+    device_size: u64,
+    fixed: bool,
+) -> Result<Vec<(Part, Segment)>, ReencryptMetaError> {
+    let (new_seg, old_seg) = layout_makers(st, m)?;
+    let mut out = Vec::new();
+    match hot_len {
+        Some(len) => {
+            let off = boundary
+                .checked_sub(len)
+                .ok_or(ReencryptMetaError::Layout("hotzone longer than the old data"))?;
+            if off > 0 {
+                out.push((Part::Old, old_seg(0, Some(off))?));
+            }
+            out.push((Part::Hot, new_seg(off, Some(len), true)?));
+            if boundary < device_size {
+                out.push((Part::New, new_seg(boundary, fixed.then(|| device_size - boundary), false)?));
+            }
+        }
+        None => {
+            if boundary > 0 {
+                out.push((Part::Old, old_seg(0, Some(boundary))?));
+            }
+            let size = (fixed && boundary > 0).then(|| device_size - boundary);
+            out.push((Part::New, new_seg(boundary, size, false)?));
+        }
+    }
+    Ok(out)
+}
+
+type Maker<'a> = Box<dyn Fn(u64, Option<u64>, bool) -> Result<Segment, ReencryptMetaError> + 'a>;
+type OldMaker<'a> = Box<dyn Fn(u64, Option<u64>) -> Result<Segment, ReencryptMetaError> + 'a>;
+
+/// Segment makers of the new and old layouts (cryptsetup `reencrypt_make_segment_new`,
+/// `_reencrypt` and `_old`): offsets relative to the data offset, `iv_tweak` the offset in
+/// 512-byte sectors; linear for plaintext (old when encrypting, new when decrypting).
+fn layout_makers<'a>(
+    st: &'a ReencryptState,
+    m: &'a Luks2Metadata,
+) -> Result<(Maker<'a>, OldMaker<'a>), ReencryptMetaError> {
+    let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
+    let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+    let data_offset = fin.offset;
+    let mode = st.keyslot.mode;
+    let new_seg = move |off: u64, size: Option<u64>, hot: bool| match (mode, &fin.crypt) {
+        (ReencryptMode::Decrypt, _) => Ok(linear_segment(data_offset + off, size, hot)),
+        (_, Some(c)) => {
+            Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, hot))
+        }
+        (_, None) => Err(ReencryptMetaError::Layout("backup-final is not a crypt segment")),
+    };
+    let old_seg = move |off: u64, size: Option<u64>| match (mode, &prev.crypt) {
+        (ReencryptMode::Encrypt, _) => Ok(linear_segment(data_offset + off, size, false)),
+        (_, Some(c)) => {
+            Ok(crypt_segment(data_offset + off, off >> 9, size, &c.encryption, c.sector_size, false))
+        }
+        (_, None) => Err(ReencryptMetaError::Layout("backup-previous is not a crypt segment")),
+    };
+    Ok((Box::new(new_seg), Box::new(old_seg)))
+}
+
+/// `true` when the regular segments are exactly the final layout: one segment, of the new
+/// kind (linear after a decryption, crypt bound to the new digest otherwise, and not to the
+/// old one). A run that wrote every hotzone but stopped before finishing is in this state;
+/// it must finish, not start over (starting over would decrypt plaintext or encrypt
+/// ciphertext twice).
+pub fn all_done(st: &ReencryptState, m: &Luks2Metadata) -> bool {
+    if st.hot.is_some() {
+        return false;
+    }
+    let regular = ReencryptState::regular_segments(m);
+    let [(id, seg)] = regular.as_slice() else { return false };
+    let fin = &m.segments[&st.final_];
+    if seg.type_name != fin.type_name {
+        return false;
+    }
+    match st.keyslot.mode {
+        ReencryptMode::Decrypt => seg.type_name == "linear",
+        ReencryptMode::Encrypt => seg.type_name == "crypt" && m.segment_digest(*id) == st.digest_new,
+        ReencryptMode::Reencrypt => {
+            st.digest_old != st.digest_new
+                && m.segment_digest(*id) == st.digest_new
+                && !st.digest_old.and_then(|d| m.digests.get(&d)).is_some_and(|d| d.segments.contains(id))
+        }
+    }
+}
+
+/// Where the boundary of a backward run is (cryptsetup `_offset_backward`): the size of the
+/// old part, i.e. `device_size` with one (old) regular segment, the first segment's size
+/// with two, or the hotzone's end when a hotzone was being rewritten.
+pub fn backward_boundary(
+    st: &ReencryptState,
+    m: &Luks2Metadata,
+    device_size: u64,
+) -> Result<u64, ReencryptMetaError> {
+    let data_offset = st.data_offset_new(m);
+    if let Some(h) = st.hot {
+        let s = &m.segments[&h];
+        let len = s.fixed_size().ok_or(ReencryptMetaError::Layout("dynamic hotzone"))?;
+        return s
+            .offset
+            .checked_sub(data_offset)
+            .map(|o| o + len)
+            .ok_or(ReencryptMetaError::Layout("hotzone before the data offset"));
+    }
+    let regular = ReencryptState::regular_segments(m);
+    match regular.len() {
+        1 => Ok(device_size),
+        2 => regular[0].1.fixed_size().ok_or(ReencryptMetaError::Layout("first of two segments is dynamic")),
+        _ => Err(ReencryptMetaError::Layout("more than two segments outside a hotzone")),
+    }
+}
+
 /// Replaces the regular segments of `m` with `layout` and reattaches the backup segments
 /// and digests as cryptsetup's `reencrypt_assign_segments` does: every digest loses its
 /// segments; new parts go to the new digest, old parts to the old one, the hotzone to

@@ -104,18 +104,16 @@ fn dump2(h: &Luks2Header) -> String {
                 let _ = writeln!(o, "\tlength: {b} [bytes]");
             }
         }
-        match &s.crypt {
-            Some(c) => {
-                let _ = writeln!(o, "\tcipher: {}", c.encryption);
-                let _ = writeln!(o, "\tsector: {} [bytes]", c.sector_size);
-                if let Some(i) = &c.integrity {
-                    let _ = writeln!(o, "\tintegrity: {}", i.type_name);
-                    if let Some(k) = i.key_size {
-                        let _ = writeln!(o, "\tintegrity key size: {} [bits]", k * 8);
-                    }
+        // cryptsetup 2.6 prints no cipher line for a segment without encryption (linear).
+        if let Some(c) = &s.crypt {
+            let _ = writeln!(o, "\tcipher: {}", c.encryption);
+            let _ = writeln!(o, "\tsector: {} [bytes]", c.sector_size);
+            if let Some(i) = &c.integrity {
+                let _ = writeln!(o, "\tintegrity: {}", i.type_name);
+                if let Some(k) = i.key_size {
+                    let _ = writeln!(o, "\tintegrity key size: {} [bits]", k * 8);
                 }
             }
-            None => o.push_str("\tcipher: (no SW encryption)\n"),
         }
         if let Some(f) = s.flags.as_ref().filter(|f| !f.is_empty()) {
             let _ = writeln!(o, "\tflags : {}", f.join(", "));

@@ -25,9 +25,11 @@
 //! written new. With `journal`, the whole hotzone is rewritten from the old ciphertext in the
 //! area. Either is idempotent, so a crash during recovery is recovered again.
 //!
-//! Done here: mode `reencrypt` (key and/or cipher change), direction forward, resilience
-//! `checksum`, `journal` and `none`. Refused with a clear error: `encrypt`, `decrypt`,
-//! backward runs and data shift (a run cryptsetup started in those modes is not resumed).
+//! Done here: modes `reencrypt` (key and/or cipher change, forward), `encrypt` (detached
+//! header, forward, from a linear segment: [`init_encrypt`]) and `decrypt` (detached header,
+//! backward, to a linear segment: [`init_decrypt`]), in either direction for a run cryptsetup
+//! started; resilience `checksum`, `journal` and `none`. Refused with a clear error: data
+//! shift (`--reduce-device-size`, and the datashift decryption of a header on the device).
 
 use std::collections::BTreeMap;
 
@@ -289,44 +291,76 @@ pub fn init(
     // Header #2: the reencryption metadata.
     let mut next = s.clone();
     let m = &mut next.header.metadata;
-    let digest_old =
-        m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
     let digest_new = m.keyslot_digest(new_slot).unwrap_or(0);
     let seg0 = m.segments[&0].clone();
-    let first = m.segments.keys().max().map_or(0, |k| k + 1);
-    m.segments.insert(first, backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS));
     let mut fin = crypt_segment(data_offset, 0, None, &new_cipher, new_ss, false);
     fin.flags = Some(vec![re::FLAG_BACKUP_FINAL.to_owned()]);
-    m.segments.insert(first + 1, fin);
+    let alignment = check_ss.max(512) as u32;
+    add_reencrypt_metadata(
+        m,
+        backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS),
+        fin,
+        Some(digest_new),
+        ReencryptMode::Reencrypt,
+        Direction::Forward,
+        resilience_name,
+        rhash,
+        alignment,
+        (Some(vk_old.as_bytes()), Some(vk_new.as_bytes())),
+        &p.pbkdf,
+    )?;
+    luks2::write_header(&mut next, meta)?;
+    *s = next;
+    Ok(new_slot)
+}
+
+/// Adds the reencryption metadata to `m` (cryptsetup `reencrypt_init`'s header): the
+/// backup-previous and backup-final segments (bound to the old digest, which is the one of
+/// segment 0, and to `digest_new`), the reencrypt keyslot in the largest free gap of the
+/// keyslots area, the verification digest and the `online-reencrypt-v2` requirement.
+#[allow(clippy::too_many_arguments)]
+fn add_reencrypt_metadata(
+    m: &mut Luks2Metadata,
+    previous: formats::luks2::Segment,
+    final_: formats::luks2::Segment,
+    digest_new: Option<u32>,
+    mode: ReencryptMode,
+    direction: Direction,
+    resilience_name: &str,
+    rhash: HashAlg,
+    alignment: u32,
+    (vk_old, vk_new): (Option<&[u8]>, Option<&[u8]>),
+    pbkdf: &PbkdfParams,
+) -> Result<(), LuksError> {
+    let digest_old = if previous.type_name == "crypt" {
+        Some(m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?)
+    } else {
+        None
+    };
+    let first = m.segments.keys().max().map_or(0, |k| k + 1);
+    m.segments.insert(first, previous);
+    m.segments.insert(first + 1, final_);
     for (d, sg) in [(digest_old, first), (digest_new, first + 1)] {
-        if let Some(d) = m.digests.get_mut(&d) {
+        if let Some(d) = d.and_then(|d| m.digests.get_mut(&d)) {
             d.segments.push(sg);
         }
     }
-    let alignment = check_ss.max(512) as u32;
     let resilience = match resilience_name {
         "checksum" => Resilience::Checksum { hash: rhash.name().into(), block_size: alignment },
         "journal" => Resilience::Journal,
-        _ => Resilience::None,
+        "none" => Resilience::None,
+        other => return Err(LuksError::Params(format!("Unsupported resilience mode {other}"))),
     };
     let rslot = first_free_keyslot(m)?;
     let (area_offset, area_size) = max_gap(m).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?;
-    let rks = ReencryptKeyslot {
-        id: rslot,
-        mode: ReencryptMode::Reencrypt,
-        direction: Direction::Forward,
-        resilience,
-        area_offset,
-        area_size,
-    };
+    let rks = ReencryptKeyslot { id: rslot, mode, direction, resilience, area_offset, area_size };
     m.keyslots.insert(rslot, rks.to_keyslot());
     re::set_requirement(m, Some(2));
     let st =
         ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
-    let vdata =
-        st.verification_data(m, 2, Some(vk_old.as_bytes()), Some(vk_new.as_bytes())).map_err(meta_err)?;
-    let iterations = p.pbkdf.digest_iterations(vdata.len());
-    let vdigest = make_digest(&vdata, p.pbkdf.hash, iterations)?;
+    let vdata = st.verification_data(m, 2, vk_old, vk_new).map_err(meta_err)?;
+    let iterations = pbkdf.digest_iterations(vdata.len());
+    let vdigest = make_digest(&vdata, pbkdf.hash, iterations)?;
     let vid = first_free_digest(m);
     m.digests.insert(
         vid,
@@ -338,9 +372,165 @@ pub fn init(
             extra: Map::new(),
         },
     );
+    Ok(())
+}
+
+/// Starts the encryption of a plaintext data device in place with a detached header
+/// (cryptsetup `reencrypt --encrypt --header FILE`, no data shift): `header` (already sized,
+/// see [`super::header_size`]) is formatted as LUKS2 with a new volume key in one keyslot for
+/// `passphrase` and the data segment at 0, then the segments become cryptsetup's encryption
+/// start state: a linear segment over the whole data, backup-previous (linear) and
+/// backup-final (crypt), mode `encrypt`, direction forward. No data is touched. A crash
+/// before the second header write leaves the data as it was (the header file is then a
+/// LUKS2 header claiming ciphertext: run the encryption again, which formats it anew).
+pub fn init_encrypt(
+    header: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+) -> Result<(Luks, u32), LuksError> {
+    let resilience_name = p.resilience.as_str();
+    if !matches!(resilience_name, "checksum" | "journal" | "none") {
+        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+    }
+    let rhash = parse_hash(&p.resilience_hash)
+        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    if super::probe(data)?.is_some() {
+        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+    }
+    let cipher_name = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher_name) / 8);
+    let ss = p.sector_size.unwrap_or(512);
+    if ![512, 1024, 2048, 4096].contains(&ss) {
+        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
+    }
+    let g = data.geometry();
+    let alignment = u64::from(ss.max(g.logical_block).max(512));
+    if g.size == 0 {
+        return Err(LuksError::Params("Device is too small.".into()));
+    }
+    if !g.size.is_multiple_of(alignment) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({alignment} bytes)."
+        )));
+    }
+    let fp = super::FormatParams {
+        cipher: cipher_name,
+        key_bytes,
+        pbkdf: p.pbkdf,
+        sector_size: ss,
+        detached: true,
+        data_size: Some(g.size),
+        ..super::FormatParams::default()
+    };
+    // The header is built in memory and written once, keyslots area first: a crash leaves
+    // the header file as it was, or a header whose segment says the data is plaintext.
+    let need = super::header_size(&fp);
+    if header.geometry().size < need {
+        return Err(LuksError::DeviceTooSmall { need, have: header.geometry().size });
+    }
+    let image = blockdev::MemDevice::new(need, 512);
+    let (mut luks, vk) = super::format(&image, &fp, passphrase)?;
+    let s = v2(&mut luks)?;
+    let mut next = s.clone();
+    let m = &mut next.header.metadata;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let digest_new = m.segment_digest(0);
+    let slot =
+        digest_new.and_then(|d| m.digests.get(&d)).and_then(|d| d.keyslots.first().copied()).unwrap_or(0);
+    let plain = re::linear_segment(seg0.offset, None, false);
+    m.segments.insert(0, plain.clone());
+    for d in m.digests.values_mut() {
+        d.segments.clear();
+    }
+    add_reencrypt_metadata(
+        m,
+        backup_of(&plain, re::FLAG_BACKUP_PREVIOUS),
+        backup_of(&seg0, re::FLAG_BACKUP_FINAL),
+        digest_new,
+        ReencryptMode::Encrypt,
+        Direction::Forward,
+        resilience_name,
+        rhash,
+        alignment as u32,
+        (None, Some(vk.as_bytes())),
+        &p.pbkdf,
+    )?;
+    luks2::write_header(&mut next, &image)?;
+    *s = next;
+    let md2 = 2 * s.header.metadata.metadata_size();
+    let bytes = image.to_vec();
+    io::write_bytes(header, md2, &bytes[md2 as usize..], "keyslots area")?;
+    io::flush(header, "keyslots area")?;
+    io::write_bytes(header, 0, &bytes[..md2 as usize], "LUKS2 header")?;
+    io::flush(header, "LUKS2 header")?;
+    Ok((luks, slot))
+}
+
+/// Starts the decryption of a LUKS2 volume with a detached header (cryptsetup
+/// `reencrypt --decrypt --header FILE`): backup-previous (the crypt segment), backup-final
+/// (linear), mode `decrypt`, direction backward, as cryptsetup 2.6 writes it. The
+/// passphrase is checked first; no data is touched; one header write.
+pub fn init_decrypt(
+    meta: &dyn BlockDevice,
+    data_size: u64,
+    luks: &mut Luks,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+) -> Result<(), LuksError> {
+    if status(luks)?.is_some() {
+        return Err(LuksError::Params("LUKS2 reencryption already initialized. Aborting operation.".into()));
+    }
+    luks.check_supported()?;
+    if luks.aead()?.is_some() {
+        return Err(LuksError::Unsupported(
+            "decryption of an authenticated (integrity) volume is not supported".into(),
+        ));
+    }
+    let resilience_name = p.resilience.as_str();
+    if !matches!(resilience_name, "checksum" | "journal" | "none") {
+        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+    }
+    let rhash = parse_hash(&p.resilience_hash)
+        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    let (slot, vk_old) = luks.unlock_with(meta, passphrase, p.key_slot, &p.kdf_limits)?;
+    log::info!("decrypt: keyslot {slot} opened the volume key");
+    let seg = luks.segment()?;
+    if seg.size.is_some() || seg.iv_offset != 0 {
+        return Err(LuksError::Unsupported(
+            "decryption of a fixed-size segment or one with an IV tweak is not supported".into(),
+        ));
+    }
+    let check_ss = u64::from(seg.sector_size.max(512));
+    let device_size = data_size.saturating_sub(seg.offset);
+    if device_size == 0 {
+        return Err(LuksError::Params("Device is too small.".into()));
+    }
+    if !device_size.is_multiple_of(check_ss) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({check_ss} bytes)."
+        )));
+    }
+    let s = v2(luks)?;
+    let mut next = s.clone();
+    let m = &mut next.header.metadata;
+    let seg0 = m.segments[&0].clone();
+    add_reencrypt_metadata(
+        m,
+        backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS),
+        backup_of(&re::linear_segment(seg.offset, None, false), re::FLAG_BACKUP_FINAL),
+        None,
+        ReencryptMode::Decrypt,
+        Direction::Backward,
+        resilience_name,
+        rhash,
+        check_ss as u32,
+        (Some(vk_old.as_bytes()), None),
+        &p.pbkdf,
+    )?;
     luks2::write_header(&mut next, meta)?;
     *s = next;
-    Ok(new_slot)
+    Ok(())
 }
 
 /// Unlocks the key of `digest` with `pass` from any `luks2` keyslot bound to it.
@@ -350,7 +540,7 @@ fn unlock_digest(
     pass: &[u8],
     digest: u32,
     limits: &KdfLimits,
-) -> Result<VolumeKey, LuksError> {
+) -> Result<(u32, VolumeKey), LuksError> {
     let h = &s.header;
     let slots: Vec<u32> = h
         .metadata
@@ -370,7 +560,7 @@ fn unlock_digest(
     for k in slots {
         if let Some(vk) = luks2::try_slot(h, meta, k, pass)? {
             log::info!("reencrypt: keyslot {k} opened the key of digest {digest}");
-            return Ok(vk);
+            return Ok((k, vk));
         }
     }
     Err(LuksError::WrongPassphrase)
@@ -385,13 +575,24 @@ pub struct RunOptions {
     pub kdf_limits: KdfLimits,
 }
 
-/// Both volume keys of a reencryption in progress, checked against its verification
-/// digest (cryptsetup unlocks "all segments" before a run or an activation).
+/// The volume keys of a reencryption in progress, checked against its verification digest
+/// (cryptsetup unlocks "all segments" before a run or an activation). A side that is
+/// plaintext (the old one of an encryption, the new one of a decryption) has no key.
 pub struct ReencryptKeys {
-    /// The key of the old segment (backup-previous).
-    pub old: VolumeKey,
-    /// The key of the new segment (backup-final).
-    pub new: VolumeKey,
+    /// The key of the old segment (backup-previous); `None` when it is linear, or in
+    /// cryptsetup's teardown state (see [`unlock_keys`]).
+    pub old: Option<VolumeKey>,
+    /// The key of the new segment (backup-final); `None` when it is linear.
+    pub new: Option<VolumeKey>,
+    /// The keyslot that opened [`Self::volume_key`].
+    pub keyslot: u32,
+}
+
+impl ReencryptKeys {
+    /// The key of the volume as a whole: the new one, or the old one while decrypting.
+    pub fn volume_key(&self) -> Option<&VolumeKey> {
+        self.new.as_ref().or(self.old.as_ref())
+    }
 }
 
 impl std::fmt::Debug for ReencryptKeys {
@@ -400,13 +601,10 @@ impl std::fmt::Debug for ReencryptKeys {
     }
 }
 
-/// Refuses a reencryption this implementation cannot run or activate.
+/// Refuses a reencryption this implementation cannot run or activate (data shift), and
+/// backup-segment digests that do not match the mode.
 fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
-    if st.keyslot.mode != ReencryptMode::Reencrypt
-        || st.keyslot.direction != Direction::Forward
-        || st.moved.is_some()
-        || st.keyslot.resilience.shift() != 0
-    {
+    if st.moved.is_some() || st.keyslot.resilience.shift() != 0 {
         return Err(LuksError::Unsupported(format!(
             "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
             st.keyslot.mode.as_str(),
@@ -414,11 +612,35 @@ fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
             st.keyslot.resilience.type_name()
         )));
     }
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let digests_ok = match st.keyslot.mode {
+        ReencryptMode::Reencrypt => d_old.is_some() && d_new.is_some(),
+        ReencryptMode::Encrypt => d_old.is_none() && d_new.is_some(),
+        ReencryptMode::Decrypt => d_old.is_some() && d_new.is_none(),
+    };
+    if !digests_ok {
+        return Err(meta_err(re::ReencryptMetaError::Layout("backup segment digests do not match the mode")));
+    }
     Ok(())
 }
 
+/// `true` in cryptsetup's teardown state: its teardown wipes the old keyslots (a header
+/// write each) before it drops the reencryption metadata; killed in between, every hotzone
+/// is written and the old key is gone (cryptsetup itself cannot resume: "No usable token is
+/// available"). No data is left to rewrite: the run only has to finish.
+fn teardown_state(st: &ReencryptState, m: &Luks2Metadata) -> bool {
+    st.keyslot.mode == ReencryptMode::Reencrypt
+        && st.digest_old != st.digest_new
+        && re::all_done(st, m)
+        && st
+            .digest_old
+            .and_then(|d| m.digests.get(&d))
+            .is_some_and(|d| !d.keyslots.iter().any(|k| m.keyslots.get(k).is_some_and(|ks| ks.is_luks2())))
+}
+
 /// Refuses what cannot be activated mid-reencryption: unknown mandatory requirements, a
-/// reencryption mode not handled here, backup segments that are not plain crypt segments.
+/// reencryption mode not handled here, backup segments that are neither plain crypt
+/// segments nor the linear (plaintext) side of an encryption or decryption.
 pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
     let LuksHeader::V2(s) = &luks.header else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
@@ -433,9 +655,14 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
     }
     let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
     check_mode(&st)?;
-    for id in [st.previous, st.final_] {
-        match m.segments.get(&id).and_then(|sg| sg.crypt.as_ref()) {
-            Some(c) if c.integrity.is_none() => {}
+    for (id, linear_ok) in [
+        (st.previous, st.keyslot.mode == ReencryptMode::Encrypt),
+        (st.final_, st.keyslot.mode == ReencryptMode::Decrypt),
+    ] {
+        match m.segments.get(&id) {
+            Some(sg) if sg.type_name == "linear" && linear_ok => {}
+            Some(sg)
+                if sg.type_name == "crypt" && sg.crypt.as_ref().is_some_and(|c| c.integrity.is_none()) => {}
             _ => {
                 return Err(LuksError::Unsupported(format!(
                     "LUKS2 reencryption segment {id} is not a plain crypt segment"
@@ -446,8 +673,10 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
     Ok(st)
 }
 
-/// Unlocks both keys of the reencryption in progress on `luks` with `passphrase` and checks
-/// them against the verification digest, which binds the metadata to them.
+/// Unlocks the keys of the reencryption in progress on `luks` with `passphrase` and checks
+/// them against the verification digest, which binds the metadata to them. In cryptsetup's
+/// teardown state (every hotzone written, old keyslots wiped) only the new key is unlocked
+/// (checked against its digest); such a run can only be finished ([`run_unlocked`]).
 pub fn unlock_keys(
     meta: &dyn BlockDevice,
     luks: &Luks,
@@ -462,14 +691,38 @@ pub fn unlock_keys(
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
     let pass = passphrase.as_bytes();
-    let (Some(d_old), Some(d_new)) = (st.digest_old, st.digest_new) else {
-        return Err(meta_err(re::ReencryptMetaError::Layout("reencryption without both digests")));
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let mut keyslot = None;
+    let vk_new = match d_new {
+        Some(d) => {
+            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            keyslot = Some(k);
+            Some(vk)
+        }
+        None => None,
     };
-    let vk_new = unlock_digest(s, meta, pass, d_new, limits)?;
-    let vk_old = if d_old == d_new { vk_new.clone() } else { unlock_digest(s, meta, pass, d_old, limits)? };
     let m = &s.header.metadata;
+    if teardown_state(&st, m) {
+        let keyslot = keyslot.ok_or(LuksError::WrongPassphrase)?;
+        return Ok(ReencryptKeys { old: None, new: vk_new, keyslot });
+    }
+    let vk_old = match d_old {
+        Some(_) if d_old == d_new => vk_new.clone(),
+        Some(d) => {
+            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            keyslot.get_or_insert(k);
+            Some(vk)
+        }
+        None => None,
+    };
+    let keyslot = keyslot.ok_or(LuksError::WrongPassphrase)?;
     let vdata = st
-        .verification_data(m, st.version, Some(vk_old.as_bytes()), Some(vk_new.as_bytes()))
+        .verification_data(
+            m,
+            st.version,
+            vk_old.as_ref().map(VolumeKey::as_bytes),
+            vk_new.as_ref().map(VolumeKey::as_bytes),
+        )
         .map_err(meta_err)?;
     let ok = match st.digest_verify.and_then(|d| m.digests.get(&d)).and_then(|d| d.pbkdf2.as_ref()) {
         Some(p) => check_pbkdf2(p, &vdata)?,
@@ -478,7 +731,7 @@ pub fn unlock_keys(
     if !ok {
         return Err(LuksError::Params("Reencryption metadata is invalid.".into()));
     }
-    Ok(ReencryptKeys { old: vk_old, new: vk_new })
+    Ok(ReencryptKeys { old: vk_old, new: vk_new, keyslot })
 }
 
 /// Runs (or resumes) the reencryption in progress on `luks` (metadata on `meta`, data on
@@ -496,25 +749,76 @@ pub fn run(
     run_unlocked(meta, data, luks, &keys, opts, None, progress)
 }
 
+/// One side of a reencryption: a cipher, or plaintext (a linear segment) when `None`.
+struct Side {
+    cipher: Option<(SectorCipher, String)>,
+    sector_size: u32,
+}
+
+impl Side {
+    fn spec(&self) -> Option<(String, u32)> {
+        self.cipher.as_ref().map(|(_, s)| (s.clone(), self.sector_size))
+    }
+}
+
 /// The parameters of a run, from the metadata and the data device.
 struct Plan {
     st: ReencryptState,
-    d_old: u32,
-    d_new: u32,
-    old: SectorCipher,
-    new: SectorCipher,
-    old_spec: String,
-    new_spec: String,
-    old_ss: u32,
-    new_ss: u32,
+    d_old: Option<u32>,
+    d_new: Option<u32>,
+    old: Side,
+    new: Side,
+    backward: bool,
     data_offset: u64,
     device_size: u64,
     fixed: bool,
     alignment: u64,
     length: u64,
     hash: Option<HashAlg>,
-    /// Where the next hotzone starts (relative to the data offset), before any recovery.
-    offset: u64,
+    /// The boundary before any recovery (relative to the data offset): forward, the end of
+    /// the new part (everything below is new); backward, the end of the old part
+    /// (everything above is new).
+    pos: u64,
+}
+
+impl Plan {
+    /// Old content to new content, in place (`sector` in 512-byte units from the data
+    /// offset).
+    fn rewrite(&self, sector: u64, buf: &mut [u8]) -> Result<(), LuksError> {
+        if let Some((c, spec)) = &self.old.cipher {
+            c.decrypt(sector, buf).map_err(crypto_err(spec))?;
+        }
+        if let Some((c, spec)) = &self.new.cipher {
+            c.encrypt(sector, buf).map_err(crypto_err(spec))?;
+        }
+        Ok(())
+    }
+
+    /// The regular segments with the boundary at `pos` and, with `hot`, the hotzone of
+    /// that length next to it (above when forward, below when backward).
+    fn layout(
+        &self,
+        st: &ReencryptState,
+        m: &Luks2Metadata,
+        pos: u64,
+        hot: Option<u64>,
+    ) -> Result<Vec<(re::Part, formats::luks2::Segment)>, LuksError> {
+        if self.backward {
+            re::backward_layout(st, m, pos, hot, self.device_size, self.fixed)
+        } else {
+            re::forward_layout(st, m, pos, hot, self.device_size, self.fixed)
+        }
+        .map_err(meta_err)
+    }
+
+    /// Bytes already in the new segment with the boundary at `pos`.
+    fn done(&self, pos: u64) -> u64 {
+        if self.backward {
+            self.device_size - pos
+        } else {
+            pos
+        }
+    }
 }
 
 fn plan(
@@ -530,17 +834,25 @@ fn plan(
     let LuksHeader::V2(s) = &luks.header else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
-    let (Some(d_old), Some(d_new)) = (st.digest_old, st.digest_new) else {
-        return Err(meta_err(re::ReencryptMetaError::Layout("reencryption without both digests")));
-    };
+    let (d_old, d_new) = (st.digest_old, st.digest_new);
+    let backward = st.keyslot.direction == Direction::Backward;
     let m = &s.header.metadata;
     let prev = m.segments[&st.previous].clone();
     let fin = m.segments[&st.final_].clone();
-    let (Some(pc), Some(fc)) = (prev.crypt.clone(), fin.crypt.clone()) else {
-        return Err(meta_err(re::ReencryptMetaError::Layout("backup segments are not crypt segments")));
+    let side = |seg: &formats::luks2::Segment, vk: &Option<VolumeKey>, what: &'static str| match (
+        seg.type_name.as_str(),
+        &seg.crypt,
+        vk,
+    ) {
+        ("crypt", Some(c), Some(vk)) => Ok(Side {
+            cipher: Some((cipher(&c.encryption, vk, c.sector_size)?, c.encryption.clone())),
+            sector_size: c.sector_size,
+        }),
+        ("linear", _, None) => Ok(Side { cipher: None, sector_size: 512 }),
+        _ => Err(meta_err(re::ReencryptMetaError::Layout(what))),
     };
-    let old = cipher(&pc.encryption, &keys.old, pc.sector_size)?;
-    let new = cipher(&fc.encryption, &keys.new, fc.sector_size)?;
+    let old = side(&prev, &keys.old, "backup-previous does not match the mode or its key")?;
+    let new = side(&fin, &keys.new, "backup-final does not match the mode or its key")?;
     let data_offset = fin.offset;
     let (device_size, fixed) = match prev.size {
         SegmentSize::Bytes(b) => (b, true),
@@ -548,7 +860,7 @@ fn plan(
     };
     let alignment = match &st.keyslot.resilience {
         Resilience::Checksum { block_size, .. } => u64::from(*block_size),
-        _ => u64::from(pc.sector_size.max(fc.sector_size).max(data.geometry().logical_block)),
+        _ => u64::from(old.sector_size.max(new.sector_size).max(data.geometry().logical_block)),
     };
     if !device_size.is_multiple_of(alignment) {
         return Err(LuksError::Params(format!(
@@ -582,34 +894,33 @@ fn plan(
     if length == 0 {
         return Err(LuksError::Params("Invalid reencryption length.".into()));
     }
-    let mut offset = st.forward_offset(m).map_err(meta_err)?;
-    // One regular segment bound to the new key only: every hotzone was written and the run
-    // stopped before finishing (cryptsetup would start over here).
-    if st.hot.is_none()
-        && d_old != d_new
-        && ReencryptState::regular_segments(m).len() == 1
-        && m.segment_digest(0) == Some(d_new)
-        && !m.digests.get(&d_old).is_some_and(|d| d.segments.contains(&0))
-    {
-        offset = device_size;
-    }
+    let pos = if re::all_done(&st, m) {
+        // Every hotzone was written and the run stopped before finishing (cryptsetup would
+        // start over here, rewriting new data as if it were old).
+        if backward {
+            0
+        } else {
+            device_size
+        }
+    } else if backward {
+        re::backward_boundary(&st, m, device_size).map_err(meta_err)?
+    } else {
+        st.forward_offset(m).map_err(meta_err)?
+    };
     Ok(Plan {
         st,
         d_old,
         d_new,
         old,
         new,
-        old_spec: pc.encryption,
-        new_spec: fc.encryption,
-        old_ss: pc.sector_size,
-        new_ss: fc.sector_size,
+        backward,
         data_offset,
         device_size,
         fixed,
         alignment,
         length,
         hash,
-        offset,
+        pos,
     })
 }
 
@@ -622,7 +933,7 @@ fn crypto_err(spec: &str) -> impl Fn(sector_crypto::CryptoError) -> LuksError + 
 }
 
 /// Recovers the hotzone flagged `in-reencryption` (a run that stopped mid-hotzone) and
-/// writes the header that moves past it. Returns the new offset.
+/// writes the header that moves past it; `p.pos` is then the boundary past it.
 fn recover(
     meta: &dyn BlockDevice,
     data: &dyn BlockDevice,
@@ -631,12 +942,17 @@ fn recover(
 ) -> Result<(), LuksError> {
     let Some(h) = p.st.hot else { return Ok(()) };
     let rk = p.st.keyslot.clone();
-    let (data_offset, offset) = (p.data_offset, p.offset);
+    let data_offset = p.data_offset;
     let hs = s.header.metadata.segments[&h].clone();
     let len = hs.fixed_size().ok_or(meta_err(re::ReencryptMetaError::Layout("dynamic hotzone")))?;
     if !len.is_multiple_of(p.alignment) {
         return Err(meta_err(re::ReencryptMetaError::Layout("hotzone not aligned")));
     }
+    let offset = hs
+        .offset
+        .checked_sub(data_offset)
+        .filter(|o| o.checked_add(len).is_some_and(|e| e <= p.device_size))
+        .ok_or(meta_err(re::ReencryptMetaError::Layout("hotzone outside the data")))?;
     log::warn!("reencrypt: recovering the hotzone at {offset} ({len} bytes) after an interrupted run");
     let mut buf = SecretBuf::zeroed(len as usize);
     data.read_at(data_offset + offset, &mut buf).map_err(io_err("hotzone"))?;
@@ -657,8 +973,7 @@ fn recover(
                 hash.digest_into(&[&*blk], &mut sum);
                 if sum == sums[b * hl..(b + 1) * hl] {
                     let sector = (offset + (b * bs) as u64) / 512;
-                    p.old.decrypt(sector, blk).map_err(crypto_err(&p.old_spec))?;
-                    p.new.encrypt(sector, blk).map_err(crypto_err(&p.new_spec))?;
+                    p.rewrite(sector, blk)?;
                     data.write_at(data_offset + offset + (b * bs) as u64, blk, blockdev::WriteFlags::empty())
                         .map_err(io_err("hotzone"))?;
                 }
@@ -670,8 +985,7 @@ fn recover(
             }
             let j = io::read_secret(meta, rk.area_offset, len as usize, "reencryption journal")?;
             buf.copy_from_slice(&j);
-            p.old.decrypt(offset / 512, &mut buf).map_err(crypto_err(&p.old_spec))?;
-            p.new.encrypt(offset / 512, &mut buf).map_err(crypto_err(&p.new_spec))?;
+            p.rewrite(offset / 512, &mut buf)?;
             data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
                 .map_err(io_err("hotzone"))?;
         }
@@ -682,20 +996,19 @@ fn recover(
         }
     }
     data.flush().map_err(io_err("data device"))?;
-    p.offset += len;
+    p.pos = if p.backward { offset } else { offset + len };
     let mut next = s.clone();
-    let layout = re::forward_layout(&p.st, &next.header.metadata, p.offset, None, p.device_size, p.fixed)
-        .map_err(meta_err)?;
+    let layout = p.layout(&p.st, &next.header.metadata, p.pos, None)?;
     re::assign_segments(&mut p.st, &mut next.header.metadata, layout).map_err(meta_err)?;
     luks2::write_header(&mut next, meta)?;
     *s = next;
     Ok(())
 }
 
-/// [`run`] with both keys already unlocked. With `online`, the run rewrites the data under
-/// a served [`ReencryptingDevice`]: each hotzone's range is held against the device's
-/// clients from the read of its old content until the header past it is written, and the
-/// device's boundary moves with it.
+/// [`run`] with the keys already unlocked. With `online`, the run rewrites the data under
+/// a served [`ReencryptingDevice`](super::reencrypting::ReencryptingDevice): each hotzone's
+/// range is held against the device's clients from the read of its old content until the
+/// header past it is written, and the device's boundary moves with it.
 pub fn run_unlocked(
     meta: &dyn BlockDevice,
     data: &dyn BlockDevice,
@@ -705,32 +1018,46 @@ pub fn run_unlocked(
     online: Option<&super::reencrypting::ReencryptingDevice>,
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<RunEnd, LuksError> {
+    {
+        let st =
+            status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+        let s = v2(luks)?;
+        if teardown_state(&st, &s.header.metadata) {
+            // The new key was checked against its digest by the unlock; it is what the
+            // finished header keeps. No data is rewritten.
+            log::warn!("reencrypt: every hotzone was written and the old keyslots are gone; finishing");
+            finish(s, meta, &st, st.digest_old, st.digest_new)?;
+            return Ok(RunEnd::Finished);
+        }
+    }
     let mut p = plan(data, luks, keys, opts.hotzone_size)?;
     let s = v2(luks)?;
+    let device_size = p.device_size;
     if p.st.hot.is_some() {
-        let _g = online.map(|d| d.hold(p.offset, p.device_size - p.offset));
+        let _g = online.map(|d| d.hold(0, device_size));
         recover(meta, data, s, &mut p)?;
         if let Some(d) = online {
-            d.set_boundary(p.offset);
+            d.set_boundary(p.pos);
         }
     }
     let rk = p.st.keyslot.clone();
-    let (data_offset, device_size, fixed, length) = (p.data_offset, p.device_size, p.fixed, p.length);
-    let mut offset = p.offset;
+    let (data_offset, length, backward) = (p.data_offset, p.length, p.backward);
+    let mut pos = p.pos;
     let mut st = p.st.clone();
     let none = rk.resilience == Resilience::None;
     let mut buf = SecretBuf::zeroed(length.min(device_size.max(p.alignment)) as usize);
     let mut stopped = false;
-    if !progress(offset, device_size) {
+    if !progress(p.done(pos), device_size) {
         stopped = true;
     }
-    while !stopped && offset < device_size {
-        let len = length.min(device_size - offset);
+    let left = |pos: u64| if backward { pos } else { device_size - pos };
+    while !stopped && left(pos) > 0 {
+        let len = length.min(left(pos));
+        let offset = if backward { pos - len } else { pos };
         let guard = online.map(|d| d.hold(offset, len));
         let chunk = &mut buf[..len as usize];
         let mut next = s.clone();
-        let layout = re::forward_layout(&st, &next.header.metadata, offset, Some(len), device_size, fixed)
-            .map_err(meta_err)?;
+        let layout = p.layout(&st, &next.header.metadata, pos, Some(len))?;
         let mut st_next = st.clone();
         re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         data.read_at(data_offset + offset, chunk).map_err(io_err("hotzone"))?;
@@ -753,16 +1080,14 @@ pub fn run_unlocked(
             io::flush(meta, "reencryption area")?;
             luks2::write_header(&mut next, meta)?;
         }
-        p.old.decrypt(offset / 512, chunk).map_err(crypto_err(&p.old_spec))?;
-        p.new.encrypt(offset / 512, chunk).map_err(crypto_err(&p.new_spec))?;
+        p.rewrite(offset / 512, chunk)?;
         data.write_at(data_offset + offset, chunk, blockdev::WriteFlags::empty())
             .map_err(io_err("hotzone"))?;
         if !none {
             data.flush().map_err(io_err("data device"))?;
         }
-        offset += len;
-        let layout = re::forward_layout(&st_next, &next.header.metadata, offset, None, device_size, fixed)
-            .map_err(meta_err)?;
+        pos = if backward { offset } else { offset + len };
+        let layout = p.layout(&st_next, &next.header.metadata, pos, None)?;
         re::assign_segments(&mut st_next, &mut next.header.metadata, layout).map_err(meta_err)?;
         if !none {
             luks2::write_header(&mut next, meta)?;
@@ -770,10 +1095,10 @@ pub fn run_unlocked(
         *s = next;
         st = st_next;
         if let Some(d) = online {
-            d.set_boundary(offset);
+            d.set_boundary(pos);
         }
         drop(guard);
-        if !progress(offset, device_size) {
+        if !progress(p.done(pos), device_size) {
             stopped = true;
         }
     }
@@ -781,12 +1106,12 @@ pub fn run_unlocked(
         data.flush().map_err(io_err("data device"))?;
         luks2::write_header(s, meta)?;
     }
-    if offset < device_size {
+    if left(pos) > 0 {
         return Ok(RunEnd::Interrupted);
     }
     if let Some(d) = online {
         // Every sector is new: the clients' I/O no longer needs the old key.
-        d.set_boundary(device_size);
+        d.set_boundary(if backward { 0 } else { device_size });
     }
     finish(s, meta, &st, p.d_old, p.d_new)?;
     Ok(RunEnd::Finished)
@@ -795,22 +1120,24 @@ pub fn run_unlocked(
 /// Where a volume mid-reencryption stands, for its activation.
 #[derive(Debug, Clone)]
 pub struct Activation {
-    /// Bytes from the data offset that use the new segment.
+    /// The boundary between the segments, in bytes from the data offset: forward runs have
+    /// the new segment below it, backward runs (decryption) the old one.
     pub boundary: u64,
+    /// `true` for a backward run.
+    pub backward: bool,
     /// Bytes of data (both segments).
     pub size: u64,
     /// The data offset in bytes.
     pub data_offset: u64,
-    /// Old segment: cipher spec and sector size.
-    pub old: (String, u32),
-    /// New segment: cipher spec and sector size.
-    pub new: (String, u32),
+    /// Old segment: cipher spec and sector size, `None` when plaintext (linear).
+    pub old: Option<(String, u32)>,
+    /// New segment: cipher spec and sector size, `None` when plaintext (linear).
+    pub new: Option<(String, u32)>,
 }
 
 /// Prepares the activation of a volume whose reencryption is in progress (cryptsetup
 /// `LUKS2_activate` of a device in reencryption): recovers a hotzone left in reencryption
-/// by a crash (which writes: refused when `read_only`), and says where the new segment
-/// ends.
+/// by a crash (which writes: refused when `read_only`), and says where the segments meet.
 pub fn prepare_activation(
     meta: &dyn BlockDevice,
     data: &dyn BlockDevice,
@@ -818,6 +1145,15 @@ pub fn prepare_activation(
     keys: &ReencryptKeys,
     read_only: bool,
 ) -> Result<Activation, LuksError> {
+    if let (Some(st), LuksHeader::V2(s)) = (status(luks)?, &luks.header) {
+        if teardown_state(&st, &s.header.metadata) {
+            return Err(LuksError::Params(
+                "The reencryption wrote every hotzone but was not finished (its old keyslots are gone): \
+                 finish it with `sealdisk reencrypt --resume-only` first."
+                    .into(),
+            ));
+        }
+    }
     let mut p = plan(data, luks, keys, None)?;
     if p.st.hot.is_some() {
         if read_only {
@@ -831,11 +1167,12 @@ pub fn prepare_activation(
         recover(meta, data, s, &mut p)?;
     }
     Ok(Activation {
-        boundary: p.offset,
+        boundary: p.pos,
+        backward: p.backward,
         size: p.device_size,
         data_offset: p.data_offset,
-        old: (p.old_spec, p.old_ss),
-        new: (p.new_spec, p.new_ss),
+        old: p.old.spec(),
+        new: p.new.spec(),
     })
 }
 
@@ -850,8 +1187,8 @@ fn finish(
     s: &mut Luks2State,
     meta: &dyn BlockDevice,
     st: &ReencryptState,
-    d_old: u32,
-    d_new: u32,
+    d_old: Option<u32>,
+    d_new: Option<u32>,
 ) -> Result<(), LuksError> {
     let mut next = s.clone();
     let m = &mut next.header.metadata;
@@ -866,7 +1203,7 @@ fn finish(
             }
         }
     };
-    if d_old != d_new {
+    if let Some(d_old) = d_old.filter(|&d| Some(d) != d_new) {
         let old_slots: Vec<u32> = m.digests.get(&d_old).map(|d| d.keyslots.clone()).unwrap_or_default();
         for k in old_slots {
             area(m, k, &mut wipe);

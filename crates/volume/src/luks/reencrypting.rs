@@ -1,13 +1,18 @@
 //! The device of a LUKS2 volume whose reencryption is in progress (cryptsetup activates it
-//! as a dm table of two crypt segments): bytes below the boundary are in the new segment
-//! (new key and cipher), the rest in the old one. Each request is split at the boundary.
+//! as a dm table of two segments): the data is split at a boundary between the new segment
+//! and the old one, each a crypt layer (its key and cipher) or, for the plaintext side of an
+//! encryption or decryption, a linear window of the data. Forward runs (reencryption,
+//! encryption) have the new segment below the boundary, backward runs (decryption) above it.
+//! Each request is split at the boundary.
 //!
 //! ```text
-//!   0                    boundary                              size
-//!   [===== new segment =====|============ old segment ============]
-//!                           [-- hotzone --]  held exclusively while an online run rewrites
-//!                                            it; the boundary moves to its end, then the
-//!                                            hold is released
+//!   forward:  0                 boundary                              size
+//!             [=== new segment ===|=========== old segment ============]
+//!                                 [-- hotzone --]  held exclusively while an online run
+//!                                                  rewrites it; the boundary moves to its
+//!                                                  end, then the hold is released
+//!   backward: [========= old segment =========|====== new segment =====]
+//!                              [-- hotzone --]  the boundary moves to its start
 //! ```
 //!
 //! Client requests hold their range shared, the run loop ([`super::reencrypt::run_unlocked`]
@@ -19,19 +24,45 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use blockdev::{BlockDevice, BlockResult, Caps, Geometry, RangeGuard, RangeLock, WriteFlags, ZeroFlags};
+use blockdev::{
+    BlockDevice, BlockResult, Caps, Geometry, RangeGuard, RangeLock, Slice, WriteFlags, ZeroFlags,
+};
 use formats::dm::{CryptOptions, CryptTable};
 use sector_crypto::VolumeKey;
-use targets::CryptTarget;
 
 use super::reencrypt::{prepare_activation, ReencryptKeys};
-use super::Luks;
+use super::{Luks, LuksError};
 use crate::{crypt_over, OpenOptions, Storage, VolumeError};
+
+/// One segment of an activation.
+#[derive(Debug, Clone)]
+pub enum SegmentTable {
+    /// A crypt segment: its table (it holds the key).
+    Crypt(CryptTable),
+    /// A linear (plaintext) segment: `offset` and `len` in 512-byte sectors of the data device.
+    Linear {
+        /// Start on the data device.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+impl SegmentTable {
+    /// The crypt table, if this is a crypt segment.
+    pub fn crypt(self) -> Option<CryptTable> {
+        match self {
+            SegmentTable::Crypt(t) => Some(t),
+            SegmentTable::Linear { .. } => None,
+        }
+    }
+}
 
 /// Activates the LUKS2 volume `luks` (header on `meta`, data on `storage`) whose
 /// reencryption is in progress: recovers a hotzone a crash left half rewritten (not when
 /// read-only), then builds the device. Returns it with the new segment's table and the old
-/// one's (they hold the keys). `flags` are the activation flags from the command line.
+/// one's (they hold the keys; linear for a plaintext side). `flags` are the activation
+/// flags from the command line.
 pub fn activate(
     storage: &Storage,
     meta: &dyn BlockDevice,
@@ -39,52 +70,83 @@ pub fn activate(
     keys: &ReencryptKeys,
     opts: &OpenOptions,
     flags: &CryptOptions,
-) -> Result<(Arc<ReencryptingDevice>, CryptTable, CryptTable), VolumeError> {
+) -> Result<(Arc<ReencryptingDevice>, SegmentTable, SegmentTable), VolumeError> {
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
     let act = prepare_activation(meta, &*storage.device, luks, keys, opts.read_only).map_err(wrap)?;
     if act.boundary > 0 && act.boundary < act.size {
         log::info!(
-            "{}: reencryption in progress: {} of {} bytes in the new segment",
+            "{}: reencryption in progress: boundary at {} of {} bytes ({} run)",
             storage.name,
             act.boundary,
-            act.size
+            act.size,
+            if act.backward { "backward" } else { "forward" }
         );
     }
-    let table = |(cipher, ss): &(String, u32), vk: &VolumeKey| CryptTable {
-        len: act.size / 512,
-        cipher: cipher.clone(),
-        key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
-        iv_offset: 0,
-        device: storage.name.clone(),
-        offset: act.data_offset / 512,
-        options: CryptOptions { sector_size: (*ss != 512).then_some(*ss), integrity_aead: None, ..*flags },
+    let table = |spec: &Option<(String, u32)>, vk: &Option<VolumeKey>| -> Result<SegmentTable, VolumeError> {
+        match (spec, vk) {
+            (None, _) => Ok(SegmentTable::Linear { offset: act.data_offset / 512, len: act.size / 512 }),
+            (Some((cipher, ss)), Some(vk)) => Ok(SegmentTable::Crypt(CryptTable {
+                len: act.size / 512,
+                cipher: cipher.clone(),
+                key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
+                iv_offset: 0,
+                device: storage.name.clone(),
+                offset: act.data_offset / 512,
+                options: CryptOptions {
+                    sector_size: (*ss != 512).then_some(*ss),
+                    integrity_aead: None,
+                    ..*flags
+                },
+            })),
+            (Some(_), None) => Err(wrap(LuksError::Params("internal: no key for a crypt segment".into()))),
+        }
     };
-    let (tn, to) = (table(&act.new, &keys.new), table(&act.old, &keys.old));
-    let new = crypt_over(storage.device.clone(), &tn, opts)?;
-    let old = crypt_over(storage.device.clone(), &to, opts)?;
-    let device = ReencryptingDevice::new(new, old, act.boundary).map_err(VolumeError::Stack)?;
+    let (tn, to) = (table(&act.new, &keys.new)?, table(&act.old, &keys.old)?);
+    let layer = |t: &SegmentTable| -> Result<Box<dyn BlockDevice>, VolumeError> {
+        Ok(match t {
+            SegmentTable::Crypt(t) => Box::new(crypt_over(storage.device.clone(), t, opts)?),
+            SegmentTable::Linear { .. } => {
+                Box::new(Slice::new(storage.device.clone(), act.data_offset, act.size).map_err(|_| {
+                    VolumeError::Stack("the data area of the reencrypting volume does not fit the device")
+                })?)
+            }
+        })
+    };
+    let (new, old) = (layer(&tn)?, layer(&to)?);
+    let (below, above) = if act.backward { (old, new) } else { (new, old) };
+    let device = ReencryptingDevice::from_layers(below, above, act.boundary).map_err(VolumeError::Stack)?;
     Ok((Arc::new(device), tn, to))
 }
 
 /// A LUKS2 volume mid-reencryption (see the module docs).
 #[derive(Debug)]
 pub struct ReencryptingDevice {
-    new: CryptTarget<Arc<dyn BlockDevice>>,
-    old: CryptTarget<Arc<dyn BlockDevice>>,
+    below: Box<dyn BlockDevice>,
+    above: Box<dyn BlockDevice>,
     geometry: Geometry,
     boundary: AtomicU64,
     locks: RangeLock,
 }
 
 impl ReencryptingDevice {
-    /// The device over two crypt layers of the same size: `new` below `boundary`, `old` from
-    /// it on. Their block sizes may differ: the device's is the larger.
+    /// The device over two layers of the same size: `below` under `boundary`, `above` from
+    /// it on (forward runs: new, old; backward runs: old, new). Their block sizes may
+    /// differ: the device's is the larger.
     pub fn new(
-        new: CryptTarget<Arc<dyn BlockDevice>>,
-        old: CryptTarget<Arc<dyn BlockDevice>>,
+        below: impl BlockDevice + 'static,
+        above: impl BlockDevice + 'static,
         boundary: u64,
     ) -> Result<Self, &'static str> {
-        let (gn, go) = (new.geometry(), old.geometry());
+        Self::from_layers(Box::new(below), Box::new(above), boundary)
+    }
+
+    /// [`Self::new`] of boxed layers.
+    pub fn from_layers(
+        below: Box<dyn BlockDevice>,
+        above: Box<dyn BlockDevice>,
+        boundary: u64,
+    ) -> Result<Self, &'static str> {
+        let (gn, go) = (below.geometry(), above.geometry());
         if gn.size != go.size {
             return Err("the two segments of a reencrypting device differ in size");
         }
@@ -98,15 +160,15 @@ impl ReencryptingDevice {
             return Err("the reencryption boundary is not a block boundary inside the device");
         }
         Ok(ReencryptingDevice {
-            new,
-            old,
+            below,
+            above,
             geometry,
             boundary: AtomicU64::new(boundary),
             locks: RangeLock::new(),
         })
     }
 
-    /// Bytes (from the start of the device) in the new segment.
+    /// Bytes (from the start of the device) below the boundary.
     pub fn boundary(&self) -> u64 {
         self.boundary.load(Ordering::Acquire)
     }
@@ -122,7 +184,7 @@ impl ReencryptingDevice {
     }
 
     /// Runs `f` on each part of `[off, off+len)`: `(device, offset, start in the request,
-    /// length)`, new part first.
+    /// length)`, the part below the boundary first.
     fn split(
         &self,
         off: u64,
@@ -138,10 +200,10 @@ impl ReencryptingDevice {
         let end = off + len;
         let cut = b.clamp(off, end);
         if cut > off {
-            f(&self.new, off, 0, (cut - off) as usize)?;
+            f(&*self.below, off, 0, (cut - off) as usize)?;
         }
         if end > cut {
-            f(&self.old, cut, (cut - off) as usize, (end - cut) as usize)?;
+            f(&*self.above, cut, (cut - off) as usize, (end - cut) as usize)?;
         }
         Ok(())
     }
@@ -154,7 +216,7 @@ impl BlockDevice for ReencryptingDevice {
 
     fn caps(&self) -> Caps {
         // Discard only when both segments pass it down.
-        self.new.caps() & self.old.caps()
+        self.below.caps() & self.above.caps()
     }
 
     fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
@@ -171,7 +233,7 @@ impl BlockDevice for ReencryptingDevice {
 
     fn flush(&self) -> BlockResult<()> {
         // Both layers sit on the same storage: one flush covers both.
-        self.new.flush()
+        self.below.flush()
     }
 
     fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
@@ -188,7 +250,7 @@ mod tests {
     use super::*;
     use blockdev::MemDevice;
     use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
-    use targets::CryptConfig;
+    use targets::{CryptConfig, CryptTarget};
 
     fn layer(dev: &Arc<dyn BlockDevice>, key: u8, ss: u32) -> CryptTarget<Arc<dyn BlockDevice>> {
         let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();

@@ -1,0 +1,456 @@
+//! LUKS2 in-place encryption and decryption with a detached header
+//! (volume::luks::reencrypt::{init_encrypt, init_decrypt}): a plaintext device encrypts and
+//! decrypts back in every resilience mode, with cryptsetup's segment layouts (encrypt
+//! forward, decrypt backward); a run stopped by the caller resumes; the power lost at every
+//! flush of init + run + finish (header and data on one crash device, so the flush order
+//! across both counts) never loses data with `checksum` and `journal` resilience.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use blockdev::{BlockDevice, MemDevice, Slice, WriteFlags};
+use sector_crypto::kdf::{HashAlg, Passphrase};
+use sector_crypto::{CipherSpec, SectorCipher, SectorParams};
+use testkit::CrashDevice;
+use volume::luks::reencrypt::{self, ReencryptParams, RunEnd, RunOptions};
+use volume::luks::{Luks, LuksError, LuksHeader, PbkdfParams, PbkdfType};
+use volume::{LuksSpec, OnePassphrase, OpenOptions, Spec, Storage};
+
+const MIB: u64 = 1 << 20;
+/// Size of the detached header (cryptsetup's default LUKS2 header).
+const HDR: u64 = 16 * MIB;
+const DATA_LEN: u64 = 3 * MIB;
+
+fn pass() -> Passphrase {
+    Passphrase::new(b"pw".to_vec())
+}
+
+fn pbkdf() -> PbkdfParams {
+    PbkdfParams {
+        kind: Some(PbkdfType::Pbkdf2),
+        hash: HashAlg::Sha256,
+        iter_time: Duration::from_millis(10),
+        force_iterations: Some(1000),
+        memory_kib: None,
+        parallel: None,
+    }
+}
+
+fn plaintext(len: usize) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn params(resilience: &str) -> ReencryptParams {
+    ReencryptParams { resilience: resilience.into(), pbkdf: pbkdf(), ..ReencryptParams::default() }
+}
+
+fn opts() -> RunOptions {
+    RunOptions { hotzone_size: Some(MIB), ..RunOptions::default() }
+}
+
+/// One image: `[header (16 MiB) | data]`, the data holding `plaintext(DATA_LEN)`.
+fn image() -> Vec<u8> {
+    let mut v = vec![0u8; (HDR + DATA_LEN) as usize];
+    v[HDR as usize..].copy_from_slice(&plaintext(DATA_LEN as usize));
+    v
+}
+
+fn split(dev: &dyn BlockDevice) -> (Slice<&dyn BlockDevice>, Slice<&dyn BlockDevice>) {
+    let size = dev.geometry().size;
+    (Slice::new(dev, 0, HDR).unwrap(), Slice::new(dev, HDR, size - HDR).unwrap())
+}
+
+/// The data as a reader sees it: decrypted with the header's key when the header has a
+/// crypt segment, raw when it has a linear one (or there is no header at all).
+fn visible(hdr: &dyn BlockDevice, data: &dyn BlockDevice) -> Vec<u8> {
+    let mut buf = vec![0u8; data.geometry().size as usize];
+    data.read_at(0, &mut buf).unwrap();
+    let Ok(l) = Luks::load(hdr, false) else { return buf };
+    assert!(reencrypt::status(&l).unwrap().is_none(), "visible() needs a finished header");
+    let Ok(seg) = l.segment() else { return buf };
+    let (_, vk) = l.unlock(hdr, &pass(), None).unwrap();
+    let spec: CipherSpec = seg.cipher.parse().unwrap();
+    let c = SectorCipher::new(
+        &spec,
+        &vk,
+        SectorParams { sector_size: seg.sector_size, iv_offset: 0, iv_large_sectors: false },
+    )
+    .unwrap();
+    c.decrypt(0, &mut buf).unwrap();
+    buf
+}
+
+fn metadata(l: &Luks) -> &formats::luks2::Luks2Metadata {
+    match &l.header {
+        LuksHeader::V2(s) => &s.header.metadata,
+        LuksHeader::V1(_) => panic!("LUKS1"),
+    }
+}
+
+fn encrypt(dev: &dyn BlockDevice, p: &ReencryptParams) -> Result<RunEnd, LuksError> {
+    let (hdr, data) = split(dev);
+    let (mut l, _) = reencrypt::init_encrypt(&hdr, &data, &pass(), p)?;
+    reencrypt::run(&hdr, &data, &mut l, &pass(), &opts(), &mut |_, _| true)
+}
+
+fn decrypt(dev: &dyn BlockDevice, p: &ReencryptParams) -> Result<RunEnd, LuksError> {
+    let (hdr, data) = split(dev);
+    let mut l = Luks::load(&hdr, true)?;
+    reencrypt::init_decrypt(&hdr, data.geometry().size, &mut l, &pass(), p)?;
+    reencrypt::run(&hdr, &data, &mut l, &pass(), &opts(), &mut |_, _| true)
+}
+
+/// Resumes whatever is in progress on `dev` to the end.
+fn resume(dev: &dyn BlockDevice, when: &str) {
+    let (hdr, data) = split(dev);
+    let Ok(mut l) = Luks::load(&hdr, true) else { return };
+    if reencrypt::status(&l).unwrap().is_some() {
+        let end = reencrypt::run(&hdr, &data, &mut l, &pass(), &opts(), &mut |_, _| true)
+            .unwrap_or_else(|e| panic!("{when}: resume failed: {e:?}"));
+        assert_eq!(end, RunEnd::Finished, "{when}");
+    }
+}
+
+#[test]
+fn encrypt_then_decrypt_keeps_data_in_every_resilience_mode() {
+    for resilience in ["checksum", "journal", "none"] {
+        let dev = MemDevice::from_vec(image(), 512);
+        assert_eq!(encrypt(&dev, &params(resilience)).unwrap(), RunEnd::Finished);
+        let (hdr, data) = split(&dev);
+        let l = Luks::load(&hdr, false).unwrap();
+        assert!(reencrypt::status(&l).unwrap().is_none());
+        assert_eq!(l.active_keyslots(), vec![0]);
+        let seg = l.segment().unwrap();
+        assert_eq!((seg.offset, seg.cipher.as_str()), (0, "aes-xts-plain64"));
+        let mut raw = vec![0u8; DATA_LEN as usize];
+        data.read_at(0, &mut raw).unwrap();
+        assert!(raw != plaintext(DATA_LEN as usize), "{resilience}: data not encrypted");
+        assert!(visible(&hdr, &data) == plaintext(DATA_LEN as usize), "{resilience}: encrypt lost data");
+
+        assert_eq!(decrypt(&dev, &params(resilience)).unwrap(), RunEnd::Finished);
+        let (hdr, data) = split(&dev);
+        let l = Luks::load(&hdr, false).unwrap();
+        assert!(reencrypt::status(&l).unwrap().is_none());
+        assert!(l.active_keyslots().is_empty(), "decryption drops every keyslot");
+        let mut raw = vec![0u8; DATA_LEN as usize];
+        data.read_at(0, &mut raw).unwrap();
+        assert!(raw == plaintext(DATA_LEN as usize), "{resilience}: decrypt lost data");
+    }
+}
+
+#[test]
+fn layouts_mid_run_are_cryptsetups() {
+    // Encryption goes forward: new crypt part first, linear old part after.
+    let dev = MemDevice::from_vec(image(), 512);
+    let (hdr, data) = split(&dev);
+    let (mut l, _) = reencrypt::init_encrypt(&hdr, &data, &pass(), &params("checksum")).unwrap();
+    let st = reencrypt::status(&l).unwrap().unwrap();
+    assert_eq!((st.keyslot.mode.as_str(), st.keyslot.direction.as_str()), ("encrypt", "forward"));
+    assert_eq!(st.digest_old, None);
+    let mut n = 0;
+    let end = reencrypt::run(&hdr, &data, &mut l, &pass(), &opts(), &mut |_, _| {
+        n += 1;
+        n < 2
+    })
+    .unwrap();
+    assert_eq!(end, RunEnd::Interrupted);
+    let l = Luks::load(&hdr, false).unwrap();
+    let m = metadata(&l);
+    let kinds: Vec<(&str, u64)> = formats::luks2::reencrypt::ReencryptState::regular_segments(m)
+        .iter()
+        .map(|(_, s)| (s.type_name.as_str(), s.offset))
+        .collect();
+    assert_eq!(kinds, vec![("crypt", 0), ("linear", MIB)]);
+    resume(&dev, "encrypt");
+
+    // Decryption goes backward: old crypt part first, new linear part at the end.
+    let (hdr, data) = split(&dev);
+    let mut l = Luks::load(&hdr, true).unwrap();
+    reencrypt::init_decrypt(&hdr, data.geometry().size, &mut l, &pass(), &params("journal")).unwrap();
+    let st = reencrypt::status(&l).unwrap().unwrap();
+    assert_eq!((st.keyslot.mode.as_str(), st.keyslot.direction.as_str()), ("decrypt", "backward"));
+    let mut seen = Vec::new();
+    let end = reencrypt::run(&hdr, &data, &mut l, &pass(), &opts(), &mut |done, _| {
+        seen.push(done);
+        seen.len() < 2
+    })
+    .unwrap();
+    assert_eq!(end, RunEnd::Interrupted);
+    assert_eq!(seen, vec![0, MIB]);
+    let l = Luks::load(&hdr, false).unwrap();
+    let m = metadata(&l);
+    let segs: Vec<(String, u64, Option<u64>)> =
+        formats::luks2::reencrypt::ReencryptState::regular_segments(m)
+            .iter()
+            .map(|(_, s)| (s.type_name.clone(), s.offset, s.fixed_size()))
+            .collect();
+    assert_eq!(segs, vec![("crypt".into(), 0, Some(2 * MIB)), ("linear".into(), 2 * MIB, None)]);
+    resume(&dev, "decrypt");
+    let (_, data) = split(&dev);
+    let mut raw = vec![0u8; DATA_LEN as usize];
+    data.read_at(0, &mut raw).unwrap();
+    assert!(raw == plaintext(DATA_LEN as usize));
+}
+
+/// Power lost at every flush of `op` (from `start`), then a resume: nothing lost.
+fn crash_at_every_flush(start: Vec<u8>, op: fn(&dyn BlockDevice) -> Result<RunEnd, LuksError>, what: &str) {
+    let want = plaintext(DATA_LEN as usize);
+    let probe = CrashDevice::from_vec(start.clone(), 512);
+    op(&probe).unwrap();
+    let flushes = probe.flushes();
+    assert!(flushes > 8, "expected many flushes, got {flushes}");
+    let check = |dev: MemDevice, when: &str| {
+        resume(&dev, when);
+        let (hdr, data) = split(&dev);
+        assert!(visible(&hdr, &data) == want, "{when}: data lost ({what})");
+    };
+    for n in 1..=flushes {
+        let dev = CrashDevice::from_vec(start.clone(), 512).crash_at_flush(n);
+        let _ = op(&dev);
+        check(dev.crash(), &format!("{what}: crash at flush {n}"));
+        check(dev.crash_keeping_some(n), &format!("{what}: crash at flush {n}, cache seed {n}"));
+    }
+}
+
+#[test]
+fn crash_at_every_flush_of_encryption_resumes_without_loss() {
+    crash_at_every_flush(image(), |d| encrypt(d, &params("checksum")), "encrypt checksum");
+    crash_at_every_flush(image(), |d| encrypt(d, &params("journal")), "encrypt journal");
+}
+
+#[test]
+fn crash_at_every_flush_of_decryption_resumes_without_loss() {
+    let dev = MemDevice::from_vec(image(), 512);
+    encrypt(&dev, &params("checksum")).unwrap();
+    let encrypted = dev.to_vec();
+    crash_at_every_flush(encrypted.clone(), |d| decrypt(d, &params("checksum")), "decrypt checksum");
+    crash_at_every_flush(encrypted, |d| decrypt(d, &params("journal")), "decrypt journal");
+}
+
+#[test]
+fn bad_input_is_refused_before_any_write() {
+    // Encrypting a device that is already LUKS.
+    let luks = MemDevice::from_vec(image(), 512);
+    encrypt(&luks, &params("checksum")).unwrap();
+    let (hdr, _) = split(&luks);
+    let mut whole = vec![0u8; HDR as usize];
+    hdr.read_at(0, &mut whole).unwrap();
+    let other_hdr = MemDevice::new(HDR, 512);
+    let e = reencrypt::init_encrypt(&other_hdr, &hdr, &pass(), &params("checksum")).unwrap_err();
+    assert!(e.to_string().contains("already LUKS device"), "{e}");
+    assert!(other_hdr.to_vec().iter().all(|&b| b == 0), "nothing written");
+    // Decrypting a volume already in reencryption.
+    let dev = MemDevice::from_vec(image(), 512);
+    let (hdr, data) = split(&dev);
+    let (mut l, _) = reencrypt::init_encrypt(&hdr, &data, &pass(), &params("checksum")).unwrap();
+    let before = dev.to_vec();
+    let e = reencrypt::init_decrypt(&hdr, data.geometry().size, &mut l, &pass(), &params("checksum"))
+        .unwrap_err();
+    assert_eq!(e.to_string(), "LUKS2 reencryption already initialized. Aborting operation.");
+    assert!(dev.to_vec() == before);
+    // A wrong passphrase.
+    let dev = MemDevice::from_vec(image(), 512);
+    encrypt(&dev, &params("checksum")).unwrap();
+    let (hdr, data) = split(&dev);
+    let before = dev.to_vec();
+    let mut l = Luks::load(&hdr, true).unwrap();
+    let bad = Passphrase::new(b"nope".to_vec());
+    reencrypt::init_decrypt(&hdr, data.geometry().size, &mut l, &bad, &params("checksum")).unwrap_err();
+    assert!(dev.to_vec() == before);
+    let _ = WriteFlags::empty();
+}
+
+/// cryptsetup's teardown wipes the old keyslots (a header write each) before it drops the
+/// reencryption metadata. Killed in between, the volume has every hotzone written, no old
+/// keyslot, and the requirement still set: cryptsetup cannot resume that ("No usable token
+/// is available."); sealdisk finishes it without loss.
+#[test]
+fn cryptsetups_teardown_state_without_old_keyslots_finishes() {
+    let dev = CrashDevice::from_vec(vec![0u8; (HDR + 2 * MIB) as usize], 512);
+    let fp = volume::luks::FormatParams { pbkdf: pbkdf(), ..Default::default() };
+    let (_, vk) = volume::luks::format(&dev, &fp, &pass()).unwrap();
+    let mut data = plaintext(2 * MIB as usize);
+    let spec: CipherSpec = "aes-xts-plain64".parse().unwrap();
+    let sp = SectorParams { sector_size: 512, iv_offset: 0, iv_large_sectors: false };
+    SectorCipher::new(&spec, &vk, sp).unwrap().encrypt(0, &mut data).unwrap();
+    dev.write_at(HDR, &data, WriteFlags::empty()).unwrap();
+    dev.flush().unwrap();
+    let start = dev.live_image();
+    // Find the last crash point before the end where every hotzone is written.
+    let run_all = |d: &dyn BlockDevice| -> Result<RunEnd, LuksError> {
+        let mut l = Luks::load(d, true)?;
+        reencrypt::init(d, d.geometry().size, &mut l, &pass(), &params("checksum"))?;
+        reencrypt::run(d, d, &mut l, &pass(), &opts(), &mut |_, _| true)
+    };
+    let probe = CrashDevice::from_vec(start.clone(), 512);
+    run_all(&probe).unwrap();
+    let mut state = None;
+    for n in (1..=probe.flushes()).rev() {
+        let d = CrashDevice::from_vec(start.clone(), 512).crash_at_flush(n);
+        let _ = run_all(&d);
+        let img = d.crash();
+        let l = Luks::load(&img, false).unwrap();
+        if let Some(st) = reencrypt::status(&l).unwrap() {
+            if formats::luks2::reencrypt::all_done(&st, metadata(&l)) {
+                state = Some((img, l, st));
+                break;
+            }
+        }
+    }
+    let (img, l, st) = state.expect("a crash point with every hotzone written");
+    // Do what cryptsetup's teardown does first: wipe the old keyslot from the header.
+    let LuksHeader::V2(s) = &l.header else { unreachable!() };
+    let mut h = s.header.clone();
+    let old = st.digest_old.unwrap();
+    let slots = std::mem::take(&mut h.metadata.digests.get_mut(&old).unwrap().keyslots);
+    for k in slots {
+        h.metadata.keyslots.remove(&k);
+    }
+    for step in h.write_plan(h.seqid + 1, &s.salts).unwrap().steps {
+        if let formats::luks2::WriteStep::Write { offset, bytes } = step {
+            img.write_at(offset, &bytes, WriteFlags::empty()).unwrap();
+        }
+    }
+    let mut l = Luks::load(&img, true).unwrap();
+    assert!(reencrypt::status(&l).unwrap().is_some());
+    let end = reencrypt::run(&img, &img, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+    assert_eq!(end, RunEnd::Finished);
+    let l = Luks::load(&img, false).unwrap();
+    assert!(reencrypt::status(&l).unwrap().is_none());
+    let (_, vk) = l.unlock(&img, &pass(), None).unwrap();
+    let mut data = vec![0u8; 2 * MIB as usize];
+    img.read_at(HDR, &mut data).unwrap();
+    SectorCipher::new(&spec, &vk, sp).unwrap().decrypt(0, &mut data).unwrap();
+    assert!(data == plaintext(2 * MIB as usize), "data lost");
+}
+
+/// Opens the volume (header `hdr`, data `data`) through the one assembly path.
+fn open_volume(hdr: &Arc<MemDevice>, data: &Arc<MemDevice>, read_only: bool) -> volume::Volume {
+    let p = pass();
+    let mut src = OnePassphrase::new(&p);
+    let mut spec = LuksSpec::new(&mut src);
+    spec.header = Some(Storage::new(hdr.clone(), "hdr"));
+    let opts = OpenOptions { read_only, ..OpenOptions::default() };
+    volume::open(Spec::Luks(spec), Storage::new(data.clone(), "data"), &opts).unwrap()
+}
+
+/// A volume stopped mid-encryption (linear old side, forward) or mid-decryption (linear
+/// new side, backward) opens as cryptsetup activates it: the device reads the plaintext
+/// across the boundary and takes writes on both sides; the run then resumes and the data
+/// written through the device is what the finished volume holds.
+#[test]
+fn a_volume_mid_encryption_or_decryption_opens_reads_and_writes() {
+    for decrypting in [false, true] {
+        let what = if decrypting { "mid-decryption" } else { "mid-encryption" };
+        let hdr = Arc::new(MemDevice::new(HDR, 512));
+        let data = Arc::new(MemDevice::from_vec(plaintext(DATA_LEN as usize), 512));
+        let p = params("checksum");
+        let (mut l, _) = reencrypt::init_encrypt(&*hdr, &*data, &pass(), &p).unwrap();
+        if decrypting {
+            let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+            assert_eq!(end, RunEnd::Finished);
+            let mut l2 = Luks::load(&*hdr, true).unwrap();
+            reencrypt::init_decrypt(&*hdr, DATA_LEN, &mut l2, &pass(), &p).unwrap();
+            l = l2;
+        }
+        // One hotzone (1 MiB of 3), then stop.
+        let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |done, _| done < MIB).unwrap();
+        assert_eq!(end, RunEnd::Interrupted, "{what}");
+        let st = reencrypt::status(&Luks::load(&*hdr, false).unwrap()).unwrap().expect("in progress");
+        assert_eq!(st.keyslot.direction.as_str(), if decrypting { "backward" } else { "forward" });
+
+        let v = open_volume(&hdr, &data, true);
+        let kinds: Vec<bool> =
+            v.layers.iter().map(|t| matches!(t, volume::LayerTable::Linear { .. })).collect();
+        // Layers: new segment, then old; the plaintext side is linear.
+        assert_eq!(kinds, if decrypting { vec![true, false] } else { vec![false, true] }, "{what}");
+        let mut buf = vec![0u8; DATA_LEN as usize];
+        v.device.read_at(0, &mut buf).unwrap();
+        assert!(buf == plaintext(DATA_LEN as usize), "{what}: read through the device");
+        drop(v);
+
+        // Writes on both sides of the boundary (1 MiB from the start when encrypting, from
+        // the end when decrypting), then the run finishes.
+        let mut want = plaintext(DATA_LEN as usize);
+        let v = open_volume(&hdr, &data, false);
+        let patch: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8).collect();
+        for off in [MIB / 2, DATA_LEN - 3 * MIB / 2] {
+            v.device.write_at(off, &patch, WriteFlags::empty()).unwrap();
+            want[off as usize..(off + MIB) as usize].copy_from_slice(&patch);
+        }
+        v.device.flush().unwrap();
+        drop(v);
+        let mut l = Luks::load(&*hdr, true).unwrap();
+        let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+        assert_eq!(end, RunEnd::Finished, "{what}");
+        assert!(visible(&*hdr, &*data) == want, "{what}: data written mid-run lost");
+    }
+}
+
+/// An encryption and a decryption resumed online (`run_unlocked` over the served
+/// [`ReencryptingDevice`](volume::luks::reencrypting::ReencryptingDevice), as the control
+/// server runs it) while a client writes through the device: every write lands, in the
+/// segment that holds its range at the time, and the finished volume holds them all.
+#[test]
+fn encryption_and_decryption_run_online_under_client_writes() {
+    for decrypting in [false, true] {
+        let what = if decrypting { "online decryption" } else { "online encryption" };
+        let hdr = Arc::new(MemDevice::new(HDR, 512));
+        let data = Arc::new(MemDevice::from_vec(plaintext(DATA_LEN as usize), 512));
+        let p = params("checksum");
+        let (mut l, _) = reencrypt::init_encrypt(&*hdr, &*data, &pass(), &p).unwrap();
+        if decrypting {
+            reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+            l = Luks::load(&*hdr, true).unwrap();
+            reencrypt::init_decrypt(&*hdr, DATA_LEN, &mut l, &pass(), &p).unwrap();
+        }
+        let keys = reencrypt::unlock_keys(&*hdr, &l, &pass(), &Default::default()).unwrap();
+        let storage = Storage::new(data.clone(), "data");
+        let (dev, _, _) = volume::luks::reencrypting::activate(
+            &storage,
+            &*hdr,
+            &mut l,
+            &keys,
+            &OpenOptions::default(),
+            &Default::default(),
+        )
+        .unwrap();
+        let mut want = plaintext(DATA_LEN as usize);
+        let small = RunOptions { hotzone_size: Some(256 << 10), ..RunOptions::default() };
+        std::thread::scope(|sc| {
+            let (hdr2, data2, dev2) = (hdr.clone(), data.clone(), dev.clone());
+            let (mut l2, keys2) = (l.clone(), &keys);
+            let run = sc.spawn(move || {
+                reencrypt::run_unlocked(&*hdr2, &*data2, &mut l2, keys2, &small, Some(&*dev2), &mut |_, _| {
+                    std::thread::sleep(Duration::from_millis(5));
+                    true
+                })
+            });
+            for i in 0..48u64 {
+                let off = (i * 61 * 4096) % (DATA_LEN - 8192);
+                let patch = vec![i as u8 ^ 0x5a; 8192];
+                dev.write_at(off, &patch, WriteFlags::empty()).unwrap();
+                want[off as usize..off as usize + 8192].copy_from_slice(&patch);
+                let mut back = vec![0u8; 8192];
+                dev.read_at(off, &mut back).unwrap();
+                assert!(back == patch, "{what}: read back at {off}");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            assert_eq!(run.join().unwrap().unwrap(), RunEnd::Finished, "{what}");
+        });
+        let mut all = vec![0u8; DATA_LEN as usize];
+        dev.read_at(0, &mut all).unwrap();
+        assert!(all == want, "{what}: the device after the run");
+        assert_eq!(dev.boundary(), if decrypting { 0 } else { DATA_LEN }, "{what}: boundary");
+        drop(dev);
+        assert!(visible(&*hdr, &*data) == want, "{what}: the finished volume");
+    }
+}
