@@ -205,7 +205,7 @@ impl<D: BlockDevice> Inner<D> {
         cfg: &IntegrityConfig,
     ) -> JournalState {
         JournalState::new(
-            bytes,
+            &bytes,
             self.layout.journal,
             self.layout.journal_sections,
             self.layout.journal_byte_offset(),
@@ -353,7 +353,7 @@ impl<D: BlockDevice> Inner<D> {
             JournalResume::Clear { commit_seq, .. } => {
                 let list = fj::clear_sections(&plan.resume, l.journal_sections);
                 let mut j = JournalState::new(
-                    bytes.to_vec(),
+                    bytes,
                     l.journal,
                     l.journal_sections,
                     l.journal_byte_offset(),
@@ -363,7 +363,8 @@ impl<D: BlockDevice> Inner<D> {
                     self.journal_crypt.clone(),
                 );
                 j.clear(self, &list).map_err(io("clearing the journal"))?;
-                bytes.copy_from_slice(&j.bytes);
+                let plain = j.to_bytes();
+                bytes[..plain.len()].copy_from_slice(&plain);
                 Ok((0, commit_seq))
             }
         }
@@ -387,7 +388,7 @@ impl<D: BlockDevice> Inner<D> {
             lock(b).clear_all(&self.next)?;
             let l = self.layout;
             let mut j = JournalState::new(
-                vec![0u8; l.journal_bytes() as usize],
+                &vec![0u8; l.journal_bytes() as usize],
                 l.journal,
                 l.journal_sections,
                 l.journal_byte_offset(),
