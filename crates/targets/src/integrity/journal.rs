@@ -175,31 +175,47 @@ pub(crate) trait JournalSink: Sync {
 /// One run of consecutive blocks a copy-out writes.
 struct Run {
     sector: u64,
-    /// Aligned for O_DIRECT below (no bounce copy).
-    data: AlignedBuf,
-    tags: Vec<u8>,
-    /// (block, absolute section, entry) of each block.
-    from: Vec<(u64, u64, u32)>,
+    /// (absolute section, entry) of each block's copy to write.
+    from: Vec<(u64, u32)>,
 }
 
-/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes: (sector, data, tags).
-fn copy_pieces(runs: &[Run]) -> Vec<(u64, &[u8], &[u8])> {
+/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes: (sector, entries).
+fn copy_pieces(runs: &[Run], bs: usize) -> Vec<(u64, &[(u64, u32)])> {
+    let per = (IO_PIECE / bs).max(1);
+    let spb = bs as u64 / 512;
     runs.iter()
         .flat_map(|r| {
-            let n = r.from.len();
-            let (bs, ts) = (r.data.len() / n, r.tags.len() / n);
-            let per = (IO_PIECE / bs).max(1);
-            let spb = bs as u64 / 512;
-            (0..n).step_by(per).map(move |k| {
-                let m = per.min(n - k);
-                (
-                    r.sector + k as u64 * spb,
-                    &r.data.as_slice()[k * bs..(k + m) * bs],
-                    &r.tags[k * ts..(k + m) * ts],
-                )
-            })
+            r.from.chunks(per).enumerate().map(move |(k, c)| (r.sector + (k * per) as u64 * spb, c))
         })
         .collect()
+}
+
+/// The blocks (last bytes restored) and tags of journal entries `from`, read from their
+/// sections: what a copy-out piece writes. Runs on the copy-out threads without the journal
+/// lock: durable sections do not change until their copy-out has finished.
+fn fill_piece(
+    geom: &JournalGeometry,
+    secs: &[Section],
+    from: &[(u64, u32)],
+) -> BlockResult<(AlignedBuf, Vec<u8>)> {
+    let bs = geom.sectors_per_block() as usize * 512;
+    let mut data = AlignedBuf::for_direct_io(from.len() * bs);
+    let mut tags = Vec::with_capacity(from.len() * geom.tag_size as usize);
+    for (k, &(a, j)) in from.iter().enumerate() {
+        let g = rd(&secs[(a % secs.len() as u64) as usize]);
+        let v = JournalView::new(*geom, 1, g.as_slice()).map_err(|e| {
+            BlockError::new(BlockErrorKind::Io, "the journal does not fit its geometry").with_source(e)
+        })?;
+        let e = v.entry(0, j);
+        let start = geom.data_sector(j) as usize * 512;
+        let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
+        out.copy_from_slice(&v.section(0)[start..start + bs]);
+        for (s, lb) in e.last_bytes.iter().enumerate() {
+            out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
+        }
+        tags.extend_from_slice(&e.tag);
+    }
+    Ok((data, tags))
 }
 
 impl JournalState {
@@ -408,6 +424,7 @@ impl JournalState {
         let spb = self.geom.sectors_per_block() as u64;
         let entries = self.geom.section_entries;
         let guards: Vec<_> = self.secs.iter().map(rd).collect();
+        // (Only the sections to copy out are read below.)
         let views = guards
             .iter()
             .map(|g| JournalView::new(self.geom, 1, g.as_slice()))
@@ -423,9 +440,9 @@ impl JournalState {
             Some(&(na, ne)) => (na, ne) == (a, e) || na >= self.durable,
             None => false,
         };
-        // Runs of consecutive blocks first, then one aligned buffer per run filled straight
-        // from the sections (one copy).
-        let mut spans: Vec<(u64, Vec<(u64, u32)>)> = Vec::new();
+        // Runs of consecutive blocks; their data is copied out of the sections later, by the
+        // copy-out threads (`fill_piece`).
+        let mut runs: Vec<Run> = Vec::new();
         for a in self.copied..self.durable {
             let i = self.slot(a);
             for j in 0..entries {
@@ -434,43 +451,22 @@ impl JournalState {
                     continue;
                 }
                 // The sink splits a merged write at interleave-area boundaries.
-                match spans.last_mut() {
-                    Some((s0, v)) if *s0 + v.len() as u64 * spb == sec => v.push((a, j)),
-                    _ => spans.push((sec, vec![(a, j)])),
+                match runs.last_mut() {
+                    Some(r) if r.sector + r.from.len() as u64 * spb == sec => r.from.push((a, j)),
+                    _ => runs.push(Run { sector: sec, from: vec![(a, j)] }),
                 }
             }
         }
-        let bs = spb as usize * 512;
-        let ts = self.geom.tag_size as usize;
-        let runs = spans
-            .into_iter()
-            .map(|(sector, v)| {
-                let mut data = AlignedBuf::for_direct_io(v.len() * bs);
-                let mut tags = Vec::with_capacity(v.len() * ts);
-                let mut from = Vec::with_capacity(v.len());
-                for (k, &(a, j)) in v.iter().enumerate() {
-                    let v = view(self.slot(a));
-                    let e = v.entry(0, j);
-                    let start = self.geom.data_sector(j) as usize * 512;
-                    let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
-                    out.copy_from_slice(&v.section(0)[start..start + bs]);
-                    for (s, lb) in e.last_bytes.iter().enumerate() {
-                        out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
-                    }
-                    tags.extend_from_slice(&e.tag);
-                    from.push((sector + k as u64 * spb, a, j));
-                }
-                Run { sector, data, tags, from }
-            })
-            .collect();
         Ok((runs, self.durable))
     }
 
     /// After a copy-out up to `upto` was written and flushed: the index forgets the copies
     /// still newest, the sections' entries become unused, the sections free.
     fn finish_copy_out(&mut self, runs: &[Run], upto: u64) {
+        let spb = self.geom.sectors_per_block() as u64;
         for r in runs {
-            for &(sec, a, e) in &r.from {
+            for (k, &(a, e)) in r.from.iter().enumerate() {
+                let sec = r.sector + k as u64 * spb;
                 if self.index.get(&sec) == Some(&(a, e)) {
                     self.index.remove(&sec);
                 }
@@ -668,12 +664,16 @@ impl Journal {
             return Ok(j);
         }
         let (runs, upto) = j.plan_copy_out()?;
+        let (geom, secs) = (j.geom, j.secs.clone());
         j.copying = true;
         drop(j);
-        let pieces = copy_pieces(&runs);
+        let pieces = copy_pieces(&runs, geom.sectors_per_block() as usize * 512);
         let pool = self.copy_io.get("dm-integrity-co");
-        let r = parallel(pool, &pieces, |&(sec, d, t)| sink.write_blocks(sec, d, t))
-            .and_then(|_| sink.flush_all());
+        let r = parallel(pool, &pieces, |&(sec, from)| {
+            let (data, tags) = fill_piece(&geom, &secs, from)?;
+            sink.write_blocks(sec, data.as_slice(), &tags)
+        })
+        .and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;
         if let Err(e) = r {
