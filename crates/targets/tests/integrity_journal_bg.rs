@@ -7,6 +7,8 @@
 //!   acknowledged as durable before the crash reads back (or a later version of its block).
 //! - Background recalculation and copy-out of the same blocks are ordered (a recalculation
 //!   chunk that read old data does not overwrite the copy-out's tag).
+//! - Mode B after an unclean stop: open does not wait for the dirty regions' recalculation,
+//!   and reads meanwhile are verified (a dirty region is recalculated before it is read).
 
 mod integrity_common;
 
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use blockdev::{BlockDevice, BlockResult, Caps, Geometry, MemDevice, WriteFlags, ZeroFlags};
+use blockdev::{BlockDevice, BlockErrorKind, BlockResult, Caps, Geometry, MemDevice, WriteFlags, ZeroFlags};
 use integrity_common::Shape;
 use targets::integrity::{IntegrityTarget, Mode};
 use testkit::CrashDevice;
@@ -272,11 +274,12 @@ fn concurrent_fua_and_flush_are_durable_across_a_crash() {
     }
 }
 
-/// Holds back the recalculation thread right after its read of a gated offset (old data read,
-/// tags not written yet); other reads and all writes pass.
+/// Holds back the recalculation thread (named `thread`) right after its read of a gated offset
+/// (old data read, tags not written yet); other reads and all writes pass.
 #[derive(Debug)]
 struct RecalcGate {
     dev: Arc<MemDevice>,
+    thread: &'static str,
     /// (offset, released) per gated read; `arrived` counts reads held.
     gates: Mutex<Vec<(u64, bool)>>,
     cv: Condvar,
@@ -292,6 +295,18 @@ impl RecalcGate {
     }
 }
 
+/// Releases every gate when dropped (a failed assertion must not leave a thread held).
+struct ReleaseOnDrop(Arc<RecalcGate>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        for g in self.0.gates.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+            g.1 = true;
+        }
+        self.0.cv.notify_all();
+    }
+}
+
 impl BlockDevice for RecalcGate {
     fn geometry(&self) -> Geometry {
         self.dev.geometry()
@@ -301,7 +316,7 @@ impl BlockDevice for RecalcGate {
     }
     fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
         self.dev.read_at(off, buf)?;
-        if std::thread::current().name() == Some("dm-integrity-recalc") {
+        if std::thread::current().name() == Some(self.thread) {
             let mut g = self.gates.lock().unwrap();
             if g.iter().any(|x| x.0 == off && !x.1) {
                 self.arrived.fetch_add(1, Ordering::SeqCst);
@@ -340,6 +355,7 @@ fn recalculation_and_copy_out_of_the_same_blocks_do_not_interleave() {
     let (c0, c1) = (l.data_sector(0) * 512, l.data_sector(2048) * 512);
     let gate = Arc::new(RecalcGate {
         dev: mem,
+        thread: "dm-integrity-recalc",
         gates: Mutex::new(vec![(c0, false), (c1, false)]),
         cv: Condvar::new(),
         arrived: AtomicU64::new(0),
@@ -369,5 +385,128 @@ fn recalculation_and_copy_out_of_the_same_blocks_do_not_interleave() {
     let mut buf = vec![0u8; bs];
     t.read_at(at, &mut buf).expect("the copied-out block reads back with its own tag");
     assert!(buf == block(7, bs));
+    assert_eq!(t.status().mismatches, 0);
+}
+
+/// Mode B, reopened after an unclean stop: the dirty regions are recalculated by a background
+/// thread (open returns while it is held at its first region), and every read meanwhile is
+/// verified: a dirty region not reached yet is recalculated first (a block whose data reached
+/// the disk without its tag reads back as that data, not as a mismatch), and a clean region
+/// is checked as always (a corrupted block fails). The recalculated tags reach the disk.
+#[test]
+fn bitmap_recalculation_runs_in_the_background_and_reads_still_verify() {
+    let s = shape("crc32c", 4096);
+    let bs = s.block as usize;
+    let mem = s.mem(8 << 20);
+    let mut cfg = s.config(Mode::Bitmap);
+    // Regions of 8 blocks.
+    cfg.sectors_per_bit = Some(64);
+    let region = 64 * 512u64;
+    // Region 5: written, then closed cleanly (its bit cleared).
+    let clean_at = 5 * region;
+    let t = IntegrityTarget::open(mem.clone(), cfg.clone()).unwrap();
+    t.write_at(clean_at, &block(1, bs), WriteFlags::empty()).unwrap();
+    t.close().unwrap();
+    // Regions 1, 2 and 3: written, then a crash (their bits stay set).
+    let t = IntegrityTarget::open(mem.clone(), cfg.clone()).unwrap();
+    for r in 1..=3 {
+        t.write_at(r * region, &block(10 + r, bs), WriteFlags::empty()).unwrap();
+    }
+    t.flush().unwrap();
+    let l = *t.layout();
+    t.abandon();
+    let raw = move |off: u64| l.data_sector(off / 512) * 512;
+    // Below the engine: region 2's block gets new data without its tag (the crash tore the
+    // write between data and tag), region 5's block is corrupted.
+    mem.write_at(raw(2 * region), &block(99, bs), WriteFlags::empty()).unwrap();
+    let mut bad = block(1, bs);
+    bad[100] ^= 1;
+    mem.write_at(raw(clean_at), &bad, WriteFlags::empty()).unwrap();
+
+    // Reopen with the background thread held at its first read (region 1).
+    let gate = Arc::new(RecalcGate {
+        dev: mem.clone(),
+        thread: "dm-integrity-bitmap-recalc",
+        gates: Mutex::new(vec![(raw(region), false)]),
+        cv: Condvar::new(),
+        arrived: AtomicU64::new(0),
+    });
+    let t = IntegrityTarget::open(gate.clone(), cfg.clone()).unwrap();
+    // Dropped first: a failing assertion releases the thread instead of hanging the close.
+    let _release = ReleaseOnDrop(gate.clone());
+    wait_until("the background recalculation to reach region 1", || gate.arrived.load(Ordering::SeqCst) == 1);
+    assert_eq!(t.status().bitmap_regions_pending, 3, "open recalculated regions itself");
+    let mut buf = vec![0u8; bs];
+    t.read_at(2 * region, &mut buf).expect("a dirty region not recalculated yet reads back");
+    assert!(buf == block(99, bs), "region 2 did not read back as its data");
+    assert_eq!(t.status().bitmap_regions_pending, 2, "the read did not recalculate region 2");
+    let e = t.read_at(clean_at, &mut buf).expect_err("a corrupted block in a clean region read back");
+    assert!(matches!(e.kind(), BlockErrorKind::IntegrityMismatch { .. }), "{e}");
+    t.read_at(3 * region, &mut buf).unwrap();
+    assert!(buf == block(13, bs));
+    assert_eq!(t.status().bitmap_regions_pending, 1);
+    gate.release(raw(region));
+    t.wait_recalculated();
+    assert_eq!(t.status().bitmap_regions_pending, 0);
+    t.read_at(region, &mut buf).unwrap();
+    assert!(buf == block(11, bs));
+    assert_eq!(t.status().mismatches, 1);
+    t.close().unwrap();
+
+    // A fresh open: no dirty region left; the recalculated tag of region 2 is on disk.
+    let t = IntegrityTarget::open(mem, cfg).unwrap();
+    assert_eq!(t.status().bitmap_regions_pending, 0);
+    t.read_at(2 * region, &mut buf).unwrap();
+    assert!(buf == block(99, bs));
+    assert!(t.read_at(clean_at, &mut buf).is_err());
+}
+
+/// A clean close with dirty regions not recalculated yet leaves their bits set, and
+/// DIRTY_BITMAP: the next open recalculates them (here the read does, verified).
+#[test]
+fn a_close_before_bitmap_recalculation_leaves_the_regions_dirty() {
+    let s = shape("crc32c", 4096);
+    let bs = s.block as usize;
+    let mem = s.mem(8 << 20);
+    let mut cfg = s.config(Mode::Bitmap);
+    cfg.sectors_per_bit = Some(64);
+    let region = 64 * 512u64;
+    let t = IntegrityTarget::open(mem.clone(), cfg.clone()).unwrap();
+    t.write_at(region, &block(3, bs), WriteFlags::empty()).unwrap();
+    t.write_at(2 * region, &block(5, bs), WriteFlags::empty()).unwrap();
+    t.flush().unwrap();
+    let l = *t.layout();
+    t.abandon();
+    let raw = move |off: u64| l.data_sector(off / 512) * 512;
+    // Region 2's data changed below without its tag.
+    mem.write_at(raw(2 * region), &block(4, bs), WriteFlags::empty()).unwrap();
+    let gate = Arc::new(RecalcGate {
+        dev: mem.clone(),
+        thread: "dm-integrity-bitmap-recalc",
+        gates: Mutex::new(vec![(raw(region), false)]),
+        cv: Condvar::new(),
+        arrived: AtomicU64::new(0),
+    });
+    let t = IntegrityTarget::open(gate.clone(), cfg.clone()).unwrap();
+    wait_until("the background recalculation to reach region 1", || gate.arrived.load(Ordering::SeqCst) == 1);
+    // Close while the thread is held in region 1: released once the close asked it to stop,
+    // it finishes region 1 and stops before region 2.
+    let g2 = gate.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        g2.release(raw(region));
+    });
+    t.close().unwrap();
+    releaser.join().unwrap();
+    let sb = formats::integrity::Superblock::decode(&mem.to_vec()[..4096]).unwrap();
+    assert!(sb.flags.has(formats::integrity::SbFlags::DIRTY_BITMAP), "region 2 was not left dirty");
+    let t = IntegrityTarget::open(mem, cfg).unwrap();
+    let mut buf = vec![0u8; bs];
+    t.read_at(2 * region, &mut buf).expect("the region left dirty reads back");
+    assert!(buf == block(4, bs));
+    t.read_at(region, &mut buf).unwrap();
+    assert!(buf == block(3, bs));
+    t.wait_recalculated();
+    assert_eq!(t.status().bitmap_regions_pending, 0);
     assert_eq!(t.status().mismatches, 0);
 }

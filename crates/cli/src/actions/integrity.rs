@@ -405,7 +405,8 @@ fn status_text(s: &IntegrityStatus) -> String {
     format!(
         "mode: {}\nmismatches: {}\nprovided_data_sectors: {}\nrecalc_sector: {recalc}\npoisoned: {}\n\
          metadata_reads: {}\nrmw_reads: {}\nmetadata_writes: {}\njournal_commits: {}\n\
-         journal_copyouts: {}\njournal_pending_blocks: {}\ndmsetup_status: {s}\n",
+         journal_copyouts: {}\njournal_pending_blocks: {}\nbitmap_regions_pending: {}\n\
+         dmsetup_status: {s}\n",
         s.mode.letter(),
         s.mismatches,
         s.provided_data_sectors,
@@ -416,6 +417,7 @@ fn status_text(s: &IntegrityStatus) -> String {
         s.journal_commits,
         s.journal_copyouts,
         s.journal_pending_blocks,
+        s.bitmap_regions_pending,
     )
 }
 

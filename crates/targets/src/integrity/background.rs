@@ -2,7 +2,9 @@
 //! after `bitmap_flush_interval`), the journal writer thread (copy-out at the watermark, the
 //! engine in journal.rs) and the recalculation thread (`recalculate`: tags
 //! recomputed from `recalc_sector` on, its position saved in the superblock every 64
-//! chunks and at the end). Both hold only a `Weak` to the target and stop when it closes.
+//! chunks and at the end), and the bitmap recalculation thread (mode B after an unclean stop:
+//! the dirty regions, one bitmap bit at a time; a read of a region not done yet does it
+//! first, [`Inner::settle`]). All hold only a `Weak` to the target and stop when it closes.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -109,7 +111,58 @@ pub(super) fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>)
     }
 }
 
+/// Recalculates the regions an unclean stop in mode B left dirty, lowest first, until none is
+/// left or the target closes or fails (the kernel's recalculation over `recalc_bitmap`).
+pub(super) fn bitmap_recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) {
+    let mut from = 0;
+    loop {
+        if *lock(&stop.stopped) {
+            return;
+        }
+        let Some(i) = weak.upgrade() else { return };
+        let Some(b) = &i.bitmap else { return };
+        let Some(bit) = lock(b).next_pending(from) else { return };
+        if let Err(e) = i.recalc_region(bit) {
+            i.poison("recalculating a dirty region", &e);
+            return;
+        }
+        from = bit + 1;
+    }
+}
+
 impl<D: BlockDevice> Inner<D> {
+    /// Recalculates the tags of bitmap bit `bit`'s region if it is still pending, holding the
+    /// region's range lock (no request reads or writes it meanwhile).
+    pub(super) fn recalc_region(&self, bit: u64) -> BlockResult<()> {
+        let Some(b) = &self.bitmap else { return Ok(()) };
+        let r = lock(b).geom.sectors_of_bit(bit);
+        let len = (r.end - r.start) * 512;
+        let _g = self.locks.write(r.start * 512, len);
+        let _c = self.recalc_locks.write(r.start * 512, len);
+        if !lock(b).is_pending(bit) {
+            return Ok(());
+        }
+        self.recalc_range(r.start, r.end)?;
+        if lock(b).recalculated(bit) {
+            self.bitmap_pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// Before a read of `[sector, sector+n)`: recalculates the dirty regions it touches that
+    /// the background has not reached yet, so that the read verifies against valid tags.
+    pub(super) fn settle(&self, sector: u64, n: u64) -> BlockResult<()> {
+        if self.bitmap_pending.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let Some(b) = &self.bitmap else { return Ok(()) };
+        let bits = lock(b).pending_in(sector, n);
+        for bit in bits {
+            self.meta_io("recalculating a dirty region", || self.recalc_region(bit))?;
+        }
+        Ok(())
+    }
+
     /// Recomputes the tags of `[from, to)` from the data (whole blocks).
     pub(super) fn recalc_range(&self, from: u64, to: u64) -> BlockResult<()> {
         let mut s = from;
@@ -131,7 +184,7 @@ impl<D: BlockDevice> Inner<D> {
     pub(super) fn bitmap_flush(&self) -> BlockResult<()> {
         let Some(b) = &self.bitmap else { return Ok(()) };
         let _g = self.locks.write(0, self.geometry.size);
-        if !lock(b).any_set() {
+        if !lock(b).clearable() {
             return Ok(());
         }
         self.meta.flush_dirty(&self.next)?;

@@ -189,6 +189,8 @@ pub struct IntegrityStatus {
     pub journal_copyouts: u64,
     /// Blocks in the journal not yet copied out (mode J).
     pub journal_pending_blocks: u64,
+    /// Regions an unclean stop left dirty, not recalculated yet (mode B, background).
+    pub bitmap_regions_pending: u64,
 }
 
 impl fmt::Display for IntegrityStatus {

@@ -262,6 +262,7 @@ impl<D: BlockDevice> Inner<D> {
         }
         let sector = off / 512;
         let nblocks = buf.len() / bs;
+        self.settle(sector, buf.len() as u64 / 512)?;
         let _g = self.locks.read(off, buf.len() as u64);
         // Journal copies first (see journal.rs: the lookup and copy are atomic with copy-out).
         let mut skip = vec![false; nblocks];

@@ -28,7 +28,7 @@
 //! that finds a block in `index` copies it from the journal; a block not in `index` is not
 //! being copied out (the index forgets a copy only after its write).
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockErrorKind, BlockResult, WriteFlags};
 use formats::integrity::journal::{
@@ -39,10 +39,26 @@ use sector_crypto::tag::TagHash;
 
 use super::jcrypt::JournalCrypt;
 
+/// One section of the journal in memory, in an O_DIRECT-aligned buffer of its own. A commit
+/// writes stamped sections straight from here, holding only their read locks, while writers
+/// fill the head section under its write lock (always another section: the ring never lets
+/// the head reach a section not yet copied out). No image copy per commit: copying (and
+/// zeroing) a whole section per 4 KiB commit was most of its cost.
+type Section = Arc<RwLock<AlignedBuf>>;
+
+fn rd(s: &Section) -> RwLockReadGuard<'_, AlignedBuf> {
+    s.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn wr(s: &Section) -> RwLockWriteGuard<'_, AlignedBuf> {
+    s.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The in-memory journal and its positions.
 #[derive(Debug)]
 pub(crate) struct JournalState {
-    pub(crate) bytes: Vec<u8>,
+    /// The sections (plaintext), `sections` of them.
+    secs: Vec<Section>,
     pub(crate) geom: JournalGeometry,
     pub(crate) sections: u32,
     pub(crate) ids: CommitIds,
@@ -159,31 +175,47 @@ pub(crate) trait JournalSink: Sync {
 /// One run of consecutive blocks a copy-out writes.
 struct Run {
     sector: u64,
-    /// Aligned for O_DIRECT below (no bounce copy).
-    data: AlignedBuf,
-    tags: Vec<u8>,
-    /// (block, absolute section, entry) of each block.
-    from: Vec<(u64, u64, u32)>,
+    /// (absolute section, entry) of each block's copy to write.
+    from: Vec<(u64, u32)>,
 }
 
-/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes: (sector, data, tags).
-fn copy_pieces(runs: &[Run]) -> Vec<(u64, &[u8], &[u8])> {
+/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes: (sector, entries).
+fn copy_pieces(runs: &[Run], bs: usize) -> Vec<(u64, &[(u64, u32)])> {
+    let per = (IO_PIECE / bs).max(1);
+    let spb = bs as u64 / 512;
     runs.iter()
         .flat_map(|r| {
-            let n = r.from.len();
-            let (bs, ts) = (r.data.len() / n, r.tags.len() / n);
-            let per = (IO_PIECE / bs).max(1);
-            let spb = bs as u64 / 512;
-            (0..n).step_by(per).map(move |k| {
-                let m = per.min(n - k);
-                (
-                    r.sector + k as u64 * spb,
-                    &r.data.as_slice()[k * bs..(k + m) * bs],
-                    &r.tags[k * ts..(k + m) * ts],
-                )
-            })
+            r.from.chunks(per).enumerate().map(move |(k, c)| (r.sector + (k * per) as u64 * spb, c))
         })
         .collect()
+}
+
+/// The blocks (last bytes restored) and tags of journal entries `from`, read from their
+/// sections: what a copy-out piece writes. Runs on the copy-out threads without the journal
+/// lock: durable sections do not change until their copy-out has finished.
+fn fill_piece(
+    geom: &JournalGeometry,
+    secs: &[Section],
+    from: &[(u64, u32)],
+) -> BlockResult<(AlignedBuf, Vec<u8>)> {
+    let bs = geom.sectors_per_block() as usize * 512;
+    let mut data = AlignedBuf::for_direct_io(from.len() * bs);
+    let mut tags = Vec::with_capacity(from.len() * geom.tag_size as usize);
+    for (k, &(a, j)) in from.iter().enumerate() {
+        let g = rd(&secs[(a % secs.len() as u64) as usize]);
+        let v = JournalView::new(*geom, 1, g.as_slice()).map_err(|e| {
+            BlockError::new(BlockErrorKind::Io, "the journal does not fit its geometry").with_source(e)
+        })?;
+        let e = v.entry(0, j);
+        let start = geom.data_sector(j) as usize * 512;
+        let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
+        out.copy_from_slice(&v.section(0)[start..start + bs]);
+        for (s, lb) in e.last_bytes.iter().enumerate() {
+            out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
+        }
+        tags.extend_from_slice(&e.tag);
+    }
+    Ok((data, tags))
 }
 
 impl JournalState {
@@ -191,7 +223,7 @@ impl JournalState {
     /// in memory.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        bytes: Vec<u8>,
+        bytes: &[u8],
         geom: JournalGeometry,
         sections: u32,
         base: u64,
@@ -201,8 +233,16 @@ impl JournalState {
         crypt: Option<Arc<JournalCrypt>>,
     ) -> Self {
         let s = section as u64;
+        let sb = geom.section_bytes();
+        let secs = (0..sections as usize)
+            .map(|i| {
+                let mut b = AlignedBuf::for_direct_io(sb);
+                b.as_mut_slice().copy_from_slice(&bytes[i * sb..(i + 1) * sb]);
+                Arc::new(RwLock::new(b))
+            })
+            .collect();
         let mut j = JournalState {
-            bytes,
+            secs,
             geom,
             sections,
             ids: crypt.as_ref().map_or_else(CommitIds::plain, |c| c.commit_ids()),
@@ -223,25 +263,32 @@ impl JournalState {
             crypt,
         };
         for i in 0..sections {
-            for e in 0..geom.section_entries {
-                j.set_unused(i, e);
-            }
+            j.set_all_unused(i);
         }
         j
+    }
+
+    /// The whole journal (plaintext), as on the device unencrypted.
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.sections as usize * self.geom.section_bytes());
+        for s in &self.secs {
+            v.extend_from_slice(rd(s).as_slice());
+        }
+        v
     }
 
     fn slot(&self, abs: u64) -> u32 {
         (abs % self.sections as u64) as u32
     }
 
-    fn section_range(&self, i: u32) -> std::ops::Range<usize> {
-        let n = self.geom.section_bytes();
-        i as usize * n..(i as usize + 1) * n
-    }
-
-    fn set_unused(&mut self, i: u32, e: u32) {
-        let off = self.section_range(i).start + self.geom.entry_offset(e);
-        self.bytes[off + 4..off + 8].copy_from_slice(&SECTOR_HI_UNUSED.to_le_bytes());
+    /// Marks every entry of section `i` unused.
+    fn set_all_unused(&mut self, i: u32) {
+        let mut g = wr(&self.secs[i as usize]);
+        let b = g.as_mut_slice();
+        for e in 0..self.geom.section_entries {
+            let off = self.geom.entry_offset(e);
+            b[off + 4..off + 8].copy_from_slice(&SECTOR_HI_UNUSED.to_le_bytes());
+        }
     }
 
     /// Sections that hold entries (the partly filled head included): what a FLUSH must make
@@ -288,11 +335,11 @@ impl JournalState {
     /// into `tag`; false if the block is not in the journal.
     pub(crate) fn read_block(&self, sector: u64, out: &mut [u8], tag: Option<&mut [u8]>) -> bool {
         let Some(&(a, e)) = self.index.get(&sector) else { return false };
-        let i = self.slot(a);
-        let Ok(view) = JournalView::new(self.geom, self.sections, &self.bytes) else { return false };
-        out.copy_from_slice(&view.entry_data(i, e));
+        let g = rd(&self.secs[self.slot(a) as usize]);
+        let Ok(view) = JournalView::new(self.geom, 1, g.as_slice()) else { return false };
+        out.copy_from_slice(&view.entry_data(0, e));
         if let Some(t) = tag {
-            t.copy_from_slice(&view.entry(i, e).tag);
+            t.copy_from_slice(&view.entry(0, e).tag);
         }
         true
     }
@@ -300,44 +347,40 @@ impl JournalState {
     /// Computes and stores section `i`'s MAC, when the journal has one.
     fn mac_section<S: JournalSink>(&mut self, sink: &S, i: u32) {
         if let Some((mac, salt)) = sink.journal_mac() {
-            let r = self.section_range(i);
-            let input = section_mac_input(&self.geom, &self.bytes[r.clone()], i, salt);
+            let mut g = wr(&self.secs[i as usize]);
+            let input = section_mac_input(&self.geom, g.as_slice(), i, salt);
             let m = section_mac_bytes(&mac.mac(&input));
-            store_section_mac(&mut self.bytes[r], &m);
+            store_section_mac(g.as_mut_slice(), &m);
         }
     }
 
-    /// The device image of `n` sections from slot `start` (no wrap): encrypted if the journal
-    /// is.
-    fn image(&self, start: u32, n: u32) -> AlignedBuf {
-        let sb = self.geom.section_bytes();
-        let mut v = AlignedBuf::for_direct_io(n as usize * sb);
-        v.as_mut_slice().copy_from_slice(&self.bytes[start as usize * sb..(start + n) as usize * sb]);
-        if let Some(c) = &self.crypt {
-            c.encrypt(start, v.as_mut_slice());
-        }
-        v
-    }
-
-    /// Device images of `n` sections from slot `start`, split where the ring wraps: (byte
-    /// offset on the device, bytes).
-    fn images(&self, start: u32, n: u32) -> Vec<(u64, AlignedBuf)> {
+    /// What goes to the device for `n` sections from slot `start` (wrapping): (byte offset on
+    /// the device, section). The sections themselves, or with journal_crypt their encrypted
+    /// copies.
+    fn images(&self, start: u32, n: u32) -> Vec<(u64, Section)> {
         let sb = self.geom.section_bytes() as u64;
-        let first = n.min(self.sections - start);
-        let mut v = vec![(self.base + start as u64 * sb, self.image(start, first))];
-        if n > first {
-            v.push((self.base, self.image(0, n - first)));
-        }
-        v
+        (0..n)
+            .map(|k| {
+                let i = (start + k) % self.sections;
+                let s = &self.secs[i as usize];
+                let img = match &self.crypt {
+                    None => s.clone(),
+                    Some(c) => {
+                        let mut v = AlignedBuf::for_direct_io(sb as usize);
+                        v.as_mut_slice().copy_from_slice(rd(s).as_slice());
+                        c.encrypt(i, v.as_mut_slice());
+                        Arc::new(RwLock::new(v))
+                    }
+                };
+                (self.base + i as u64 * sb, img)
+            })
+            .collect()
     }
 
     /// Writes `n` sections from slot `start` (wrapping) to the device.
     fn write_sections<D: BlockDevice>(&self, dev: &D, start: u32, n: u32) -> BlockResult<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        for (off, bytes) in self.images(start, n) {
-            dev.write_at(off, bytes.as_slice(), WriteFlags::empty())?;
+        for (off, s) in self.images(start, n) {
+            dev.write_at(off, rd(&s).as_slice(), WriteFlags::empty())?;
         }
         Ok(())
     }
@@ -345,7 +388,7 @@ impl JournalState {
     /// Pads the head section (its unused entries stay unused) and stamps every full section
     /// not stamped yet (commit ids with the current sequence, MACs); returns the device images
     /// and the new `stamped`.
-    fn stamp<S: JournalSink>(&mut self, sink: &S, pad: bool) -> (Vec<(u64, AlignedBuf)>, u64) {
+    fn stamp<S: JournalSink>(&mut self, sink: &S, pad: bool) -> (Vec<(u64, Section)>, u64) {
         if pad && self.free_entry != 0 {
             self.free_entry = 0;
             self.head += 1;
@@ -358,8 +401,13 @@ impl JournalState {
         let first = self.slot(start);
         let mut i = first;
         for _ in 0..n {
-            let r = self.section_range(i);
-            commit_section(&self.geom, &self.ids, &mut self.bytes[r], i, self.commit_seq);
+            commit_section(
+                &self.geom,
+                &self.ids,
+                wr(&self.secs[i as usize]).as_mut_slice(),
+                i,
+                self.commit_seq,
+            );
             self.mac_section(sink, i);
             i += 1;
             if i >= self.sections {
@@ -375,9 +423,16 @@ impl JournalState {
     fn plan_copy_out(&self) -> BlockResult<(Vec<Run>, u64)> {
         let spb = self.geom.sectors_per_block() as u64;
         let entries = self.geom.section_entries;
-        let view = JournalView::new(self.geom, self.sections, &self.bytes).map_err(|e| {
-            BlockError::new(BlockErrorKind::Io, "the journal does not fit its geometry").with_source(e)
-        })?;
+        let guards: Vec<_> = self.secs.iter().map(rd).collect();
+        // (Only the sections to copy out are read below.)
+        let views = guards
+            .iter()
+            .map(|g| JournalView::new(self.geom, 1, g.as_slice()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                BlockError::new(BlockErrorKind::Io, "the journal does not fit its geometry").with_source(e)
+            })?;
+        let view = |i: u32| &views[i as usize];
         // Write this copy unless a newer copy of the block is durable too (it is then written
         // later in this copy-out, or replayed after it by a crash): the kernel's
         // `find_newer_committed_node`. A newer copy not yet durable does not count.
@@ -385,64 +440,40 @@ impl JournalState {
             Some(&(na, ne)) => (na, ne) == (a, e) || na >= self.durable,
             None => false,
         };
-        // Runs of consecutive blocks first, then one aligned buffer per run filled straight
-        // from the sections (one copy).
-        let mut spans: Vec<(u64, Vec<(u64, u32)>)> = Vec::new();
+        // Runs of consecutive blocks; their data is copied out of the sections later, by the
+        // copy-out threads (`fill_piece`).
+        let mut runs: Vec<Run> = Vec::new();
         for a in self.copied..self.durable {
             let i = self.slot(a);
             for j in 0..entries {
-                let fj::EntryState::Sector(sec) = view.entry(i, j).state() else { continue };
+                let fj::EntryState::Sector(sec) = view(i).entry(0, j).state() else { continue };
                 if !wanted(sec, a, j) {
                     continue;
                 }
                 // The sink splits a merged write at interleave-area boundaries.
-                match spans.last_mut() {
-                    Some((s0, v)) if *s0 + v.len() as u64 * spb == sec => v.push((a, j)),
-                    _ => spans.push((sec, vec![(a, j)])),
+                match runs.last_mut() {
+                    Some(r) if r.sector + r.from.len() as u64 * spb == sec => r.from.push((a, j)),
+                    _ => runs.push(Run { sector: sec, from: vec![(a, j)] }),
                 }
             }
         }
-        let bs = spb as usize * 512;
-        let ts = self.geom.tag_size as usize;
-        let runs = spans
-            .into_iter()
-            .map(|(sector, v)| {
-                let mut data = AlignedBuf::for_direct_io(v.len() * bs);
-                let mut tags = Vec::with_capacity(v.len() * ts);
-                let mut from = Vec::with_capacity(v.len());
-                for (k, &(a, j)) in v.iter().enumerate() {
-                    let i = self.slot(a);
-                    let e = view.entry(i, j);
-                    let start = self.geom.data_sector(j) as usize * 512;
-                    let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
-                    out.copy_from_slice(&view.section(i)[start..start + bs]);
-                    for (s, lb) in e.last_bytes.iter().enumerate() {
-                        out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
-                    }
-                    tags.extend_from_slice(&e.tag);
-                    from.push((sector + k as u64 * spb, a, j));
-                }
-                Run { sector, data, tags, from }
-            })
-            .collect();
         Ok((runs, self.durable))
     }
 
     /// After a copy-out up to `upto` was written and flushed: the index forgets the copies
     /// still newest, the sections' entries become unused, the sections free.
     fn finish_copy_out(&mut self, runs: &[Run], upto: u64) {
+        let spb = self.geom.sectors_per_block() as u64;
         for r in runs {
-            for &(sec, a, e) in &r.from {
+            for (k, &(a, e)) in r.from.iter().enumerate() {
+                let sec = r.sector + k as u64 * spb;
                 if self.index.get(&sec) == Some(&(a, e)) {
                     self.index.remove(&sec);
                 }
             }
         }
         for a in self.copied..upto {
-            let i = self.slot(a);
-            for e in 0..self.geom.section_entries {
-                self.set_unused(i, e);
-            }
+            self.set_all_unused(self.slot(a));
         }
         self.copyouts += runs.len() as u64;
         self.copied = upto;
@@ -451,8 +482,7 @@ impl JournalState {
     /// `init_journal` of every section with `seq` (in memory; the caller writes it).
     pub(crate) fn init_all<S: JournalSink>(&mut self, sink: &S, seq: u8) {
         for i in 0..self.sections {
-            let r = self.section_range(i);
-            init_section(&self.geom, &self.ids, &mut self.bytes[r], i, seq);
+            init_section(&self.geom, &self.ids, wr(&self.secs[i as usize]).as_mut_slice(), i, seq);
             self.mac_section(sink, i);
         }
     }
@@ -465,8 +495,7 @@ impl JournalState {
     /// Re-initialises the listed sections (a replay's `Clear`), in memory and on disk.
     pub(crate) fn clear<S: JournalSink>(&mut self, sink: &S, list: &[(u32, u8)]) -> BlockResult<()> {
         for &(i, seq) in list {
-            let r = self.section_range(i);
-            init_section(&self.geom, &self.ids, &mut self.bytes[r], i, seq);
+            init_section(&self.geom, &self.ids, wr(&self.secs[i as usize]).as_mut_slice(), i, seq);
             self.mac_section(sink, i);
             self.write_sections(sink.dev(), i, 1)?;
         }
@@ -537,9 +566,14 @@ impl Journal {
             };
             let s = sector + b as u64 * spb;
             let i = j.slot(a);
-            let r = j.section_range(i);
-            let geom = j.geom;
-            fj::write_entry(&geom, &mut j.bytes[r], e, s, block, &tags[b * ts..(b + 1) * ts]);
+            fj::write_entry(
+                &j.geom,
+                wr(&j.secs[i as usize]).as_mut_slice(),
+                e,
+                s,
+                block,
+                &tags[b * ts..(b + 1) * ts],
+            );
             j.index.insert(s, (a, e));
         }
         if fua {
@@ -581,25 +615,19 @@ impl Journal {
             }
             let pad = target > j.head;
             let (images, upto) = j.stamp(sink, pad);
-            let section_bytes = j.geom.section_bytes();
             if upto < target {
                 // Cannot happen: `target` never passes what stamping can reach.
                 return Err(BlockError::new(BlockErrorKind::Io, "journal commit target beyond the journal"));
             }
             j.committing = true;
             drop(j);
-            // Pieces on a section boundary at most IO_PIECE long (a torn commit is caught by
+            // One write per section, straight from its buffer (a torn commit is caught by
             // the replay's commit-id check whatever the pieces are).
-            let step = (IO_PIECE / section_bytes).max(1) * section_bytes;
-            let pieces: Vec<(u64, &[u8])> = images
-                .iter()
-                .flat_map(|(off, b)| {
-                    b.as_slice().chunks(step).enumerate().map(move |(k, c)| (off + (k * step) as u64, c))
-                })
-                .collect();
             let pool = self.commit_io.get("dm-integrity-io");
-            let r = parallel(pool, &pieces, |(off, b)| sink.dev().write_at(*off, b, WriteFlags::empty()))
-                .and_then(|_| sink.dev().flush());
+            let r = parallel(pool, &images, |(off, s)| {
+                sink.dev().write_at(*off, rd(s).as_slice(), WriteFlags::empty())
+            })
+            .and_then(|_| sink.dev().flush());
             j = self.lock();
             j.committing = false;
             self.cv.notify_all();
@@ -636,12 +664,16 @@ impl Journal {
             return Ok(j);
         }
         let (runs, upto) = j.plan_copy_out()?;
+        let (geom, secs) = (j.geom, j.secs.clone());
         j.copying = true;
         drop(j);
-        let pieces = copy_pieces(&runs);
+        let pieces = copy_pieces(&runs, geom.sectors_per_block() as usize * 512);
         let pool = self.copy_io.get("dm-integrity-co");
-        let r = parallel(pool, &pieces, |&(sec, d, t)| sink.write_blocks(sec, d, t))
-            .and_then(|_| sink.flush_all());
+        let r = parallel(pool, &pieces, |&(sec, from)| {
+            let (data, tags) = fill_piece(&geom, &secs, from)?;
+            sink.write_blocks(sec, data.as_slice(), &tags)
+        })
+        .and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;
         if let Err(e) = r {

@@ -26,7 +26,7 @@
 //! | `replay_journal` at resume (all modes but R)        | [`IntegrityTarget::open`], same rule          |
 //! | journal writes, commit, `integrity_writer`          | journal.rs: group commit, writer thread      |
 //! | bitmap set before write, cleared by a timer          | bitmap.rs, timer thread, clean close        |
-//! | dirty bitmap after a crash → RECALCULATING, recalc  | recalculated synchronously at open          |
+//! | dirty bitmap after a crash → `recalc_bitmap`, recalc | B: background, a read recalculates first    |
 //! | `recalculate`: background recalc from recalc_sector | background thread, position in `status()`   |
 //! | read mismatch: recheck, `-EILSEQ`, counter, log      | re-read once, `IntegrityMismatch`, counter  |
 //! | dm-bufio metadata buffers                            | `MetaCache`, per-buffer locks, no RMW knob  |
@@ -120,6 +120,8 @@ struct Inner<D> {
     /// Blocks in the journal index (read fast path: 0 = no lookup needed).
     journal_blocks: AtomicU64,
     bitmap: Option<Mutex<BitmapState>>,
+    /// Dirty bitmap regions not recalculated yet (read fast path: 0 = nothing to settle).
+    bitmap_pending: AtomicU64,
     mismatches: AtomicU64,
     poisoned: AtomicBool,
     recalc_sector: AtomicU64,
@@ -195,12 +197,15 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
             journal_commits: commits,
             journal_copyouts: copyouts,
             journal_pending_blocks: pending,
+            bitmap_regions_pending: i.bitmap_pending.load(Ordering::Relaxed),
         }
     }
 
-    /// Waits until background recalculation finished (tests, `--integrity-recalculate`).
+    /// Waits until background recalculation (`recalculate`, and the dirty regions of mode B
+    /// after an unclean stop) finished (tests, `--integrity-recalculate`).
     pub fn wait_recalculated(&self) {
-        while self.inner.recalc_sector.load(Ordering::Relaxed) < self.inner.layout.provided_data_sectors
+        while (self.inner.recalc_sector.load(Ordering::Relaxed) < self.inner.layout.provided_data_sectors
+            || self.inner.bitmap_pending.load(Ordering::Relaxed) > 0)
             && !self.inner.poisoned.load(Ordering::Relaxed)
             && !self.workers.iter().all(|w| w.is_finished())
         {

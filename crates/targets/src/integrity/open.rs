@@ -14,7 +14,7 @@ use formats::integrity::journal::{self as fj, CommitIds, JournalResume, JournalV
 use formats::integrity::superblock::{verify_sb_mac, write_sb_mac, SB_AREA_BYTES};
 use formats::integrity::{BitmapGeometry, DeviceParams, Layout, LayoutError, SbCheck, SbFlags, Superblock};
 
-use super::background::{recalc_loop, timer_loop, writer_loop};
+use super::background::{bitmap_recalc_loop, recalc_loop, timer_loop, writer_loop};
 use super::bitmap::BitmapState;
 use super::config::io;
 use super::journal::{Journal, JournalState};
@@ -130,6 +130,7 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
             journal: None,
             journal_blocks: AtomicU64::new(0),
             bitmap: None,
+            bitmap_pending: AtomicU64::new(0),
             mismatches: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             recalc_sector: AtomicU64::new(recalc),
@@ -161,6 +162,15 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
                     .name("dm-integrity-writer".into())
                     .spawn(move || writer_loop(w))
                     .map_err(|source| IntegrityError::Thread { thread: "journal writer", source })?,
+            );
+        }
+        if !inner.read_only && inner.bitmap_pending.load(Ordering::Relaxed) > 0 {
+            let (w, s) = (Arc::downgrade(&inner), stop.clone());
+            workers.push(
+                std::thread::Builder::new()
+                    .name("dm-integrity-bitmap-recalc".into())
+                    .spawn(move || bitmap_recalc_loop(w, s))
+                    .map_err(|source| IntegrityError::Thread { thread: "bitmap recalc", source })?,
             );
         }
         if !inner.read_only
@@ -205,7 +215,7 @@ impl<D: BlockDevice> Inner<D> {
         cfg: &IntegrityConfig,
     ) -> JournalState {
         JournalState::new(
-            bytes,
+            &bytes,
             self.layout.journal,
             self.layout.journal_sections,
             self.layout.journal_byte_offset(),
@@ -231,7 +241,38 @@ impl<D: BlockDevice> Inner<D> {
         let mut sb_dirty = sb.provided_data_sectors != l.provided_data_sectors;
         let mut new_sb = sb.clone();
         new_sb.provided_data_sectors = l.provided_data_sectors;
-        if sb.flags.has(SbFlags::DIRTY_BITMAP) {
+        if sb.flags.has(SbFlags::DIRTY_BITMAP)
+            && self.mode == Mode::Bitmap
+            && self.hash.is_some()
+            && !self.read_only
+        {
+            // An unclean stop in mode B, reopened in mode B: the dirty regions are
+            // recalculated in the background (background.rs), their bits set on disk until
+            // then; with another bitmap granularity, every region is dirty.
+            let b = if sb.log2_blocks_per_bitmap_bit == l.log2_blocks_per_bitmap_bit {
+                BitmapState::with_dirty(
+                    bgeom,
+                    l.journal_byte_offset(),
+                    &bytes[..bgeom.bytes().min(bytes.len())],
+                )
+            } else {
+                let b = BitmapState::with_dirty(bgeom, l.journal_byte_offset(), &vec![0xff; bgeom.bytes()]);
+                // The bitmap before the superblock naming its granularity.
+                b.write_all(&self.next).map_err(io("writing the bitmap"))?;
+                self.next.flush().map_err(io("flushing"))?;
+                b
+            };
+            if b.pending_count() > 0 {
+                log::info!(
+                    "dm-integrity: {} dirty regions to recalculate in the background",
+                    b.pending_count()
+                );
+            }
+            self.bitmap_pending.store(b.pending_count(), Ordering::Relaxed);
+            self.bitmap = Some(Mutex::new(b));
+            new_sb.log2_blocks_per_bitmap_bit = l.log2_blocks_per_bitmap_bit;
+            sb_dirty = true;
+        } else if sb.flags.has(SbFlags::DIRTY_BITMAP) {
             // An unclean stop in mode B: the dirty regions' tags may not match their data.
             let ranges = if sb.log2_blocks_per_bitmap_bit == l.log2_blocks_per_bitmap_bit {
                 bgeom.dirty_ranges(&bytes[..bgeom.bytes().min(bytes.len())])
@@ -353,7 +394,7 @@ impl<D: BlockDevice> Inner<D> {
             JournalResume::Clear { commit_seq, .. } => {
                 let list = fj::clear_sections(&plan.resume, l.journal_sections);
                 let mut j = JournalState::new(
-                    bytes.to_vec(),
+                    bytes,
                     l.journal,
                     l.journal_sections,
                     l.journal_byte_offset(),
@@ -363,7 +404,8 @@ impl<D: BlockDevice> Inner<D> {
                     self.journal_crypt.clone(),
                 );
                 j.clear(self, &list).map_err(io("clearing the journal"))?;
-                bytes.copy_from_slice(&j.bytes);
+                let plain = j.to_bytes();
+                bytes[..plain.len()].copy_from_slice(&plain);
                 Ok((0, commit_seq))
             }
         }
@@ -384,10 +426,19 @@ impl<D: BlockDevice> Inner<D> {
         self.meta.flush_dirty(&self.next)?;
         self.next.flush()?;
         if let Some(b) = &self.bitmap {
-            lock(b).clear_all(&self.next)?;
+            let pending = {
+                let mut b = lock(b);
+                b.clear_all(&self.next)?;
+                b.pending_count()
+            };
+            if pending > 0 {
+                // Their bits stay set, and DIRTY_BITMAP: the next open recalculates them.
+                log::info!("dm-integrity: {pending} dirty regions left for the next open to recalculate");
+                return self.save_recalc_sector();
+            }
             let l = self.layout;
             let mut j = JournalState::new(
-                vec![0u8; l.journal_bytes() as usize],
+                &vec![0u8; l.journal_bytes() as usize],
                 l.journal,
                 l.journal_sections,
                 l.journal_byte_offset(),
@@ -401,6 +452,10 @@ impl<D: BlockDevice> Inner<D> {
             self.next.flush()?;
             self.write_sb_with(|sb| sb.flags.set(SbFlags::DIRTY_BITMAP, false))?;
         }
+        self.save_recalc_sector()
+    }
+
+    fn save_recalc_sector(&self) -> BlockResult<()> {
         let r = self.recalc_sector.load(Ordering::Relaxed);
         if r != NOT_RECALCULATING && lock(&self.sb).sb.recalc_sector != r {
             self.write_sb_with(|sb| sb.recalc_sector = r)?;
