@@ -14,33 +14,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use common::cryptsetup::{available as cryptsetup, cs, ok};
 use common::{bin, have, run as sealdisk, FAST_PBKDF2};
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
 const MIB: u64 = 1 << 20;
-
-fn cryptsetup() -> bool {
-    if have("cryptsetup") {
-        return true;
-    }
-    eprintln!("SKIPPED: cryptsetup is not installed (apt-get install cryptsetup-bin)");
-    false
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn cs(args: &[&str]) -> Output {
-    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
-}
 
 fn plaintext(len: usize) -> Vec<u8> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;

@@ -15,107 +15,22 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::Command;
 
+use common::cryptsetup::{available as cryptsetup, cipher, cs, layout, ok, volume_key, Vol};
+
+/// Formats `v` with sealdisk (`luksFormat -q`, fast PBKDF2, `extra`).
+fn format_fast(v: &Vol, extra: &[&str]) {
+    let mut args = vec!["luksFormat", "-q"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(FAST_PBKDF2);
+    args.extend(["--key-file", v.pass(), v.img()]);
+    ok(&sealdisk(&args), "format");
+}
 use common::{
     have, pattern, qemu_io, run as sealdisk, run_stdin, run_tool, serve, FAST_ARGON2ID, FAST_PBKDF2,
 };
-use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
-
-fn cryptsetup() -> bool {
-    if have("cryptsetup") {
-        return true;
-    }
-    eprintln!("SKIPPED: cryptsetup is not installed (apt-get install cryptsetup-bin)");
-    false
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn cs(args: &[&str]) -> Output {
-    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
-}
-
-struct Vol {
-    dir: tempfile::TempDir,
-    img: PathBuf,
-    pass: PathBuf,
-}
-
-impl Vol {
-    fn new(size: u64) -> Vol {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("disk.img");
-        std::fs::File::create(&img).unwrap().set_len(size).unwrap();
-        let pass = dir.path().join("pass");
-        std::fs::write(&pass, b"correct horse").unwrap();
-        Vol { dir, img, pass }
-    }
-    fn img(&self) -> &str {
-        self.img.to_str().unwrap()
-    }
-    fn pass(&self) -> &str {
-        self.pass.to_str().unwrap()
-    }
-    fn file(&self, name: &str, content: &[u8]) -> String {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, content).unwrap();
-        p.to_str().unwrap().to_owned()
-    }
-    /// `sealdisk luksFormat -q` with fast PBKDF2 and the volume's passphrase, plus `extra`.
-    fn format_fast(&self, extra: &[&str]) {
-        let mut args = vec!["luksFormat", "-q"];
-        args.extend_from_slice(extra);
-        args.extend_from_slice(FAST_PBKDF2);
-        args.extend(["--key-file", self.pass(), self.img()]);
-        ok(&sealdisk(&args), "format");
-    }
-}
-
-/// The volume key as cryptsetup prints it.
-fn cryptsetup_volume_key(img: &str, pass: &str) -> Vec<u8> {
-    let out = ok(
-        &cs(&["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", pass, img]),
-        "luksDump --dump-volume-key",
-    );
-    let hexs: String = out
-        .split("MK dump:")
-        .nth(1)
-        .expect("MK dump line")
-        .chars()
-        .filter(|c| c.is_ascii_hexdigit())
-        .collect();
-    hex::decode(hexs).unwrap()
-}
-
-/// `(offset, cipher, sector size)` of segment 0 from cryptsetup's own dump.
-fn cryptsetup_layout(img: &str) -> (u64, String, u32) {
-    let out = ok(&cs(&["luksDump", img]), "luksDump");
-    if out.contains("Version:       \t1") {
-        let field = |k: &str| {
-            out.lines().find(|l| l.starts_with(k)).unwrap().split('\t').nth(1).unwrap().trim().to_owned()
-        };
-        let off: u64 = field("Payload offset:").parse().unwrap();
-        return (off * 512, format!("{}-{}", field("Cipher name:"), field("Cipher mode:")), 512);
-    }
-    let seg = out.split("Data segments:").nth(1).unwrap();
-    let val = |k: &str| {
-        seg.lines().find(|l| l.trim_start().starts_with(k)).unwrap().split(": ").nth(1).unwrap().to_owned()
-    };
-    let off: u64 = val("offset").split(' ').next().unwrap().parse().unwrap();
-    let sector: u32 = val("sector").split(' ').next().unwrap().parse().unwrap();
-    (off, val("cipher").trim().to_owned(), sector)
-}
 
 /// Format option: a LUKS2 header.
 const LUKS2: &[&str] = &["--type", "luks2"];
@@ -126,16 +41,6 @@ const XTS: &str = "aes-xts-plain64";
 /// The legacy CBC cipher with ESSIV(sha256) IVs.
 const CBC_ESSIV: &str = "aes-cbc-essiv:sha256";
 
-fn cipher(vk: &[u8], spec: &str, sector: u32) -> SectorCipher {
-    let spec: CipherSpec = spec.parse().unwrap();
-    SectorCipher::new(
-        &spec,
-        &VolumeKey::new(vk.to_vec()),
-        SectorParams { sector_size: sector, iv_offset: 0, iv_large_sectors: false },
-    )
-    .unwrap()
-}
-
 /// Writes `0x5a` over [1 MiB, 2 MiB) of the export with qemu-io, and checks the ciphertext
 /// in the file decrypts with `vk`; then plants our own ciphertext of a pattern at [0, 1 MiB)
 /// and reads it back through NBD.
@@ -143,7 +48,7 @@ fn data_round_trip(v: &Vol, open_args: &[&str], vk: &[u8], offset: u64, spec: &s
     if !have("qemu-io") {
         return;
     }
-    let c = cipher(vk, spec, sector);
+    let c = cipher(spec, vk, sector);
     let data = pattern(1 << 20, 7);
     let mut ct = data.clone();
     c.encrypt(0, &mut ct).unwrap();
@@ -177,13 +82,13 @@ fn cryptsetup_made(format_args: &[&[&str]]) {
     if !cryptsetup() {
         return;
     }
-    let v = Vol::new(24 << 20);
+    let v = Vol::empty(24 << 20, b"correct horse");
     let mut args = vec!["luksFormat", "--batch-mode", "--key-file", v.pass()];
     args.extend(format_args.concat());
     args.push(v.img());
     ok(&cs(&args), "cryptsetup luksFormat");
-    let vk = cryptsetup_volume_key(v.img(), v.pass());
-    let (offset, spec, sector) = cryptsetup_layout(v.img());
+    let vk = volume_key(v.img(), v.pass());
+    let (offset, spec, sector) = layout(v.img());
     ok(
         &sealdisk(&["open", "--test-passphrase", "--key-file", v.pass(), v.img()]),
         "sealdisk open --test-passphrase",
@@ -250,7 +155,7 @@ fn sealdisk_made(format_args: &[&str], add_args: &[&str]) {
     if !cryptsetup() {
         return;
     }
-    let v = Vol::new(24 << 20);
+    let v = Vol::empty(24 << 20, b"correct horse");
     let mut args = vec!["luksFormat", "-q", "--key-file", v.pass()];
     args.extend_from_slice(format_args);
     args.push(v.img());
@@ -262,7 +167,7 @@ fn sealdisk_made(format_args: &[&str], add_args: &[&str]) {
         &cs(&["open", "--test-passphrase", "--key-file", v.pass(), v.img()]),
         "cryptsetup open --test-passphrase",
     );
-    let vk = cryptsetup_volume_key(v.img(), v.pass());
+    let vk = volume_key(v.img(), v.pass());
     let ours =
         ok(&sealdisk(&["luksDump", "--dump-volume-key", "-q", "--key-file", v.pass(), v.img()]), "dump vk");
     assert!(ours.replace([' ', '\n', '\t'], "").contains(&hex::encode(&vk)));
@@ -278,7 +183,7 @@ fn sealdisk_made(format_args: &[&str], add_args: &[&str]) {
     );
     let out = sealdisk(&["open", "--test-passphrase", "--key-file", v.pass(), v.img()]);
     assert_eq!(out.status.code(), Some(2), "the killed passphrase still opens");
-    let (offset, spec, sector) = cryptsetup_layout(v.img());
+    let (offset, spec, sector) = layout(v.img());
     data_round_trip(&v, &["--key-file", &new, v.img(), "vol"], &vk, offset, &spec, sector);
     // And cryptsetup reads what sealdisk's keyslot operations wrote.
     let third = v.file("third", b"third passphrase");
@@ -332,7 +237,7 @@ fn qemu_luks1_reads_back_in_sealdisk_and_back() {
     if !have("qemu-img") || !have("qemu-io") {
         return;
     }
-    let v = Vol::new(0);
+    let v = Vol::empty(0, b"correct horse");
     let img = v.img().to_owned();
     run_tool(Command::new("qemu-img").args([
         "create",
@@ -353,7 +258,7 @@ fn qemu_luks1_reads_back_in_sealdisk_and_back() {
     srv.stop_ok();
     qemu_io_luks("qemu-pass", &img, &["read -P 0x24 1M 1M"]);
     // A sealdisk-made LUKS1 volume opens in qemu.
-    let w = Vol::new(12 << 20);
+    let w = Vol::empty(12 << 20, b"correct horse");
     let sp = w.file("sp", b"sealdisk-pass");
     let mut f = vec!["luksFormat", "-q"];
     f.extend_from_slice(LUKS1_FAST);
@@ -372,8 +277,8 @@ fn sha(path: &Path) -> Vec<u8> {
 
 #[test]
 fn malformed_images_are_refused_and_left_untouched() {
-    let v = Vol::new(24 << 20);
-    v.format_fast(&[]);
+    let v = Vol::empty(24 << 20, b"correct horse");
+    format_fast(&v, &[]);
     // Truncated: the keyslots area is cut off.
     let t = v.dir.path().join("trunc.img");
     std::fs::write(&t, &std::fs::read(&v.img).unwrap()[..1 << 20]).unwrap();
@@ -417,8 +322,8 @@ fn malformed_images_are_refused_and_left_untouched() {
 
 #[test]
 fn damaged_primary_is_repaired_on_writable_open_only() {
-    let v = Vol::new(24 << 20);
-    v.format_fast(&[]);
+    let v = Vol::empty(24 << 20, b"correct horse");
+    format_fast(&v, &[]);
     let good = std::fs::read(&v.img).unwrap();
     let mut img = good.clone();
     img[0x1000 + 10] ^= 1; // primary JSON: checksum mismatch
@@ -442,8 +347,8 @@ fn damaged_primary_is_repaired_on_writable_open_only() {
 
 #[test]
 fn header_backup_restore_and_uuid_and_erase() {
-    let v = Vol::new(24 << 20);
-    v.format_fast(&[]);
+    let v = Vol::empty(24 << 20, b"correct horse");
+    format_fast(&v, &[]);
     let bk = v.dir.path().join("hdr.bak");
     ok(&sealdisk(&["luksHeaderBackup", v.img(), "--header-backup-file", bk.to_str().unwrap()]), "backup");
     assert_eq!(std::fs::metadata(&bk).unwrap().len(), 16 << 20);
@@ -485,10 +390,10 @@ fn header_backup_restore_and_uuid_and_erase() {
 
 #[test]
 fn detached_header_format_and_open() {
-    let v = Vol::new(8 << 20);
+    let v = Vol::empty(8 << 20, b"correct horse");
     let hdr = v.dir.path().join("hdr.img");
     let h = hdr.to_str().unwrap();
-    v.format_fast(&["--header", h]);
+    format_fast(&v, &["--header", h]);
     assert!(std::fs::read(&v.img).unwrap().iter().all(|&b| b == 0), "the data device was written");
     ok(
         &sealdisk(&["open", "--test-passphrase", "--header", h, "--key-file", v.pass(), v.img()]),
@@ -514,8 +419,8 @@ fn detached_header_format_and_open() {
 
 #[test]
 fn keyslot_actions_through_the_cli() {
-    let v = Vol::new(24 << 20);
-    v.format_fast(&[]);
+    let v = Vol::empty(24 << 20, b"correct horse");
+    format_fast(&v, &[]);
     let k2 = v.file("k2", b"second");
     let k3 = v.file("k3", b"third");
     let mut a = vec!["luksAddKey", "--key-file", v.pass(), "--key-slot", "4"];
@@ -558,8 +463,8 @@ fn keyslot_actions_through_the_cli() {
 
 #[test]
 fn passphrase_from_a_pipe_is_one_line_and_keyfile_stdin_is_binary() {
-    let v = Vol::new(24 << 20);
-    v.format_fast(&[]);
+    let v = Vol::empty(24 << 20, b"correct horse");
+    format_fast(&v, &[]);
     // No key file, stdin not a terminal: up to the first newline.
     ok(&run_stdin(&["open", "--test-passphrase", v.img()], b"correct horse\nignored"), "line from stdin");
     // --key-file -: every byte, so a trailing newline is part of the passphrase.

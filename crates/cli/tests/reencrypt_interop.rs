@@ -14,52 +14,14 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{bin, have, run as sealdisk, FAST_PBKDF2};
-use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
+use common::cryptsetup::{available as cryptsetup, cipher, cs, in_progress, layout, ok, volume_key, Vol};
+use common::{bin, run as sealdisk, FAST_PBKDF2};
 
 const MIB: u64 = 1 << 20;
-
-fn cryptsetup() -> bool {
-    if have("cryptsetup") {
-        return true;
-    }
-    eprintln!("SKIPPED: cryptsetup is not installed (apt-get install cryptsetup-bin)");
-    false
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn cs(args: &[&str]) -> Output {
-    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
-}
-
-struct Vol {
-    _dir: tempfile::TempDir,
-    img: PathBuf,
-    pass: PathBuf,
-}
-
-impl Vol {
-    fn img(&self) -> &str {
-        self.img.to_str().unwrap()
-    }
-    fn pass(&self) -> &str {
-        self.pass.to_str().unwrap()
-    }
-}
 
 fn plaintext(len: usize) -> Vec<u8> {
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -73,60 +35,16 @@ fn plaintext(len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// `(data offset, cipher, sector size)` of segment 0, from cryptsetup's dump.
-fn layout(img: &str) -> (u64, String, u32) {
-    let out = ok(&cs(&["luksDump", img]), "luksDump");
-    let seg = out.split("Data segments:").nth(1).unwrap();
-    let field = |k: &str| {
-        seg.lines()
-            .find(|l| l.trim_start().starts_with(k))
-            .unwrap()
-            .split(':')
-            .nth(1)
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
-    let off = field("offset").split_whitespace().next().unwrap().parse().unwrap();
-    let ss = field("sector").split_whitespace().next().unwrap().parse().unwrap();
-    (off, field("cipher"), ss)
-}
-
-fn volume_key(v: &Vol) -> Vec<u8> {
-    let out = ok(
-        &cs(&["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", v.pass(), v.img()]),
-        "luksDump --dump-volume-key",
-    );
-    let hexs: String =
-        out.split("MK dump:").nth(1).expect("MK dump").chars().filter(|c| c.is_ascii_hexdigit()).collect();
-    hex::decode(hexs).unwrap()
-}
-
-fn cipher(spec: &str, key: &[u8], ss: u32) -> SectorCipher {
-    let s: CipherSpec = spec.parse().unwrap();
-    SectorCipher::new(
-        &s,
-        &VolumeKey::from_slice(key),
-        SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
-    )
-    .unwrap()
-}
-
 /// A cryptsetup LUKS2 volume of `size` bytes whose data area holds `plaintext`.
 fn volume(size: u64) -> Vol {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
-    let pass = dir.path().join("pass");
-    std::fs::write(&pass, "correct horse").unwrap();
-    let v = Vol { _dir: dir, img, pass };
+    let v = Vol::empty(size, b"correct horse");
     let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", v.pass()];
     args.extend(FAST_PBKDF2);
     args.push(v.img());
     ok(&cs(&args), "luksFormat");
     let (off, spec, ss) = layout(v.img());
     let mut data = plaintext((size - off) as usize);
-    cipher(&spec, &volume_key(&v), ss).encrypt(0, &mut data).unwrap();
+    cipher(&spec, &volume_key(v.img(), v.pass()), ss).encrypt(0, &mut data).unwrap();
     write_at(&v.img, off, &data);
     v
 }
@@ -144,13 +62,8 @@ fn assert_data_intact(v: &Vol) {
     ok(&cs(&["open", "--test-passphrase", "--key-file", v.pass(), v.img()]), "open --test-passphrase");
     let (off, spec, ss) = layout(v.img());
     let mut data = std::fs::read(&v.img).unwrap().split_off(off as usize);
-    cipher(&spec, &volume_key(v), ss).decrypt(0, &mut data).unwrap();
+    cipher(&spec, &volume_key(v.img(), v.pass()), ss).decrypt(0, &mut data).unwrap();
     assert!(data == plaintext(data.len()), "data changed by the reencryption");
-}
-
-fn in_progress(v: &Vol) -> Option<bool> {
-    let dump = ok(&cs(&["luksDump", v.img()]), "luksDump");
-    dump.contains("online-reencrypt").then(|| dump.contains("in-reencryption"))
 }
 
 fn sd_reencrypt(v: &Vol, extra: &[&str]) -> Output {
@@ -180,9 +93,9 @@ fn sealdisk_reencrypts_a_cryptsetup_volume() {
         &["--resilience", "none", "--sector-size", "512"][..],
     ] {
         let v = volume(40 * MIB);
-        let old = volume_key(&v);
+        let old = volume_key(v.img(), v.pass());
         ok(&sd_reencrypt(&v, extra), "sealdisk reencrypt");
-        assert_ne!(volume_key(&v), old, "{extra:?}: the volume key did not change");
+        assert_ne!(volume_key(v.img(), v.pass()), old, "{extra:?}: the volume key did not change");
         assert_data_intact(&v);
     }
 }
@@ -197,14 +110,14 @@ fn cryptsetup_init_only_then_sealdisk_runs() {
         &cs_reencrypt(&v, &["--init-only", "--cipher", "aes-xts-plain64", "--key-size", "256"]),
         "cryptsetup --init-only",
     );
-    assert_eq!(in_progress(&v), Some(false));
+    assert_eq!(in_progress(v.img()), Some(false));
     // sealdisk prints the reencryption state as cryptsetup does.
     let theirs = ok(&cs(&["luksDump", v.img()]), "cryptsetup luksDump");
     let ours = ok(&sealdisk(&["luksDump", v.img()]), "sealdisk luksDump");
     assert_eq!(ours, theirs, "luksDump of a volume in reencryption");
     ok(&sd_reencrypt(&v, &["--resume-only"]), "sealdisk reencrypt --resume-only");
     assert_data_intact(&v);
-    assert_eq!(volume_key(&v).len(), 32);
+    assert_eq!(volume_key(v.img(), v.pass()).len(), 32);
 }
 
 #[test]
@@ -215,7 +128,7 @@ fn sealdisk_init_only_then_cryptsetup_runs() {
     for resilience in ["checksum", "journal", "none"] {
         let v = volume(40 * MIB);
         ok(&sd_reencrypt(&v, &["--init-only", "--resilience", resilience]), "sealdisk --init-only");
-        assert_eq!(in_progress(&v), Some(false));
+        assert_eq!(in_progress(v.img()), Some(false));
         let theirs = ok(&cs(&["luksDump", v.img()]), "cryptsetup luksDump");
         let ours = ok(&sealdisk(&["luksDump", v.img()]), "sealdisk luksDump");
         assert_eq!(ours, theirs, "luksDump of a volume in reencryption ({resilience})");
@@ -234,7 +147,7 @@ fn killed_mid_run(mut cmd: impl FnMut(&Vol) -> Command) -> Option<(Vol, bool)> {
         std::thread::sleep(Duration::from_millis(ms));
         let _ = child.kill();
         let _ = child.wait();
-        if let Some(hot) = in_progress(&v) {
+        if let Some(hot) = in_progress(v.img()) {
             eprintln!("killed after {ms} ms, hotzone mid-write: {hot}");
             return Some((v, hot));
         }
@@ -289,7 +202,7 @@ fn sealdisk_killed_mid_run_resumes_in_cryptsetup() {
             // cryptsetup 2.6 recovers a hotzone only through `repair` ("Device requires
             // reencryption recovery. Run repair first.").
             ok(&cs(&["repair", "--batch-mode", "--key-file", v.pass(), v.img()]), "cryptsetup repair");
-            assert_eq!(in_progress(&v), Some(false), "repair recovered the hotzone");
+            assert_eq!(in_progress(v.img()), Some(false), "repair recovered the hotzone");
         }
         ok(&cs_reencrypt(&v, &["--resume-only"]), "cryptsetup reencrypt --resume-only");
         assert_data_intact(&v);
