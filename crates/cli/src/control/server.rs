@@ -446,8 +446,10 @@ impl Live {
         }
         let Some(table) = &r.table else {
             if self.base.integrity.is_some() {
-                // cryptsetup's refusal (crypt_resize): a LUKS2 --integrity volume's
-                // dm-integrity area would need tags for the new sectors.
+                // cryptsetup 2.8's refusal (crypt_resize, its text since 2.8.0). 2.6.1 has
+                // no such check: it reloads the dm-crypt table over the whole data device,
+                // past the dm-integrity device below it, and the kernel refuses the reload;
+                // a grown dm-integrity area would also need tags for its new sectors.
                 return Response::err(
                     exit::BAD_ARGS,
                     "Resize of LUKS2 device with integrity protection is not supported.",
