@@ -46,6 +46,13 @@ pub trait PassphraseSource {
     fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError>;
     /// The last passphrase opened no keyslot (a prompt says so before asking again).
     fn rejected(&mut self) {}
+    /// The keyslots the passphrase [`next_passphrase`](Self::next_passphrase) returned last
+    /// may open, in the order to try them (a LUKS2 token's `keyslots`: cryptsetup's
+    /// `LUKS2_keyslot_open_by_token` tries only those, whatever `--key-slot` says); `None`:
+    /// any keyslot, or `--key-slot`.
+    fn keyslots(&self) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// One passphrase, tried once.
@@ -406,16 +413,30 @@ fn unlock_keys(
     }
     let mut last = None;
     while let Some(pass) = l.passphrase.next_passphrase()? {
+        let slots = l.passphrase.keyslots();
+        // One keyslot, any keyslot, or a token's keyslots in its order (a wrong passphrase
+        // goes on to the next; any other error stops, as in cryptsetup).
+        let unlock = |pass: &Passphrase| match &slots {
+            None => header.unlock_with(&*meta.device, pass, l.key_slot, &l.kdf_limits),
+            Some(list) => {
+                let mut r = Err(LuksError::WrongPassphrase);
+                for &s in list {
+                    r = header.unlock_with(&*meta.device, pass, Some(s), &l.kdf_limits);
+                    if !matches!(r, Err(LuksError::WrongPassphrase)) {
+                        break;
+                    }
+                }
+                r
+            }
+        };
         let tried = if reencrypting {
             // Both keys open with the passphrase (cryptsetup unlocks all segments' keys).
             luks::reencrypt::unlock_keys(&*meta.device, &header, &pass, &l.kdf_limits).and_then(|k| {
-                let (slot, _) = header.unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)?;
+                let (slot, _) = unlock(&pass)?;
                 Ok((slot, Keys::Reencrypt(k)))
             })
         } else {
-            header
-                .unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)
-                .map(|(k, vk)| (k, Keys::One(vk)))
+            unlock(&pass).map(|(k, vk)| (k, Keys::One(vk)))
         };
         match tried {
             Ok((keyslot, keys)) => return Ok((Unlocked { luks: header, keyslot }, keys)),
