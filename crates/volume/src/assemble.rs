@@ -504,8 +504,11 @@ fn open_reencrypting(
     storage: Storage,
     opts: &OpenOptions,
 ) -> Result<Volume, VolumeError> {
+    // The header's persistent flags (LUKS2 `config.flags`) join the command line's, as
+    // `Luks::table` adds them for one segment.
+    let flags = with_persistent_flags(&unlocked.luks, &l.flags);
     let (device, tn, to) =
-        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
+        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &flags)?;
     Ok(Volume {
         device,
         kind: VolumeKind::Luks2,
@@ -514,6 +517,24 @@ fn open_reencrypting(
         luks: Some(unlocked),
         rotational: false,
     })
+}
+
+/// `extra` (command-line activation flags) with the LUKS2 header's persistent flags added.
+fn with_persistent_flags(luks: &Luks, extra: &CryptOptions) -> CryptOptions {
+    let stored = match &luks.header {
+        luks::LuksHeader::V2(s) => s.header.metadata.config.flags.clone().unwrap_or_default(),
+        luks::LuksHeader::V1(_) => Vec::new(),
+    };
+    let has = |f: &str| stored.iter().any(|x| x == f);
+    CryptOptions {
+        allow_discards: extra.allow_discards || has("allow-discards"),
+        same_cpu_crypt: extra.same_cpu_crypt || has("same-cpu-crypt"),
+        submit_from_crypt_cpus: extra.submit_from_crypt_cpus || has("submit-from-crypt-cpus"),
+        no_read_workqueue: extra.no_read_workqueue || has("no-read-workqueue"),
+        no_write_workqueue: extra.no_write_workqueue || has("no-write-workqueue"),
+        high_priority: extra.high_priority || has("high_priority"),
+        ..extra.clone()
+    }
 }
 
 /// Reads the FileVault2 metadata on `storage` and tries the passphrases of `f` until one

@@ -379,6 +379,29 @@ impl Live {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         }
         let Some(table) = &r.table else {
+            // Why there is no one table to rebuild from: a reencryption (two segments, two
+            // keys, and the keys are not kept) or an authenticated segment.
+            if lock(&self.reenc).running() {
+                return Response::err(
+                    exit::BUSY,
+                    format!(
+                        "Device {} is being reencrypted: its flags cannot be refreshed until the reencryption \
+                         finishes (`sealdisk status {}` shows its progress).",
+                        self.name, self.name
+                    ),
+                );
+            }
+            if self.base.integrity.is_none() {
+                return Response::err(
+                    exit::BAD_ARGS,
+                    format!(
+                        "refresh of {} is not supported while its LUKS2 reencryption is unfinished (two segments, \
+                         two keys): finish it (`sealdisk reencrypt --resume-only`), or close the volume and open it \
+                         again with the new flags",
+                        self.name
+                    ),
+                );
+            }
             return Response::err(
                 exit::BAD_ARGS,
                 format!(
