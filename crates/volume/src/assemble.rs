@@ -533,7 +533,7 @@ fn with_persistent_flags(luks: &Luks, extra: &CryptOptions) -> CryptOptions {
         no_read_workqueue: extra.no_read_workqueue || has("no-read-workqueue"),
         no_write_workqueue: extra.no_write_workqueue || has("no-write-workqueue"),
         high_priority: extra.high_priority || has("high_priority"),
-        ..extra.clone()
+        ..*extra
     }
 }
 
