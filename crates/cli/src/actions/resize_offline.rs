@@ -153,7 +153,8 @@ pub fn resize(path: &str, size: Option<u64>, kind: Option<&str>, o: &OfflineArgs
         let luks = Luks::load(&*dev.device, true).map_err(luks_err(meta_path))?;
         luks.check_supported().map_err(luks_err(meta_path))?;
         if luks.aead().map_err(luks_err(meta_path))?.is_some() {
-            // cryptsetup 2.8's refusal (crypt_resize; 2.6.1 fails at the kernel's reload).
+            // cryptsetup 2.8's text (crypt_resize); 2.6.1 refuses the running volume with
+            // "Unsupported parameters on device NAME." (the control plane's answer).
             bail!(UsageError("Resize of LUKS2 device with integrity protection is not supported.".into()));
         }
         let seg = luks.segment().map_err(luks_err(meta_path))?;

@@ -469,13 +469,14 @@ impl Live {
         }
         let Some(table) = &r.table else {
             if self.base.integrity.is_some() {
-                // cryptsetup 2.8's refusal (crypt_resize, its text since 2.8.0). 2.6.1 has
-                // no such check: it reloads the dm-crypt table over the whole data device,
-                // past the dm-integrity device below it, and the kernel refuses the reload;
-                // a grown dm-integrity area would also need tags for its new sectors.
+                // cryptsetup 2.6.1's refusal, as its `resize` of a LUKS2 --integrity volume
+                // answers on Linux 6.1 (grow, shrink or no size alike; exit 1; seen in the
+                // oracle). cryptsetup 2.8 says "Resize of LUKS2 device with integrity
+                // protection is not supported." instead. A grown dm-integrity area would
+                // also need tags for its new sectors.
                 return Response::err(
                     exit::BAD_ARGS,
-                    "Resize of LUKS2 device with integrity protection is not supported.",
+                    format!("Unsupported parameters on device {}.", self.name),
                 );
             }
             return Response::err(
