@@ -13,7 +13,8 @@
 //! * integrity resize: a standalone integrity image grown by sealdisk's offline `resize`
 //!   opens in the guest (`integritysetup open`) at its new size and reads whole, no
 //!   mismatch; one grown by the guest's `integritysetup resize` (its device grown under a
-//!   dm-linear) reads whole in sealdisk at the kernel's size.
+//!   dm-linear) reads whole in sealdisk at the kernel's size. A LUKS2 `--integrity` volume's
+//!   `cryptsetup resize` is refused, and sealdisk's running `resize` says the same.
 //!
 //! Boots a kernel (~1 min under TCG): `cargo test -p sealdisk --test lifecycle_kernel -- --ignored`.
 
@@ -222,6 +223,8 @@ fn convert_tokens_and_resize_interoperate_with_the_kernel() {
     iformat(&disk("h"));
     let h_old = std::fs::metadata(disk("h")).unwrap().len() / 512;
     std::fs::OpenOptions::new().write(true).open(disk("h")).unwrap().set_len(24 << 20).unwrap();
+    // (vdi): formatted LUKS2 --integrity by the guest.
+    std::fs::File::create(disk("i")).unwrap().set_len(32 << 20).unwrap();
     let isum = |sectors: u64| {
         let mut v = idata.clone();
         v.resize(sectors as usize * 512, 0);
@@ -282,6 +285,11 @@ echo "SZ ih $(blockdev --getsz /dev/mapper/h)"
 echo "SHA ih $(sha256sum /dev/mapper/h | cut -d' ' -f1)"
 echo "ST ih $(dmsetup status h | cut -d' ' -f4-)"
 integritysetup close h
+# LUKS2 --integrity: cryptsetup's resize refuses it.
+cryptsetup luksFormat -q --type luks2 --integrity hmac-sha256 --integrity-no-wipe --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file $P /dev/vdi
+cryptsetup open --key-file $P /dev/vdi li
+if cryptsetup resize --key-file $P li 2>/tmp/err; then echo "ERR li none"; else echo "ERR li $? $(cat /tmp/err)"; fi
+cryptsetup close li
 echo "INFO ih_dump $(integritysetup dump /dev/mapper/hl | grep -E 'provided|flags|recalc' | tr '\n' ' ')"
 echo "INFO ig_dump $(integritysetup dump /dev/vdg | grep -E 'provided|flags|recalc' | tr '\n' ' ')"
 dmsetup remove hl
@@ -293,7 +301,7 @@ sync
         ),
     )
     .unwrap();
-    let disks: Vec<_> = ["a", "b", "c", "d", "e", "f", "g", "h"].iter().map(|n| disk(n)).collect();
+    let disks: Vec<_> = ["a", "b", "c", "d", "e", "f", "g", "h", "i"].iter().map(|n| disk(n)).collect();
     let log = boot_kernel(&kr, std::slice::from_ref(&pass), &disks, &script);
     let types = tagged_lines(&log, "TYPE");
     let sums = tagged_lines(&log, "SHA");
@@ -387,6 +395,15 @@ sync
     assert!(ig >= 32768, "{log}");
     assert_eq!(sums.get("ig"), Some(&isum(ig)), "dm-integrity reads other data after sealdisk's resize");
     assert_eq!(tagged_lines(&log, "ST").get("ig").map(String::as_str), Some("0"), "mismatches: {log}");
+    // LUKS2 --integrity: cryptsetup refuses resize; sealdisk's running resize says the same.
+    let li = errs.get("li").expect("no ERR li line");
+    assert_eq!(li, "1 Unsupported parameters on device li.", "cryptsetup's resize of LUKS2 --integrity");
+    let srv = serve(d, "li", &["--key-file", p, &s(&disk("i")), "li"], None);
+    let out = ctl(&["resize", "li"]);
+    assert_eq!(out.status.code(), Some(1));
+    let sd = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert!(sd.ends_with(&li[2..]), "sealdisk says {sd:?}, cryptsetup {li:?}");
+    srv.stop_ok();
     // Grown by the kernel (integritysetup resize), read by sealdisk: the same size and data.
     let ih: u64 = sizes.get("ih").expect("no SZ ih line").parse().unwrap();
     assert!(ih > h_old, "{log}");
