@@ -328,6 +328,23 @@ pub fn serve(
     serve_live(claim, live, gate, rotational, listener, args, read_only)
 }
 
+/// Serves a standalone integrity volume as [`serve`] does; `resize NAME` grows it
+/// (`regrow`).
+pub fn serve_integrity(
+    name: &str,
+    device: Arc<dyn BlockDevice>,
+    regrow: control::server::IntegrityRegrow,
+    listener: Listener,
+    args: &ServeArgs,
+    read_only: bool,
+) -> Result<()> {
+    let claim = control::claim(name)?;
+    let rotational = regrow.storage.rotational;
+    let (live, gate) = Live::basic(name, device, "INTEGRITY", read_only);
+    live.set_regrow(regrow);
+    serve_live(claim, live, gate, rotational, listener, args, read_only)
+}
+
 /// Serves an assembled volume as [`serve`] does, with the whole control plane: `status`
 /// shows its tables, `refresh` and `luksSuspend`/`luksResume` rebuild its stack on the
 /// storage `rebuild` keeps. `claim` was taken (the name checked free) before the unlock.

@@ -197,3 +197,167 @@ fn journal_integrity_and_journal_crypt_options() {
         assert!(!out.status.success(), "{bad:?} accepted");
     }
 }
+
+/// `sealdisk` with the runtime dir of `dir` (where `serve` registers the volume).
+fn run_in(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin()).args(args).env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir)).output().unwrap()
+}
+
+fn dump_field(img: &str, key: &str) -> String {
+    let out = run(&["integrity", "dump", img]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key} ")).map(|v| v.trim().to_string()))
+        .unwrap_or(text)
+}
+
+/// Writes `data` at 0 of the integrity image `img` (through the library), closed cleanly.
+fn write_through(img: &str, p: &volume::integrity::IntegrityParams, data: &[u8]) {
+    use blockdev::BlockDevice;
+    let t = volume::integrity::open(img, p).unwrap();
+    t.write_at(0, data, blockdev::WriteFlags::empty()).unwrap();
+    t.flush().unwrap();
+}
+
+/// Reads the whole volume `img` through the library: its size, and whether every read passed.
+fn read_all(img: &str, p: &volume::integrity::IntegrityParams) -> (u64, Vec<u8>) {
+    use blockdev::BlockDevice;
+    let t = volume::integrity::open(img, p).unwrap();
+    t.wait_recalculated();
+    let size = t.geometry().size;
+    let mut all = vec![0u8; size as usize];
+    t.read_at(0, &mut all).unwrap();
+    assert_eq!(t.status().mismatches, 0);
+    (size / 512, all)
+}
+
+/// `sealdisk resize IMAGE` of an integrity image: the superblock's size and the file grow,
+/// the old data verifies, the new area reads as zeroes (recalculated, or wiped with
+/// `--wipe`); shrinking and a keyed hash without `--wipe` are refused with nothing changed;
+/// and `resize NAME` of a served volume whose file grew underneath, as a client sees it.
+#[test]
+fn resize_offline_and_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("g.img");
+    std::fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
+    let img = img.to_str().unwrap().to_string();
+    let out = run(&["integrity", "format", "-q", "--no-progress", &img]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let p = volume::integrity::IntegrityParams::default();
+    let data = pattern(1 << 20, 3);
+    write_through(&img, &p, &data);
+    let old: u64 = dump_field(&img, "provided_data_sectors").parse().unwrap();
+    let out = run(&["resize", &img, "--size", "32768"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(dump_field(&img, "provided_data_sectors"), "32768");
+    let file_len = std::fs::metadata(&img).unwrap().len();
+    assert!(file_len > 16 << 20 && file_len < 17 << 20, "{file_len}");
+    let (size, all) = read_all(&img, &p);
+    assert_eq!(size, 32768);
+    assert!(all[..data.len()] == data[..] && all[data.len()..].iter().all(|&b| b == 0));
+    if let Ok(o) = Command::new("integritysetup").arg("dump").arg(&img).output() {
+        if o.status.success() {
+            let theirs = String::from_utf8_lossy(&o.stdout);
+            assert!(theirs.contains("provided_data_sectors 32768"), "{theirs}");
+        }
+    }
+    // Refused, nothing changed: shrinking; --device-size not a multiple of 512.
+    let before = std::fs::read(&img).unwrap();
+    for (args, msg) in [
+        (vec!["resize", &img, "--size", "16384"], "shrinking"),
+        (vec!["resize", &img, "--device-size", "1000"], "multiple of 512"),
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(msg),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(std::fs::read(&img).unwrap() == before, "{args:?} changed the image");
+    }
+    assert!(old < 32768);
+
+    // A keyed hash: the kernel would refuse the recalculation; --wipe writes the new area.
+    let himg = dir.path().join("h.img");
+    std::fs::File::create(&himg).unwrap().set_len(8 << 20).unwrap();
+    let himg = himg.to_str().unwrap().to_string();
+    let key = dir.path().join("key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let key = key.to_str().unwrap();
+    let out = run(&[
+        "integrity",
+        "format",
+        "-q",
+        "--no-progress",
+        "-I",
+        "hmac-sha256",
+        "--integrity-key-file",
+        key,
+        &himg,
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let before = std::fs::read(&himg).unwrap();
+    let out = run(&["resize", &himg, "-I", "hmac-sha256", "--integrity-key-file", key, "--size", "32768"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Setting recalculate flag is not supported, you may consider using --wipe instead."),
+        "{err}"
+    );
+    assert!(std::fs::read(&himg).unwrap() == before, "a refused resize changed the image");
+    let out = run(&[
+        "resize",
+        &himg,
+        "-I",
+        "hmac-sha256",
+        "--integrity-key-file",
+        key,
+        "--size",
+        "32768",
+        "--wipe",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let hp = volume::integrity::IntegrityParams {
+        integrity: "hmac-sha256".into(),
+        key: Some(sector_crypto::secure::SecretBuf::from_vec(vec![7u8; 32])),
+        ..Default::default()
+    };
+    let (size, all) = read_all(&himg, &hp);
+    assert_eq!(size, 32768);
+    assert!(all.iter().all(|&b| b == 0));
+
+    // Running: the file grows underneath, `resize vol` grows the served volume.
+    if !have("nbdcopy") {
+        return;
+    }
+    let s = serve(dir.path(), &img, &[]);
+    let out = run_in(dir.path(), &["resize", "vol", "--size", "999999"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is too small."),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(file_len + (16 << 20)).unwrap();
+    let out = run_in(dir.path(), &["resize", "vol"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let back = dir.path().join("back.bin");
+    run_tool(Command::new("nbdcopy").arg(&s.uri).arg(&back));
+    let all = std::fs::read(&back).unwrap();
+    assert!(all.len() as u64 > 32768 * 512 + (15 << 20), "{}", all.len());
+    assert!(all[..data.len()] == data[..] && all[data.len()..].iter().all(|&b| b == 0));
+    let t0 = Instant::now();
+    while status_field(dir.path(), "provided_data_sectors") != (all.len() / 512).to_string() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "status: {}",
+            status_field(dir.path(), "provided_data_sectors")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status_field(dir.path(), "mismatches"), "0");
+    drop(s);
+    let (size, _) = read_all(&img, &p);
+    assert_eq!(size, all.len() as u64 / 512);
+}

@@ -10,6 +10,11 @@
 //! * resize: an image grown by sealdisk's offline `resize` opens in the guest with the new
 //!   size and the old data; the guest's `cryptsetup resize` (a size, the whole device, a
 //!   size beyond it) and sealdisk's running `resize` give the same sizes and the same error.
+//! * integrity resize: a standalone integrity image grown by sealdisk's offline `resize`
+//!   opens in the guest (`integritysetup open`) at its new size and reads whole, no
+//!   mismatch; one grown by the guest's `integritysetup resize` (its device grown under a
+//!   dm-linear) reads whole in sealdisk at the kernel's size. A LUKS2 `--integrity` volume's
+//!   `cryptsetup resize` is refused, and sealdisk's running `resize` says the same.
 //!
 //! Boots a kernel (~1 min under TCG): `cargo test -p sealdisk --test lifecycle_kernel -- --ignored`.
 
@@ -200,6 +205,32 @@ fn convert_tokens_and_resize_interoperate_with_the_kernel() {
     assert_eq!(std::fs::metadata(disk("f")).unwrap().len(), 48 << 20);
     let old_f = (SIZE - off_f) / 512;
 
+    // Integrity (vdg): formatted and filled by sealdisk, grown offline by sealdisk 8 → 16
+    // MiB of data. (vdh): the same at 8 MiB, its file then 24 MiB long: the guest grows it
+    // under a dm-linear with `integritysetup resize`.
+    let ip = volume::integrity::IntegrityParams::default();
+    let idata = plaintext(1 << 20, 8);
+    let iformat = |img: &Path| {
+        std::fs::File::create(img).unwrap().set_len(8 << 20).unwrap();
+        ok(&sealdisk(&["integrity", "format", "-q", "--no-progress", &s(img)]), "integrity format");
+        use blockdev::BlockDevice;
+        let t = volume::integrity::open(&s(img), &ip).unwrap();
+        t.write_at(0, &idata, blockdev::WriteFlags::empty()).unwrap();
+        t.flush().unwrap();
+    };
+    iformat(&disk("g"));
+    ok(&sealdisk(&["resize", &s(&disk("g")), "--size", "32768"]), "integrity offline resize");
+    iformat(&disk("h"));
+    let h_old = std::fs::metadata(disk("h")).unwrap().len() / 512;
+    std::fs::OpenOptions::new().write(true).open(disk("h")).unwrap().set_len(24 << 20).unwrap();
+    // (vdi): formatted LUKS2 --integrity by the guest.
+    std::fs::File::create(disk("i")).unwrap().set_len(32 << 20).unwrap();
+    let isum = |sectors: u64| {
+        let mut v = idata.clone();
+        v.resize(sectors as usize * 512, 0);
+        sha_hex(&v)
+    };
+
     let script = d.join("guest.sh");
     std::fs::write(
         &script,
@@ -232,14 +263,45 @@ echo "SZ after_big $(blockdev --getsz /dev/mapper/f)"
 cryptsetup resize --key-file $P f
 echo "SZ full $(blockdev --getsz /dev/mapper/f)"
 cryptsetup close f
+# Integrity grown by sealdisk: the kernel's size, every sector read without an error.
+integritysetup open /dev/vdg g
+echo "SZ ig $(blockdev --getsz /dev/mapper/g)"
+echo "SHA ig $(sha256sum /dev/mapper/g | cut -d' ' -f1)"
+echo "ST ig $(dmsetup status g | cut -d' ' -f4)"
+integritysetup close g
+# Integrity grown by the kernel: integritysetup resize of a volume whose device grew.
+dmsetup create hl --table "0 {h_old} linear /dev/vdh 0"
+integritysetup open /dev/mapper/hl h
+dmsetup reload hl --table "0 49152 linear /dev/vdh 0"
+dmsetup resume hl
+integritysetup resize h
+echo "INFO ih_after_resize $(dmsetup status h | cut -d' ' -f4-) $(dmsetup table h | cut -d' ' -f4-8)"
+for i in $(seq 100); do
+  set -- $(dmsetup status h)
+  [ "$6" = "$5" ] && break
+  sleep 0.1
+done
+echo "SZ ih $(blockdev --getsz /dev/mapper/h)"
+echo "SHA ih $(sha256sum /dev/mapper/h | cut -d' ' -f1)"
+echo "ST ih $(dmsetup status h | cut -d' ' -f4-)"
+integritysetup close h
+# LUKS2 --integrity: cryptsetup's resize refuses it.
+cryptsetup luksFormat -q --type luks2 --integrity hmac-sha256 --integrity-no-wipe --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file $P /dev/vdi
+cryptsetup open --key-file $P /dev/vdi li
+if cryptsetup resize --key-file $P li 2>/tmp/err; then echo "ERR li none"; else echo "ERR li $? $(cat /tmp/err)"; fi
+cryptsetup close li
+echo "INFO ih_dump $(integritysetup dump /dev/mapper/hl | grep -E 'provided|flags|recalc' | tr '\n' ' ')"
+echo "INFO ig_dump $(integritysetup dump /dev/vdg | grep -E 'provided|flags|recalc' | tr '\n' ' ')"
+dmsetup remove hl
 sync
 "#,
             old_bytes = old_f * 512,
             too_big = grown / 512 + 8,
+            h_old = h_old,
         ),
     )
     .unwrap();
-    let disks: Vec<_> = ["a", "b", "c", "d", "e", "f"].iter().map(|n| disk(n)).collect();
+    let disks: Vec<_> = ["a", "b", "c", "d", "e", "f", "g", "h", "i"].iter().map(|n| disk(n)).collect();
     let log = boot_kernel(&kr, std::slice::from_ref(&pass), &disks, &script);
     let types = tagged_lines(&log, "TYPE");
     let sums = tagged_lines(&log, "SHA");
@@ -324,4 +386,36 @@ sync
     ok(&ctl(&["resize", "f"]), "sealdisk resize");
     assert_eq!(nbd_length(&srv.uri()), grown);
     srv.stop_ok();
+
+    for (k, v) in tagged_lines(&log, "INFO") {
+        eprintln!("guest {k}: {v}");
+    }
+    // Integrity grown by sealdisk, read by the kernel: its size, the data, no mismatch.
+    let ig: u64 = sizes.get("ig").expect("no SZ ig line").parse().unwrap();
+    assert!(ig >= 32768, "{log}");
+    assert_eq!(sums.get("ig"), Some(&isum(ig)), "dm-integrity reads other data after sealdisk's resize");
+    assert_eq!(tagged_lines(&log, "ST").get("ig").map(String::as_str), Some("0"), "mismatches: {log}");
+    // LUKS2 --integrity: cryptsetup refuses resize; sealdisk's running resize says the same.
+    let li = errs.get("li").expect("no ERR li line");
+    assert_eq!(li, "1 Unsupported parameters on device li.", "cryptsetup's resize of LUKS2 --integrity");
+    let srv = serve(d, "li", &["--key-file", p, &s(&disk("i")), "li"], None);
+    let out = ctl(&["resize", "li"]);
+    assert_eq!(out.status.code(), Some(1));
+    let sd = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert!(sd.ends_with(&li[2..]), "sealdisk says {sd:?}, cryptsetup {li:?}");
+    srv.stop_ok();
+    // Grown by the kernel (integritysetup resize), read by sealdisk: the same size and data.
+    let ih: u64 = sizes.get("ih").expect("no SZ ih line").parse().unwrap();
+    assert!(ih > h_old, "{log}");
+    assert_eq!(sums.get("ih"), Some(&isum(ih)), "dm-integrity after its own resize: {log}");
+    {
+        use blockdev::BlockDevice;
+        let t = volume::integrity::open(&s(&disk("h")), &ip).unwrap();
+        t.wait_recalculated();
+        assert_eq!(t.geometry().size / 512, ih, "sealdisk's size of the kernel-grown volume");
+        let mut all = vec![0u8; ih as usize * 512];
+        t.read_at(0, &mut all).expect("sealdisk reads the kernel-grown volume");
+        assert_eq!(sha_hex(&all), isum(ih));
+        assert_eq!(t.status().mismatches, 0);
+    }
 }

@@ -646,3 +646,67 @@ fn legacy_argon2_kdf_name_dumps_as_cryptsetup() {
         }
     }
 }
+
+/// A token unlocks through the keyslots it names only (cryptsetup 2.6.1's
+/// `LUKS2_keyslot_open_by_token`): a passphrase that opens another keyslot fails as a wrong
+/// one (exit 2); a token with no keyslot is unusable (exit 1); without `--token-id` the
+/// token's `ignore`-priority keyslots are skipped, with it they are tried. Each case exits as
+/// cryptsetup's does on the same image.
+#[test]
+fn token_unlock_tries_only_the_tokens_keyslots() {
+    let v = Vol::new(false);
+    let tag = std::process::id();
+    let second = format!("sd-test:{tag}:second");
+    if keyring_add(&second, b"second passphrase").is_none() {
+        eprintln!("SKIPPED: the kernel keyring is not usable here (keyctl add_key failed)");
+        return;
+    }
+    let p2 = v.file("pass2", b"second passphrase");
+    let mut args = vec!["luksAddKey", "-q", "--key-file", &v.pass, "--key-slot", "1"];
+    args.extend(FAST_PBKDF2);
+    args.extend([v.img.as_str(), p2.as_str()]);
+    ok(&sealdisk(&args), "luksAddKey slot 1");
+    // Token 0: the second passphrase, but assigned to keyslot 0 (the first passphrase's).
+    ok(&sealdisk(&["token", "add", "--key-description", &second, "--key-slot", "0", &v.img]), "token 0");
+    let only = |extra: &[&str]| {
+        let mut a = vec!["open", "--test-passphrase", "--token-only"];
+        a.extend_from_slice(extra);
+        a.push(&v.img);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let both = |extra: &[&str], code: i32, msg: &str, what: &str| {
+        let args = only(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if code == 0 {
+            ok(&sealdisk(&args), what);
+        } else {
+            fails(&sealdisk(&args), code, msg, what);
+        }
+        if cryptsetup() {
+            assert_eq!(cs(&args).status.code(), Some(code), "cryptsetup {what}");
+        }
+    };
+    both(&[], 2, "Token 0 cannot unlock assigned keyslot(s)", "token 0 on keyslot 0");
+    both(&["--token-id", "0"], 2, "Token 0 cannot unlock assigned keyslot(s)", "--token-id 0");
+    // Falls back to the passphrase without --token-only.
+    ok(
+        &sealdisk(&["open", "--test-passphrase", "--key-file", &v.pass, "--token-id", "0", &v.img]),
+        "fallback",
+    );
+    // Token 1: the same key on keyslot 1: it unlocks.
+    ok(&sealdisk(&["token", "add", "--key-description", &second, "--key-slot", "1", &v.img]), "token 1");
+    both(&["--token-id", "1"], 0, "", "--token-id 1");
+    both(&[], 0, "", "any token");
+    // Keyslot 1 `ignore`: tokens skip it unless asked for by id.
+    ok(&sealdisk(&["config", "--priority", "ignore", "--key-slot", "1", &v.img]), "priority ignore");
+    both(&[], 2, "Token 0 cannot unlock assigned keyslot(s)", "ignore skipped");
+    both(&["--token-id", "1"], 0, "", "ignore tried with --token-id");
+    // A token naming no keyslot is never usable.
+    ok(&sealdisk(&["token", "remove", "--token-id", "0", &v.img]), "remove 0");
+    ok(&sealdisk(&["token", "remove", "--token-id", "1", &v.img]), "remove 1");
+    let json = format!(r#"{{"type":"luks2-keyring","keyslots":[],"key_description":"{second}"}}"#);
+    let f = v.file("t.json", json.as_bytes());
+    ok(&sealdisk(&["token", "import", "--json-file", &f, "--token-id", "3", &v.img]), "import");
+    both(&["--token-id", "3"], 1, "No usable token is available.", "no keyslot");
+    both(&[], 1, "No usable token is available.", "no keyslot, any token");
+}

@@ -284,6 +284,39 @@ fn read_only_open_mid_reencryption() {
     assert!(std::fs::read(&v.img).unwrap() == before);
 }
 
+/// A volume opened mid-reencryption takes the header's persistent flags as a volume of one
+/// segment does (`status` shows them), and `refresh` of it says why it cannot rebuild it
+/// (no "integrity" message), changing nothing.
+#[test]
+fn mid_reencryption_persistent_flags_and_refresh() {
+    if !tools() {
+        return;
+    }
+    let v = volume(24 * MIB);
+    let d = v.dir.path();
+    let srv =
+        serve(d, "p", &["--persistent", "--perf-same_cpu_crypt", "--key-file", v.pass(), v.img(), "p"], None);
+    srv.stop_ok();
+    let mut args = vec!["reencrypt", "--init-only", "--key-file", v.pass()];
+    args.extend(FAST_PBKDF2);
+    args.push(v.img());
+    ok(&sealdisk(&args), "sealdisk reencrypt --init-only");
+    let srv = serve(d, "mid", &["--key-file", v.pass(), v.img(), "mid"], None);
+    let st = status_of(&v, "mid");
+    assert!(st.lines().any(|l| l.contains("flags:") && l.contains("same_cpu_crypt")), "{st}");
+    let out = sd_in(d, &["refresh", "mid", "--perf-no_read_workqueue"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("reencryption is unfinished") && !err.contains("integrity"), "{err}");
+    let st = status_of(&v, "mid");
+    assert!(!st.contains("no_read_workqueue"), "{st}");
+    let back = d.join("back.raw");
+    run_tool(Command::new("nbdcopy").arg(srv.uri()).arg(&back));
+    let got = std::fs::read(&back).unwrap();
+    assert!(got == plaintext(got.len(), 0));
+    srv.stop_ok();
+}
+
 // ---- Online reencryption of a served volume ----
 
 /// `sealdisk ARGS` with the runtime directory of the servers `serve` starts in `dir`.
@@ -377,6 +410,10 @@ fn online_reencryption_while_clients_write() {
     let out = online_reencrypt(&v, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Reencryption process is already running."));
+    // `refresh` while it runs: busy, and it says why.
+    let out = sd_in(v.dir.path(), &["refresh", "vol", "--perf-same_cpu_crypt"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is being reencrypted"));
     // Clients write and read while it runs.
     let mut batches = 0;
     let mut during = 0;

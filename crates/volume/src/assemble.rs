@@ -46,6 +46,13 @@ pub trait PassphraseSource {
     fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError>;
     /// The last passphrase opened no keyslot (a prompt says so before asking again).
     fn rejected(&mut self) {}
+    /// The keyslots the passphrase [`next_passphrase`](Self::next_passphrase) returned last
+    /// may open, in the order to try them (a LUKS2 token's `keyslots`: cryptsetup's
+    /// `LUKS2_keyslot_open_by_token` tries only those, whatever `--key-slot` says); `None`:
+    /// any keyslot, or `--key-slot`.
+    fn keyslots(&self) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// One passphrase, tried once.
@@ -422,13 +429,31 @@ fn unlock_keys(
     }
     let mut last = None;
     while let Some(pass) = l.passphrase.next_passphrase()? {
+        let slots = l.passphrase.keyslots();
+        // One keyslot, any keyslot, or a token's keyslots in its order (a wrong passphrase
+        // goes on to the next; any other error stops, as in cryptsetup).
+        let unlock = |pass: &Passphrase| match &slots {
+            None => header.unlock_with(&*meta.device, pass, l.key_slot, &l.kdf_limits),
+            Some(list) => {
+                let mut r = Err(LuksError::WrongPassphrase);
+                for &s in list {
+                    r = header.unlock_with(&*meta.device, pass, Some(s), &l.kdf_limits);
+                    if !matches!(r, Err(LuksError::WrongPassphrase)) {
+                        break;
+                    }
+                }
+                r
+            }
+        };
         let tried = if reencrypting {
             // Both keys open with the passphrase (cryptsetup unlocks all segments' keys).
             // The keyslot is the one that opened the volume's key (during an encryption it is
             // bound to no regular segment yet); a --key-slot must open too.
             luks::reencrypt::unlock_keys(&*meta.device, &header, &pass, &l.kdf_limits).and_then(|k| {
-                let slot = match l.key_slot {
-                    Some(s) if s != k.keyslot => {
+                // A token names its keyslots; else a --key-slot must open too.
+                let slot = match (&slots, l.key_slot) {
+                    (Some(_), _) => unlock(&pass)?.0,
+                    (None, Some(s)) if s != k.keyslot => {
                         header.unlock_with(&*meta.device, &pass, Some(s), &l.kdf_limits)?.0
                     }
                     _ => k.keyslot,
@@ -436,9 +461,7 @@ fn unlock_keys(
                 Ok((slot, Keys::Reencrypt(k)))
             })
         } else {
-            header
-                .unlock_with(&*meta.device, &pass, l.key_slot, &l.kdf_limits)
-                .map(|(k, vk)| (k, Keys::One(vk)))
+            unlock(&pass).map(|(k, vk)| (k, Keys::One(vk)))
         };
         match tried {
             Ok((keyslot, keys)) => return Ok((Unlocked { luks: header, keyslot }, keys)),
@@ -507,8 +530,11 @@ fn open_reencrypting(
     storage: Storage,
     opts: &OpenOptions,
 ) -> Result<Volume, VolumeError> {
+    // The header's persistent flags (LUKS2 `config.flags`) join the command line's, as
+    // `Luks::table` adds them for one segment.
+    let flags = with_persistent_flags(&unlocked.luks, &l.flags);
     let (device, tn, to) =
-        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &l.flags)?;
+        luks::reencrypting::activate(&storage, meta, &mut unlocked.luks, keys, opts, &flags)?;
     let layer = |t| match t {
         luks::reencrypting::SegmentTable::Crypt(t) => LayerTable::Crypt(t),
         luks::reencrypting::SegmentTable::Linear { offset, len } => LayerTable::Linear { offset, len },
@@ -522,6 +548,24 @@ fn open_reencrypting(
         luks: Some(unlocked),
         rotational: false,
     })
+}
+
+/// `extra` (command-line activation flags) with the LUKS2 header's persistent flags added.
+fn with_persistent_flags(luks: &Luks, extra: &CryptOptions) -> CryptOptions {
+    let stored = match &luks.header {
+        luks::LuksHeader::V2(s) => s.header.metadata.config.flags.clone().unwrap_or_default(),
+        luks::LuksHeader::V1(_) => Vec::new(),
+    };
+    let has = |f: &str| stored.iter().any(|x| x == f);
+    CryptOptions {
+        allow_discards: extra.allow_discards || has("allow-discards"),
+        same_cpu_crypt: extra.same_cpu_crypt || has("same-cpu-crypt"),
+        submit_from_crypt_cpus: extra.submit_from_crypt_cpus || has("submit-from-crypt-cpus"),
+        no_read_workqueue: extra.no_read_workqueue || has("no-read-workqueue"),
+        no_write_workqueue: extra.no_write_workqueue || has("no-write-workqueue"),
+        high_priority: extra.high_priority || has("high_priority"),
+        ..*extra
+    }
 }
 
 /// Reads the FileVault2 metadata on `storage` and tries the passphrases of `f` until one

@@ -485,3 +485,209 @@ pub(crate) fn layer_table(
         internal_hash: Some(p.integrity.clone()),
     }
 }
+
+/// What a grow did (`provided_data_sectors` before and after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrowReport {
+    /// The volume's size before, in 512-byte sectors.
+    pub old_sectors: u64,
+    /// Its size now.
+    pub new_sectors: u64,
+    /// The new area was wiped (zeroes with valid tags) rather than recalculated.
+    pub wiped: bool,
+}
+
+/// Why a grow was refused before anything changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrowError {
+    /// The volume or its storage failed.
+    #[error(transparent)]
+    Volume(#[from] IntegrityVolumeError),
+    /// A smaller size than the volume has: dm-integrity cannot shrink the tag areas, and the
+    /// data past the new end would be lost.
+    #[error(
+        "{path} provides {have} sectors: shrinking an integrity volume to {want} is not supported (its data \
+         past the new end would be lost)"
+    )]
+    Shrink {
+        /// The device.
+        path: String,
+        /// Its provided_data_sectors.
+        have: u64,
+        /// The size asked for.
+        want: u64,
+    },
+    /// No device size provides that many sectors with this superblock.
+    #[error("{path}: no device size provides {want} sectors")]
+    TooLarge {
+        /// The device.
+        path: String,
+        /// The size asked for.
+        want: u64,
+    },
+    /// Growing the image file failed.
+    #[error("growing {path} to {bytes} bytes")]
+    File {
+        /// The image.
+        path: String,
+        /// The new size.
+        bytes: u64,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl GrowError {
+    /// The cause, for a caller to decide on.
+    pub fn kind(&self) -> crate::ErrorKind {
+        match self {
+            GrowError::Volume(e) => e.kind(),
+            GrowError::Shrink { .. } | GrowError::TooLarge { .. } => crate::ErrorKind::Usage,
+            GrowError::File { .. } => crate::ErrorKind::Io,
+        }
+    }
+}
+
+/// `provided_data_sectors` of a device of `device_sectors` with superblock `sb` (0: too
+/// small), as `dm_integrity_ctr` computes it.
+pub fn provided_on(sb: &Superblock, p: &IntegrityParams, device_sectors: u64) -> u64 {
+    provided_for(sb, p, device_sectors)
+}
+
+/// Whether growing the volume with superblock `sb`, opened with `p`, needs a recalculation
+/// the kernel refuses (`IntegrityError::RecalculateRefused`: wipe the new area instead).
+pub fn recalculate_refused(sb: &Superblock, p: &IntegrityParams) -> Result<bool, IntegrityVolumeError> {
+    let keyed_mac = p.journal_mac()?.is_some_and(|m| m.algorithm().is_keyed());
+    Ok(sb.recalculate_refused(p.hash()?.algorithm().is_keyed(), keyed_mac, false))
+}
+
+fn provided_for(sb: &Superblock, p: &IntegrityParams, device_sectors: u64) -> u64 {
+    let dp = formats::integrity::DeviceParams {
+        data_device_sectors: device_sectors,
+        meta_device_sectors: None,
+        start: 0,
+        buffer_sectors: p.buffer_sectors,
+        sectors_per_bit: p.bitmap_sectors_per_bit,
+    };
+    Layout::open(sb, &dp).map_or(0, |l| l.provided_data_sectors)
+}
+
+/// The smallest device (512-byte sectors) on which a volume with superblock `sb` provides at
+/// least `sectors` (provided_data_sectors grows with the device: a binary search).
+pub fn device_sectors_for(sb: &Superblock, p: &IntegrityParams, sectors: u64) -> Option<u64> {
+    let mut hi = sectors.max(64);
+    while provided_for(sb, p, hi) < sectors {
+        hi = hi.checked_mul(2)?;
+        if hi > u64::MAX / 1024 {
+            return None;
+        }
+    }
+    let mut lo = 0;
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if provided_for(sb, p, mid) >= sectors {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
+
+/// The target configuration for the volume whose superblock is `sb` (block and tag size
+/// from it, as [`open_on`] does).
+fn grow_config(sb: &Superblock, p: &IntegrityParams) -> Result<IntegrityConfig, IntegrityVolumeError> {
+    let mut cfg = p.config()?;
+    cfg.block_size = sb.block_size();
+    cfg.tag_size = Some(p.tag_size.unwrap_or(sb.integrity_tag_size as u32));
+    Ok(cfg)
+}
+
+/// Grows the closed integrity volume on the image file `storage` so it provides at least
+/// `sectors` 512-byte sectors (`sealdisk resize IMAGE --size`): the superblock is marked for
+/// recalculation from the old end (unless `wipe`), the file grows, the volume is opened
+/// (it writes its new size), the new area is recalculated — or wiped — and the volume
+/// closed. A power loss at any point leaves the old data intact and a volume that opens;
+/// one after the file grew leaves the recalculation for the next open (the kernel's too).
+/// Refused before any change: shrinking, a recalculation the kernel refuses for a keyed
+/// hash (use `wipe`), a superblock that does not match `p`.
+pub fn grow_image(
+    storage: crate::Storage,
+    p: &IntegrityParams,
+    sectors: u64,
+    wipe: bool,
+) -> Result<GrowReport, GrowError> {
+    let path = storage.name.clone();
+    let sb = read_superblock(&*storage.device, &path)?;
+    let cfg = grow_config(&sb, p)?;
+    let old = sb.provided_data_sectors;
+    if sectors < old {
+        return Err(GrowError::Shrink { path, have: old, want: sectors });
+    }
+    let dev_sectors = device_sectors_for(&sb, p, sectors)
+        .ok_or_else(|| GrowError::TooLarge { path: path.clone(), want: sectors })?;
+    let bytes = dev_sectors.max(storage.size() / 512) * 512;
+    let target = |source| IntegrityVolumeError::Target { path: path.clone(), source };
+    if !wipe {
+        IntegrityTarget::prepare_grow(&storage.device, &cfg).map_err(target)?;
+    }
+    if bytes > storage.size() {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(bytes).and_then(|_| f.sync_all()));
+        f.map_err(|source| GrowError::File { path: path.clone(), bytes, source })?;
+    }
+    let grown = storage.remeasured().map_err(|e| IntegrityVolumeError::Storage(Box::new(e)))?;
+    let t = open_on(grown.device, &path, p)?;
+    let new = t.superblock().provided_data_sectors;
+    if wipe {
+        t.wipe_range(old, new).map_err(|source| IntegrityVolumeError::Wipe { path: path.clone(), source })?;
+    }
+    t.wait_recalculated();
+    let t = Arc::try_unwrap(t).map_err(|_| IntegrityVolumeError::Wipe {
+        path: path.clone(),
+        source: BlockError::new(blockdev::BlockErrorKind::Io, "the volume is still in use"),
+    })?;
+    t.close().map_err(|source| IntegrityVolumeError::Device { path: path.clone(), source })?;
+    Ok(GrowReport { old_sectors: old, new_sectors: new, wiped: wipe })
+}
+
+/// `resize NAME` of a running volume: closes `t` (the caller made it idle and holds the
+/// only reference), measures `storage` again, marks the superblock for recalculation from
+/// the old end (unless `wipe`; refused for a keyed hash the kernel would not recalculate),
+/// and opens the volume again at the new size (then wipes the new area with `wipe`). The
+/// new area's recalculation runs in the background; reads there succeed meanwhile.
+///
+/// On an error after `t` was closed the caller reopens the volume (`open_on`) to go on
+/// serving it.
+pub fn regrow(
+    t: IntegrityTarget<Dev>,
+    storage: &crate::Storage,
+    p: &IntegrityParams,
+    wipe: bool,
+) -> Result<(Arc<IntegrityTarget<Dev>>, GrowReport), GrowError> {
+    let path = storage.name.clone();
+    let sb = t.superblock();
+    let old = sb.provided_data_sectors;
+    // The kernel's refusal, before anything is closed.
+    if !wipe && recalculate_refused(&sb, p)? {
+        return Err(IntegrityVolumeError::Target { path, source: IntegrityError::RecalculateRefused }.into());
+    }
+    t.close().map_err(|source| IntegrityVolumeError::Device { path: path.clone(), source })?;
+    let grown = storage.remeasured().map_err(|e| IntegrityVolumeError::Storage(Box::new(e)))?;
+    let sb = read_superblock(&*grown.device, &path)?;
+    let cfg = grow_config(&sb, p)?;
+    let target = |source| IntegrityVolumeError::Target { path: path.clone(), source };
+    if !wipe && provided_for(&sb, p, grown.size() / 512) > old {
+        IntegrityTarget::prepare_grow(&grown.device, &cfg).map_err(target)?;
+    }
+    let t = open_on(grown.device, &path, p)?;
+    let new = t.superblock().provided_data_sectors;
+    if wipe && new > old {
+        t.wipe_range(old, new).map_err(|source| IntegrityVolumeError::Wipe { path: path.clone(), source })?;
+    }
+    Ok((t, GrowReport { old_sectors: old, new_sectors: new, wiped: wipe }))
+}

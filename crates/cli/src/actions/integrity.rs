@@ -18,7 +18,7 @@ use volume::integrity::{HashMode, IntegrityParams, IntegrityStatus, Mode};
 
 use super::wipe::Progress;
 use super::UsageError;
-use crate::serve::{serve, ServeArgs};
+use crate::serve::ServeArgs;
 
 /// `sealdisk integrity ...`.
 #[derive(Debug, Args)]
@@ -177,7 +177,7 @@ type Key = Option<SecretBuf>;
 const KEY_FILE_MAX: usize = 8 << 20;
 
 /// Reads a key file into secret memory, cut to `size` bytes when given.
-fn read_key(file: &str, size: Option<usize>) -> Result<SecretBuf> {
+pub(crate) fn read_key(file: &str, size: Option<usize>) -> Result<SecretBuf> {
     let limit = size.unwrap_or(KEY_FILE_MAX + 1);
     let k = crate::keys::read_key_file(file, 0, limit)?;
     match size {
@@ -440,15 +440,22 @@ fn open(a: OpenArgs) -> Result<()> {
         direct: p.direct,
         lock: if p.read_only { blockdev::FileLock::Shared } else { blockdev::FileLock::Exclusive },
     };
-    let vol = volume::storage::open(&a.device, &so)
-        .and_then(|s| volume::open(volume::Spec::Integrity(p.clone()), s, &volume::OpenOptions::default()))
-        .with_context(|| format!("opening {}", a.device))?;
+    let storage = volume::storage::open(&a.device, &so).with_context(|| format!("opening {}", a.device))?;
+    let vol =
+        volume::open(volume::Spec::Integrity(p.clone()), storage.clone(), &volume::OpenOptions::default())
+            .with_context(|| format!("opening {}", a.device))?;
     let Some(target) = vol.integrity.clone() else {
         bail!("{}: no dm-integrity layer was opened", a.device);
     };
+    // The target served now: `resize NAME` replaces it (control::server::IntegrityRegrow).
+    let slot: crate::control::server::IntegritySlot = Arc::new(std::sync::Mutex::new(Some(target)));
+    drop(vol.integrity);
+    let current = |slot: &crate::control::server::IntegritySlot| {
+        slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    };
     let done = Arc::new(AtomicBool::new(false));
     let reporter = {
-        let (t, done, path) = (target.clone(), done.clone(), a.status_file.clone());
+        let (slot, done, path) = (slot.clone(), done.clone(), a.status_file.clone());
         let mut usr1 = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])
             .context("installing the SIGUSR1 handler")?;
         std::thread::Builder::new()
@@ -456,25 +463,29 @@ fn open(a: OpenArgs) -> Result<()> {
             .spawn(move || {
                 let mut last: Option<Instant> = None;
                 while !done.load(Ordering::Relaxed) {
-                    if let Some(p) = &path {
+                    if let (Some(p), Some(t)) = (&path, current(&slot)) {
                         if last.is_none_or(|l| l.elapsed() >= Duration::from_secs(1)) {
                             write_status(p, &t.status());
                             last = Some(Instant::now());
                         }
                     }
                     for _ in usr1.pending() {
-                        eprintln!("sealdisk: integrity status: {}", t.status());
+                        if let Some(t) = current(&slot) {
+                            eprintln!("sealdisk: integrity status: {}", t.status());
+                        }
                     }
                     std::thread::sleep(Duration::from_millis(200));
                 }
             })
             .context("starting the status thread")?
     };
-    let r = serve(&a.name, vol.device, vol.rotational, listener, &a.serve, p.read_only);
+    let regrow =
+        crate::control::server::IntegrityRegrow { storage, params: p.clone(), current: slot.clone() };
+    let r = crate::serve::serve_integrity(&a.name, vol.device, regrow, listener, &a.serve, p.read_only);
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
-    if let Some(path) = &a.status_file {
-        write_status(path, &target.status());
+    if let (Some(path), Some(t)) = (&a.status_file, current(&slot)) {
+        write_status(path, &t.status());
     }
     r
 }

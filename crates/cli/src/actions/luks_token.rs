@@ -254,16 +254,35 @@ pub fn keyring_passphrase(description: &str) -> Option<Passphrase> {
     None
 }
 
-/// The passphrases of the usable `luks2-keyring` tokens of `luks` (one token, with
-/// `token_id`; only those of type `token_type`), in token order, with the token each
-/// came from. Tokens of other types are skipped.
+/// One token's try at `open`: its id, the passphrase its key holds, and the keyslots it
+/// may open, in order.
+pub struct TokenTry {
+    pub id: u32,
+    pub passphrase: Passphrase,
+    pub keyslots: Vec<u32>,
+}
+
+/// What the `luks2-keyring` tokens of `luks` offer `open` (one token with `token_id`; only
+/// those of type `token_type`), as cryptsetup 2.6.1 tries them (`LUKS2_token_unlock_key`):
+/// a token asked for by id tries every keyslot it names, in its order; otherwise every
+/// token tries the keyslots it names of priority `prefer`, then every token those of
+/// priority `normal` (never `ignore`). A token naming no such keyslot is not tried.
+/// Tokens of other types are skipped. Also returns the first token tried whose key is
+/// missing from the keyring.
 pub fn token_passphrases(
     luks: &Luks,
     token_id: Option<u32>,
     token_type: Option<&str>,
-) -> Result<Vec<(u32, Passphrase)>> {
+) -> Result<(Vec<TokenTry>, Option<u32>)> {
     let tokens = luks.tokens();
-    let mut out = Vec::new();
+    let priority = |slot: u32| match &luks.header {
+        volume::luks::LuksHeader::V2(s) => {
+            s.header.metadata.keyslots.get(&slot).map_or(1, |k| k.priority.unwrap_or(1))
+        }
+        volume::luks::LuksHeader::V1(_) => 1,
+    };
+    let mut keys = Vec::new();
+    let mut missing = None;
     for (id, t) in &tokens {
         if token_id.is_some_and(|want| want != *id) || token_type.is_some_and(|want| want != t.type_name) {
             continue;
@@ -273,18 +292,38 @@ pub fn token_passphrases(
             continue;
         };
         match keyring_passphrase(desc) {
-            Some(p) => out.push((*id, p)),
-            None => log::info!("Token {id}: no key {desc:?} in the kernel keyring."),
+            Some(p) => keys.push((*id, p, t.keyslots.clone())),
+            None => {
+                log::info!("Token {id}: no key {desc:?} in the kernel keyring.");
+                missing = missing.or(Some(*id));
+            }
         }
     }
-    Ok(out)
+    let mut out = Vec::new();
+    if token_id.is_some() {
+        for (id, passphrase, keyslots) in keys {
+            if !keyslots.is_empty() {
+                out.push(TokenTry { id, passphrase, keyslots });
+            }
+        }
+    } else {
+        for want in [2, 1] {
+            for (id, passphrase, keyslots) in &keys {
+                let slots: Vec<u32> = keyslots.iter().copied().filter(|&k| priority(k) == want).collect();
+                if !slots.is_empty() {
+                    out.push(TokenTry { id: *id, passphrase: passphrase.clone(), keyslots: slots });
+                }
+            }
+        }
+    }
+    Ok((out, missing))
 }
 
-/// A passphrase source for `open`: the keyring tokens' passphrases first, then (unless
-/// `--token-only`) the usual key file or prompt.
+/// A passphrase source for `open`: the keyring tokens' passphrases first (each for its own
+/// keyslots only), then (unless `--token-only`) the usual key file or prompt.
 pub struct TokenFirst<'a> {
-    tokens: std::vec::IntoIter<(u32, Passphrase)>,
-    current: Option<u32>,
+    tokens: std::vec::IntoIter<TokenTry>,
+    current: Option<(u32, Vec<u32>)>,
     /// The passphrase source after the tokens; `None` with --token-only.
     pub fallback: Option<Passphrases<'a>>,
     /// The last token that failed.
@@ -293,16 +332,16 @@ pub struct TokenFirst<'a> {
 
 impl<'a> TokenFirst<'a> {
     /// Tokens' passphrases, then `fallback`.
-    pub fn new(tokens: Vec<(u32, Passphrase)>, fallback: Option<Passphrases<'a>>) -> Self {
+    pub fn new(tokens: Vec<TokenTry>, fallback: Option<Passphrases<'a>>) -> Self {
         TokenFirst { tokens: tokens.into_iter(), current: None, fallback, failed: None }
     }
 }
 
 impl PassphraseSource for TokenFirst<'_> {
     fn next_passphrase(&mut self) -> Result<Option<Passphrase>, VolumeError> {
-        if let Some((id, p)) = self.tokens.next() {
-            self.current = Some(id);
-            return Ok(Some(p));
+        if let Some(t) = self.tokens.next() {
+            self.current = Some((t.id, t.keyslots));
+            return Ok(Some(t.passphrase));
         }
         self.current = None;
         match &mut self.fallback {
@@ -312,10 +351,10 @@ impl PassphraseSource for TokenFirst<'_> {
     }
 
     fn rejected(&mut self) {
-        match self.current {
-            Some(id) => {
+        match &self.current {
+            Some((id, _)) => {
                 eprintln!("Token {id} cannot unlock assigned keyslot(s) (wrong keyslot passphrase).");
-                self.failed = Some(id);
+                self.failed = Some(*id);
             }
             None => {
                 if let Some(f) = &mut self.fallback {
@@ -324,12 +363,17 @@ impl PassphraseSource for TokenFirst<'_> {
             }
         }
     }
+
+    fn keyslots(&self) -> Option<Vec<u32>> {
+        self.current.as_ref().map(|(_, k)| k.clone())
+    }
 }
 
-/// The token passphrases `open` tries on `meta` first: none for LUKS1 (or a header that
-/// does not load: the open itself reports that). With --token-only and nothing usable:
-/// "No usable token is available." (exit 1).
-pub fn open_tokens(meta: &volume::Storage, lc: &OpenTokenArgs) -> Result<Vec<(u32, Passphrase)>> {
+/// The token tries `open` makes on `meta` first: none for LUKS1 (or a header that does not
+/// load: the open itself reports that). With --token-only and nothing to try: a token
+/// whose key is missing fails as a wrong passphrase (exit 2), else "No usable token is
+/// available." (exit 1).
+pub fn open_tokens(meta: &volume::Storage, lc: &OpenTokenArgs) -> Result<Vec<TokenTry>> {
     let luks = match Luks::load(&*meta.device, false) {
         Ok(l) if l.version() == volume::luks::LuksVersion::V2 => l,
         _ if lc.token_only || lc.token_id.is_some() || lc.token_type.is_some() => {
@@ -337,17 +381,12 @@ pub fn open_tokens(meta: &volume::Storage, lc: &OpenTokenArgs) -> Result<Vec<(u3
         }
         _ => return Ok(Vec::new()),
     };
-    let found = token_passphrases(&luks, lc.token_id, lc.token_type.as_deref())?;
+    let (found, missing) = token_passphrases(&luks, lc.token_id, lc.token_type.as_deref())?;
     if found.is_empty() && lc.token_only {
         // cryptsetup 2.6: a keyring token that was tried (the id and type asked for)
-        // whose key is missing fails as a wrong passphrase (exit 2); no such token at all
-        // is a parameter error (exit 1).
-        let tried = luks.tokens().into_iter().find(|(id, t)| {
-            t.key_description().is_some()
-                && lc.token_id.is_none_or(|want| want == *id)
-                && lc.token_type.as_deref().is_none_or(|want| want == t.type_name)
-        });
-        if let Some((id, _)) = tried {
+        // whose key is missing fails as a wrong passphrase (exit 2); no token with a
+        // keyslot to try is a parameter error (exit 1).
+        if let Some(id) = missing {
             match (lc.token_id, &lc.token_type) {
                 (None, Some(t)) => {
                     eprintln!(

@@ -64,7 +64,7 @@ pub struct RefreshArgs {
     pub allow_discards: bool,
 }
 
-/// `resize NAME`: a running plain or LUKS volume's size.
+/// `resize NAME`: a running plain, LUKS or standalone integrity volume's size.
 #[derive(Debug, Args)]
 pub struct ResizeArgs {
     /// The volume's name.
@@ -316,7 +316,12 @@ pub fn resize(a: ResizeArgs) -> Result<()> {
         return crate::actions::resize_offline::resize(&a.name, a.size, a.kind.as_deref(), &a.offline);
     }
     super::check_name(&a.name)?;
-    call(&a.name, Command::Resize { size: a.size }, &[], Some(Duration::from_secs(60)))?;
+    let size = match (a.size, a.offline.device_size) {
+        (Some(_), Some(_)) => bail!(UsageError("--size and --device-size are mutually exclusive".into())),
+        (s, None) => s,
+        (None, Some(b)) => Some(crate::actions::resize_offline::device_size_sectors(b)?),
+    };
+    call(&a.name, Command::Resize { size, wipe: a.offline.wipe }, &[], Some(Duration::from_secs(600)))?;
     Ok(())
 }
 

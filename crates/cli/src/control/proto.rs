@@ -42,6 +42,10 @@ pub enum Command {
     Resize {
         /// New size in 512-byte sectors.
         size: Option<u64>,
+        /// A standalone integrity volume: wipe the new area (zeroes with valid tags)
+        /// instead of recalculating it (integritysetup's `resize --wipe`).
+        #[serde(default)]
+        wipe: bool,
     },
     /// Unlock with the passphrase that follows the line, release held I/O.
     Resume {

@@ -73,6 +73,20 @@ pub struct Transport {
 /// [`Transport::resized`]: tells the kernel side of a new size in bytes.
 pub type ResizeHook = Box<dyn Fn(u64) -> Result<(), String> + Send + Sync>;
 
+/// The integrity target a standalone integrity volume serves now (its status thread reads
+/// it too); `resize` swaps it.
+pub type IntegritySlot = Arc<Mutex<Option<Arc<volume::integrity::IntegrityTarget<Arc<dyn BlockDevice>>>>>>;
+
+/// What a standalone integrity volume needs to be grown while it runs (`resize NAME`).
+pub struct IntegrityRegrow {
+    /// The storage, opened and locked once.
+    pub storage: Storage,
+    /// The open options (`-I`, keys, mode).
+    pub params: volume::integrity::IntegrityParams,
+    /// The target served.
+    pub current: IntegritySlot,
+}
+
 /// A running volume, as the control plane sees it.
 pub struct Live {
     pub name: String,
@@ -80,6 +94,8 @@ pub struct Live {
     /// The status fields fixed at open (flags and suspension are filled in when asked).
     base: Status,
     rebuild: Mutex<Option<Rebuild>>,
+    /// Standalone integrity volumes: how `resize` grows them.
+    regrow: Mutex<Option<IntegrityRegrow>>,
     transport: OnceLock<Transport>,
     /// The outcome of serving (set once the transport stopped and flushed), and whether the
     /// `close` that asked for it has been answered.
@@ -243,12 +259,18 @@ impl Live {
             gate: gate.clone(),
             base,
             rebuild: Mutex::new(rebuild),
+            regrow: Mutex::new(None),
             transport: OnceLock::new(),
             finished: Mutex::new((None, false)),
             finished_cv: Condvar::new(),
             reenc: Arc::new(Mutex::new(Job::default())),
         });
         (live, gate)
+    }
+
+    /// Lets `resize` grow this standalone integrity volume.
+    pub fn set_regrow(&self, r: IntegrityRegrow) {
+        *lock(&self.regrow) = Some(r);
     }
 
     /// Tells the control plane how the volume is served.
@@ -262,6 +284,7 @@ impl Live {
         self.stop_reencryption();
         // The stack and the storage go first: a `close` caller may reopen the device at once.
         drop(lock(&self.rebuild).take());
+        drop(lock(&self.regrow).take());
         self.gate.retire();
         let mut f = lock(&self.finished);
         f.0 = Some(result.as_ref().map(|_| ()).map_err(|e| format!("{e:#}")));
@@ -356,6 +379,29 @@ impl Live {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         }
         let Some(table) = &r.table else {
+            // Why there is no one table to rebuild from: a reencryption (two segments, two
+            // keys, and the keys are not kept) or an authenticated segment.
+            if lock(&self.reenc).running() {
+                return Response::err(
+                    exit::BUSY,
+                    format!(
+                        "Device {} is being reencrypted: its flags cannot be refreshed until the reencryption \
+                         finishes (`sealdisk status {}` shows its progress).",
+                        self.name, self.name
+                    ),
+                );
+            }
+            if self.base.integrity.is_none() {
+                return Response::err(
+                    exit::BAD_ARGS,
+                    format!(
+                        "refresh of {} is not supported while its LUKS2 reencryption is unfinished (two segments, \
+                         two keys): finish it (`sealdisk reencrypt --resume-only`), or close the volume and open it \
+                         again with the new flags",
+                        self.name
+                    ),
+                );
+            }
             return Response::err(
                 exit::BAD_ARGS,
                 format!(
@@ -403,7 +449,13 @@ impl Live {
         Response::ok()
     }
 
-    fn resize(&self, sectors: Option<u64>) -> Response {
+    fn resize(&self, sectors: Option<u64>, wipe: bool) -> Response {
+        if let Some(g) = lock(&self.regrow).as_mut() {
+            return self.resize_integrity(g, sectors, wipe);
+        }
+        if wipe {
+            return Response::err(exit::BAD_ARGS, "--wipe applies to integrity volumes only");
+        }
         let mut guard = lock(&self.rebuild);
         self.adopt_reencrypted(guard.as_mut());
         let Some(r) = guard.as_mut() else {
@@ -417,11 +469,14 @@ impl Live {
         }
         let Some(table) = &r.table else {
             if self.base.integrity.is_some() {
-                // cryptsetup's refusal (crypt_resize): a LUKS2 --integrity volume's
-                // dm-integrity area would need tags for the new sectors.
+                // cryptsetup 2.6.1's refusal, as its `resize` of a LUKS2 --integrity volume
+                // answers on Linux 6.1 (grow, shrink or no size alike; exit 1; seen in the
+                // oracle). cryptsetup 2.8 says "Resize of LUKS2 device with integrity
+                // protection is not supported." instead. A grown dm-integrity area would
+                // also need tags for its new sectors.
                 return Response::err(
                     exit::BAD_ARGS,
-                    "Resize of LUKS2 device with integrity protection is not supported.",
+                    format!("Unsupported parameters on device {}.", self.name),
                 );
             }
             return Response::err(
@@ -499,6 +554,132 @@ impl Live {
         }
         log::info!("{}: resized to {len} sectors", self.name);
         Response::ok()
+    }
+
+    /// `resize NAME` of a standalone integrity volume (integritysetup's `resize`): the
+    /// storage measured again; requests held while the target closes, the superblock is
+    /// marked for recalculation of the new area (or the area wiped, `wipe`), and the target
+    /// opens again at the new size (`volume::integrity::regrow`). `--size` maps fewer
+    /// sectors than the volume provides (a window of it); more are refused with
+    /// cryptsetup's "Device ... is too small.".
+    fn resize_integrity(&self, g: &mut IntegrityRegrow, sectors: Option<u64>, wipe: bool) -> Response {
+        if self.gate.is_held() {
+            return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
+        }
+        if g.params.read_only {
+            return Response::err(
+                exit::BAD_ARGS,
+                format!("Device {} is read-only: it cannot be resized.", self.name),
+            );
+        }
+        let Some(cur) = lock(&g.current).clone() else {
+            return Response::err(exit::FAILURE, format!("Device {} has no integrity target.", self.name));
+        };
+        let storage = match g.storage.remeasured() {
+            Ok(s) => s,
+            Err(e) => {
+                return Response::err(exit::FAILURE, format!("reading the size of {}: {e}", g.storage.name))
+            }
+        };
+        let sb = cur.superblock();
+        let provided = volume::integrity::provided_on(&sb, &g.params, storage.size() / 512);
+        if !wipe && provided > sb.provided_data_sectors {
+            match volume::integrity::recalculate_refused(&sb, &g.params) {
+                Ok(false) => {}
+                Ok(true) => {
+                    return Response::err(
+                        exit::BAD_ARGS,
+                        "Setting recalculate flag is not supported, you may consider using --wipe instead.",
+                    )
+                }
+                Err(e) => return Response::err(exit::FAILURE, format!("{:#}", anyhow::Error::new(e))),
+            }
+        }
+        drop(cur);
+        let len = sectors.filter(|&s| s != 0).unwrap_or(provided);
+        let block = u64::from(sb.block_size() / 512).max(1);
+        if !len.is_multiple_of(block) {
+            return Response::err(exit::BAD_ARGS, "Device size is not aligned to requested sector size.");
+        }
+        if len > provided {
+            return Response::err(exit::BAD_ARGS, format!("Device {} is too small.", storage.name));
+        }
+        let bytes = len * 512;
+        let hook = self.transport.get().and_then(|t| t.resized.as_ref());
+        let growing = bytes >= self.gate.geometry().size;
+        if let (Some(h), false) = (hook, growing) {
+            if let Err(e) = h(bytes) {
+                return Response::err(exit::FAILURE, format!("resizing {}: {e}", self.name));
+            }
+        }
+        // Suspend: no request runs on the old target, and nothing else holds it.
+        drop(self.gate.hold());
+        let mut slot = lock(&g.current).take();
+        let old = loop {
+            match slot.map(Arc::try_unwrap) {
+                Some(Ok(t)) => break Some(t),
+                Some(Err(again)) => {
+                    slot = Some(again);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                None => break None,
+            }
+        };
+        let Some(old) = old else {
+            return Response::err(exit::FAILURE, format!("Device {} has no integrity target.", self.name));
+        };
+        let (target, outcome) = match volume::integrity::regrow(old, &storage, &g.params, wipe) {
+            Ok((t, rep)) => (Ok(t), Ok(rep)),
+            Err(e) => {
+                // Serve the volume again as it is now on disk.
+                let msg = format!("{:#}", anyhow::Error::new(e));
+                let t = volume::integrity::open_on(storage.device.clone(), &storage.name, &g.params);
+                (
+                    t.map_err(|e| format!("{msg}; reopening it failed too: {:#}", anyhow::Error::new(e))),
+                    Err(msg),
+                )
+            }
+        };
+        let target = match target {
+            Ok(t) => t,
+            Err(msg) => {
+                // Nothing to serve: requests fail from now on.
+                self.gate.close_held();
+                return Response::err(exit::FAILURE, format!("resizing {}: {msg}", self.name));
+            }
+        };
+        let size = target.geometry().size;
+        let device: Arc<dyn BlockDevice> = if bytes < size && outcome.is_ok() {
+            match blockdev::Slice::new(target.clone(), 0, bytes) {
+                Ok(s) => Arc::new(s),
+                Err(_) => target.clone(),
+            }
+        } else {
+            target.clone()
+        };
+        *lock(&g.current) = Some(target);
+        g.storage = storage;
+        let served = device.geometry().size;
+        drop(self.gate.replace_resized(device));
+        if let Some(h) = hook {
+            if let Err(e) = h(served) {
+                log::warn!("{}: resized, but its transport was not told: {e}", self.name);
+            }
+        }
+        match outcome {
+            Ok(rep) => {
+                log::info!(
+                    "{}: integrity volume resized to {} sectors (provided {} -> {}, new area {})",
+                    self.name,
+                    served / 512,
+                    rep.old_sectors,
+                    rep.new_sectors,
+                    if rep.wiped { "wiped" } else { "being recalculated" }
+                );
+                Response::ok()
+            }
+            Err(msg) => Response::err(exit::BAD_ARGS, msg),
+        }
     }
 
     fn suspend(&self) -> Response {
@@ -840,7 +1021,7 @@ impl Live {
                     }
                     Command::Refresh(r) => self.refresh(&r),
                     Command::Suspend => self.suspend(),
-                    Command::Resize { size } => self.resize(size),
+                    Command::Resize { size, wipe } => self.resize(size, wipe),
                     Command::Resume { secret_len } => match read_secret(&mut reader, secret_len) {
                         Ok(pass) => self.resume(pass),
                         Err(e) => Response::err(exit::BAD_ARGS, e),

@@ -438,6 +438,44 @@ impl Superblock {
     pub fn set_version(&mut self, mode: Mode, meta_device: bool) {
         self.version = sb_set_version(self.flags, mode, meta_device);
     }
+
+    /// Marks the sectors from `from` on (the old `provided_data_sectors` of a device about
+    /// to grow) for recalculation: RECALCULATING set, `recalc_sector` moved back to `from`
+    /// unless a recalculation already stands before it. What the kernel does at the next
+    /// resume with such a superblock (`dm_integrity_resume`): recalculation is queued from
+    /// `recalc_sector`, reads at or past it skip the tag check, and in mode B the bits from
+    /// there to the end are set. Returns whether anything changed.
+    ///
+    /// integritysetup 2.6.1's `resize` without `--wipe` reloads the table with `recalculate`
+    /// after the kernel grew the device: the kernel then sets RECALCULATING with
+    /// `recalc_sector` 0 (`dm_integrity_ctr`) and recalculates the whole device. Starting at
+    /// the old end instead leaves the old data's tags as they are (a corrupted old block
+    /// still reads as an error) and writes the same superblock fields the kernel reads.
+    pub fn mark_grow(&mut self, from: u64) -> bool {
+        let recalculating = self.flags.has(SbFlags::RECALCULATING);
+        if recalculating && self.recalc_sector <= from {
+            return false;
+        }
+        self.flags.set(SbFlags::RECALCULATING, true);
+        self.recalc_sector = from;
+        true
+    }
+
+    /// The kernel's `dm_integrity_disable_recalculate`: whether a recalculation (RECALCULATING
+    /// with `recalc_sector` before the end) is refused at open ("Recalculating with HMAC is
+    /// disabled for security reasons"), given whether the table's internal hash and journal
+    /// MAC are keyed, and `legacy_recalculate`. Without FIXED_HMAC any key refuses it; with
+    /// FIXED_HMAC a keyed internal hash without a keyed journal MAC does.
+    pub fn recalculate_refused(&self, keyed_hash: bool, keyed_journal_mac: bool, legacy: bool) -> bool {
+        if legacy {
+            return false;
+        }
+        if self.flags.has(SbFlags::FIXED_HMAC) {
+            keyed_hash && !keyed_journal_mac
+        } else {
+            keyed_hash || keyed_journal_mac
+        }
+    }
 }
 
 /// The dm-integrity mode letter of the table line.
@@ -579,4 +617,61 @@ pub fn dump_text(sb: &Superblock, device_name: &str) -> String {
     }
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod grow_tests {
+    use super::*;
+
+    fn sb(flags: u32, recalc: u64) -> Superblock {
+        Superblock {
+            version: 5,
+            log2_interleave_sectors: 15,
+            integrity_tag_size: 4,
+            journal_sections: 1,
+            provided_data_sectors: 1000,
+            flags: SbFlags(flags),
+            log2_sectors_per_block: 0,
+            log2_blocks_per_bitmap_bit: 0,
+            recalc_sector: recalc,
+            salt: [0; SALT_SIZE],
+        }
+    }
+
+    #[test]
+    fn mark_grow_sets_recalculating_at_the_old_end() {
+        let mut s = sb(SbFlags::FIXED_PADDING, 0);
+        assert!(s.mark_grow(1000));
+        assert!(s.flags.has(SbFlags::RECALCULATING));
+        assert_eq!(s.recalc_sector, 1000);
+        // Already marked: nothing changes.
+        assert!(!s.mark_grow(1000));
+    }
+
+    #[test]
+    fn mark_grow_keeps_an_earlier_recalculation() {
+        let mut s = sb(SbFlags::RECALCULATING, 200);
+        assert!(!s.mark_grow(1000));
+        assert_eq!(s.recalc_sector, 200);
+        // A finished recalculation (at the old end or past it) moves back.
+        let mut s = sb(SbFlags::RECALCULATING, 1000);
+        assert!(!s.mark_grow(1000));
+        let mut s = sb(SbFlags::RECALCULATING, 1200);
+        assert!(s.mark_grow(1000));
+        assert_eq!(s.recalc_sector, 1000);
+    }
+
+    #[test]
+    fn recalculate_refused_is_the_kernels_rule() {
+        let fixed = sb(SbFlags::FIXED_HMAC, 0);
+        let legacy = sb(0, 0);
+        assert!(!fixed.recalculate_refused(false, false, false));
+        assert!(fixed.recalculate_refused(true, false, false));
+        assert!(!fixed.recalculate_refused(true, true, false));
+        assert!(!fixed.recalculate_refused(false, true, false));
+        assert!(legacy.recalculate_refused(true, false, false));
+        assert!(legacy.recalculate_refused(false, true, false));
+        assert!(!legacy.recalculate_refused(false, false, false));
+        assert!(!legacy.recalculate_refused(true, true, true));
+    }
 }

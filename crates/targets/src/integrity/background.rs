@@ -82,7 +82,11 @@ pub(super) fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>)
         let pos = i.recalc_sector.load(Ordering::Relaxed);
         let end = i.layout.provided_data_sectors;
         if pos >= end {
-            if let Err(e) = i.write_sb_with(|sb| sb.recalc_sector = end) {
+            // The tags first (the kernel's `recalc_write_super` flushes its buffers before
+            // the superblock): a superblock saying "done" over tags a crash lost would make
+            // the recalculated area read as integrity errors.
+            let r = i.meta.flush_dirty(&i.next).and_then(|_| i.next.flush());
+            if let Err(e) = r.and_then(|_| i.write_sb_with(|sb| sb.recalc_sector = end)) {
                 i.poison("writing the superblock after recalculation", &e);
             }
             return;

@@ -149,6 +149,10 @@ pub enum IntegrityError {
         /// The device's logical block size.
         device_block: u64,
     },
+    /// A grow would need a recalculation the kernel refuses for a keyed internal hash
+    /// (`dm_integrity_disable_recalculate`): the new area must be wiped instead.
+    #[error("Setting recalculate flag is not supported, you may consider using --wipe instead.")]
+    RecalculateRefused,
     /// A background thread (commit timer, recalculation) could not be started.
     #[error("cannot start the dm-integrity {thread} thread")]
     Thread {

@@ -35,7 +35,7 @@
 //! | a failed flush below (`ic->failed` via bufio)       | poisoned too: later flushes/FUA fail         |
 //!
 //! `journal_crypt`: ctr(aes) and cbc(aes) (`jcrypt`); not chacha20.
-//! Not implemented: `meta_device`, inline mode (`I`), resize.
+//! Not implemented: `meta_device`, inline mode (`I`), shrinking. Growing: grow.rs.
 //!
 //! **Ownership of the device below.** The target assumes nobody else writes the device while
 //! it is open. It keeps the journal (or bitmap) in memory and writes it back on
@@ -45,13 +45,14 @@
 //! Files: `mod.rs` (the types and the public accessors), `config.rs` (table options, [`HashMode`], errors, status), `open.rs` (open, resume:
 //! journal replay, bitmap recovery, and the clean close), `data.rs` (the request path: reads,
 //! writes, tags, flush, discard, zeroes), `background.rs` (commit/bitmap timer,
-//! recalculation), `format.rs` (format and wipe), and the engines: `journal.rs`,
+//! recalculation), `format.rs` (format and wipe), `grow.rs` (growing a closed volume), and the engines: `journal.rs`,
 //! `bitmap.rs`, `meta.rs`, `jcrypt.rs`, `tagged.rs`.
 mod background;
 mod bitmap;
 mod config;
 mod data;
 mod format;
+mod grow;
 mod jcrypt;
 mod journal;
 mod meta;
