@@ -8,32 +8,10 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use common::{have, run as sealdisk, serve, FAST_PBKDF2};
-
-fn cryptsetup() -> bool {
-    if have("cryptsetup") {
-        return true;
-    }
-    eprintln!("SKIPPED: cryptsetup is not installed (apt-get install cryptsetup-bin)");
-    false
-}
-
-fn cs(args: &[&str]) -> Output {
-    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::cryptsetup::{available as cryptsetup, cs, ok};
+use common::{run as sealdisk, serve, FAST_PBKDF2};
 
 /// Asserts `out` failed with `code` and `msg` on stderr.
 fn fails(out: &Output, code: i32, msg: &str, what: &str) {

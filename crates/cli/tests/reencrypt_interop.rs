@@ -14,26 +14,15 @@
 mod common;
 
 use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::cryptsetup::{available as cryptsetup, cipher, cs, in_progress, layout, ok, volume_key, Vol};
+use common::cryptsetup::{
+    available as cryptsetup, cipher, cs, in_progress, layout, ok, plaintext, volume_key, write_at, Vol,
+};
 use common::{bin, run as sealdisk, FAST_PBKDF2};
 
 const MIB: u64 = 1 << 20;
-
-fn plaintext(len: usize) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A cryptsetup LUKS2 volume of `size` bytes whose data area holds `plaintext`.
 fn volume(size: u64) -> Vol {
@@ -43,15 +32,10 @@ fn volume(size: u64) -> Vol {
     args.push(v.img());
     ok(&cs(&args), "luksFormat");
     let (off, spec, ss) = layout(v.img());
-    let mut data = plaintext((size - off) as usize);
+    let mut data = plaintext((size - off) as usize, 0);
     cipher(&spec, &volume_key(v.img(), v.pass()), ss).encrypt(0, &mut data).unwrap();
     write_at(&v.img, off, &data);
     v
-}
-
-fn write_at(p: &Path, off: u64, data: &[u8]) {
-    use std::os::unix::fs::FileExt;
-    std::fs::OpenOptions::new().write(true).open(p).unwrap().write_all_at(data, off).unwrap();
 }
 
 /// The data, decrypted with the key and layout cryptsetup reports now, equals what was
@@ -63,7 +47,7 @@ fn assert_data_intact(v: &Vol) {
     let (off, spec, ss) = layout(v.img());
     let mut data = std::fs::read(&v.img).unwrap().split_off(off as usize);
     cipher(&spec, &volume_key(v.img(), v.pass()), ss).decrypt(0, &mut data).unwrap();
-    assert!(data == plaintext(data.len()), "data changed by the reencryption");
+    assert!(data == plaintext(data.len(), 0), "data changed by the reencryption");
 }
 
 fn sd_reencrypt(v: &Vol, extra: &[&str]) -> Output {

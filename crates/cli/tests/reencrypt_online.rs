@@ -11,12 +11,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::cryptsetup::{cipher, cs, in_progress, layout, ok, plaintext, volume_key, write_at, Vol};
 use common::{bin, have, run as sealdisk, run_tool, serve, FAST_PBKDF2};
-use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
 const MIB: u64 = 1 << 20;
 
@@ -30,115 +30,18 @@ fn tools() -> bool {
     true
 }
 
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn cs(args: &[&str]) -> Output {
-    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
-}
-
-struct Vol {
-    dir: tempfile::TempDir,
-    img: PathBuf,
-    pass: PathBuf,
-}
-
-impl Vol {
-    fn img(&self) -> &str {
-        self.img.to_str().unwrap()
-    }
-    fn pass(&self) -> &str {
-        self.pass.to_str().unwrap()
-    }
-}
-
-fn plaintext(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = 0x2545_f491_4f6c_dd1du64 ^ seed;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// `(data offset, cipher, sector size)` of the data segment, from cryptsetup's dump.
-fn layout(img: &str) -> (u64, String, u32) {
-    let out = ok(&cs(&["luksDump", img]), "luksDump");
-    let seg = out.split("Data segments:").nth(1).unwrap();
-    let field = |k: &str| {
-        seg.lines()
-            .find(|l| l.trim_start().starts_with(k))
-            .unwrap()
-            .split(':')
-            .nth(1)
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
-    let off = field("offset").split_whitespace().next().unwrap().parse().unwrap();
-    let ss = field("sector").split_whitespace().next().unwrap().parse().unwrap();
-    (off, field("cipher"), ss)
-}
-
-fn volume_key(v: &Vol) -> Vec<u8> {
-    let out = ok(
-        &cs(&["luksDump", "--dump-volume-key", "--batch-mode", "--key-file", v.pass(), v.img()]),
-        "luksDump --dump-volume-key",
-    );
-    let hexs: String =
-        out.split("MK dump:").nth(1).expect("MK dump").chars().filter(|c| c.is_ascii_hexdigit()).collect();
-    hex::decode(hexs).unwrap()
-}
-
-fn cipher(spec: &str, key: &[u8], ss: u32) -> SectorCipher {
-    let s: CipherSpec = spec.parse().unwrap();
-    SectorCipher::new(
-        &s,
-        &VolumeKey::from_slice(key),
-        SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
-    )
-    .unwrap()
-}
-
-fn write_at(p: &Path, off: u64, data: &[u8]) {
-    use std::os::unix::fs::FileExt;
-    std::fs::OpenOptions::new().write(true).open(p).unwrap().write_all_at(data, off).unwrap();
-}
-
 /// A cryptsetup LUKS2 volume of `size` bytes whose data area holds `plaintext(_, 0)`.
 fn volume(size: u64) -> Vol {
-    let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("disk.img");
-    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
-    let pass = dir.path().join("pass");
-    std::fs::write(&pass, "correct horse").unwrap();
-    let v = Vol { dir, img, pass };
+    let v = Vol::empty(size, b"correct horse");
     let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", v.pass()];
     args.extend(FAST_PBKDF2);
     args.push(v.img());
     ok(&cs(&args), "luksFormat");
     let (off, spec, ss) = layout(v.img());
     let mut data = plaintext((size - off) as usize, 0);
-    cipher(&spec, &volume_key(&v), ss).encrypt(0, &mut data).unwrap();
+    cipher(&spec, &volume_key(v.img(), v.pass()), ss).encrypt(0, &mut data).unwrap();
     write_at(&v.img, off, &data);
     v
-}
-
-/// `Some(hotzone mid-write)` while a reencryption is in progress.
-fn in_progress(v: &Vol) -> Option<bool> {
-    let dump = ok(&cs(&["luksDump", v.img()]), "luksDump");
-    dump.contains("online-reencrypt").then(|| dump.contains("in-reencryption"))
 }
 
 /// The reencryption is over and the data, decrypted with the key and layout cryptsetup
@@ -148,7 +51,7 @@ fn assert_data(v: &Vol, want: &[u8], what: &str) {
     assert!(!dump.contains("online-reencrypt"), "{what}: still in reencryption:\n{dump}");
     let (off, spec, ss) = layout(v.img());
     let mut data = std::fs::read(&v.img).unwrap().split_off(off as usize);
-    cipher(&spec, &volume_key(v), ss).decrypt(0, &mut data).unwrap();
+    cipher(&spec, &volume_key(v.img(), v.pass()), ss).decrypt(0, &mut data).unwrap();
     assert!(data == want, "{what}: data differs after the reencryption finished");
 }
 
@@ -162,7 +65,7 @@ fn killed_mid_run(want_hot: Option<bool>, mut cmd: impl FnMut(&Vol) -> Command) 
         std::thread::sleep(Duration::from_millis(ms));
         let _ = child.kill();
         let _ = child.wait();
-        match in_progress(&v) {
+        match in_progress(v.img()) {
             Some(hot) if want_hot.is_none_or(|w| w == hot) => {
                 eprintln!("killed after {ms} ms, hotzone mid-write: {hot}");
                 return Some((v, hot));
@@ -212,7 +115,7 @@ fn serve_read_write(v: &Vol) -> Vec<u8> {
     run_tool(Command::new("nbdcopy").arg(&back).arg(srv.uri()));
     srv.stop_ok();
     assert!(
-        in_progress(v).is_some_and(|hot| !hot),
+        in_progress(v.img()).is_some_and(|hot| !hot),
         "after open the reencryption is in progress, hotzone recovered"
     );
     new
@@ -442,7 +345,7 @@ fn online_reencryption_while_clients_write() {
     assert!(read_all(&v, &uri) == model, "after the reencryption the volume differs from the model");
     srv.stop_ok();
     assert_data(&v, &model, "online reencryption");
-    assert_eq!(volume_key(&v).len(), 32, "the new key is the one asked for");
+    assert_eq!(volume_key(v.img(), v.pass()).len(), 32, "the new key is the one asked for");
 }
 
 /// The server is SIGKILLed mid-reencryption: the header is left as offline runs leave it,
@@ -467,7 +370,7 @@ fn server_killed_mid_online_reencryption_resumes_offline() {
         let _ = server.wait_with_output();
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "the reencrypt client did not notice its server died");
-        let hot = in_progress(&v).expect("killed mid-run: the reencryption is in progress");
+        let hot = in_progress(v.img()).expect("killed mid-run: the reencryption is in progress");
         eprintln!("{finisher}: killed with the hotzone mid-write: {hot}");
         if finisher == "sealdisk" {
             ok(

@@ -2,7 +2,7 @@
 //! reencryption state), and decrypt what it made with the key it reports, so data is checked
 //! outside both tools.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
@@ -118,4 +118,23 @@ pub fn cipher(spec: &str, key: &[u8], sector_size: u32) -> SectorCipher {
 pub fn in_progress(img: &str) -> Option<bool> {
     let dump = ok(&cs(&["luksDump", img]), "luksDump");
     dump.contains("online-reencrypt").then(|| dump.contains("in-reencryption"))
+}
+
+/// `len` bytes of a xorshift stream (`seed` 0 and others give different data).
+pub fn plaintext(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = 0x2545_f491_4f6c_dd1du64 ^ seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes `data` at byte `off` of the file `p`.
+pub fn write_at(p: &Path, off: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(p).unwrap().write_all_at(data, off).unwrap();
 }
