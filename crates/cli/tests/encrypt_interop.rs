@@ -14,23 +14,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::cryptsetup::{available as cryptsetup, cs, ok};
+use common::cryptsetup::{available as cryptsetup, cs, ok, plaintext};
 use common::{bin, have, run as sealdisk, FAST_PBKDF2};
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
 const MIB: u64 = 1 << 20;
-
-fn plaintext(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A plaintext data image and the path of its (not yet existing) detached header.
 struct Disk {
@@ -44,7 +32,7 @@ impl Disk {
     fn new(size: u64) -> Disk {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data.img");
-        std::fs::write(&data, plaintext(size as usize)).unwrap();
+        std::fs::write(&data, plaintext(size as usize, 0)).unwrap();
         let pass = dir.path().join("pass");
         std::fs::write(&pass, "correct horse").unwrap();
         let hdr = dir.path().join("hdr.img");
@@ -74,7 +62,7 @@ impl Disk {
     fn assert_plain(&self) {
         let d = self.dump();
         assert!(!d.contains("online-reencrypt"), "still in reencryption:\n{d}");
-        assert!(std::fs::read(&self.data).unwrap() == plaintext(self.len()), "decryption lost data");
+        assert!(std::fs::read(&self.data).unwrap() == plaintext(self.len(), 0), "decryption lost data");
     }
     /// The data decrypts, with the key and layout cryptsetup reports, to the plaintext; the
     /// header is a plain LUKS2 one and the passphrase opens it.
@@ -109,9 +97,9 @@ impl Disk {
         )
         .unwrap();
         let mut data = std::fs::read(&self.data).unwrap();
-        assert!(data != plaintext(data.len()), "the data is not encrypted");
+        assert!(data != plaintext(data.len(), 0), "the data is not encrypted");
         c.decrypt(0, &mut data).unwrap();
-        assert!(data == plaintext(data.len()), "encryption lost data");
+        assert!(data == plaintext(data.len(), 0), "encryption lost data");
     }
 }
 
@@ -200,21 +188,43 @@ fn init_only_in_one_tool_runs_in_the_other() {
     d.assert_plain();
 }
 
-/// Starts `cmd`, SIGKILLs it after a delay; tries other delays until the kill lands
-/// mid-run. `prepare` makes the disk (plaintext, or encrypted for a decryption).
-/// cryptsetup's `--decrypt` takes ~1.7 s here before its first header write (the
-/// verification digest's PBKDF2 at its default cost), hence the longer delays.
+/// Whether the header's JSON areas (its first 32 KiB) name a reencryption: the moment a tool
+/// has written its start state. Reads bytes only, so a header being written never fails it.
+fn marked(d: &Disk) -> bool {
+    use std::io::Read;
+    let mut b = Vec::new();
+    let Ok(f) = std::fs::File::open(&d.hdr) else { return false };
+    let _ = f.take(32 << 10).read_to_end(&mut b);
+    b.windows(16).any(|w| w == b"online-reencrypt")
+}
+
+/// Starts `cmd`, waits until it has written its reencryption start state into the header
+/// (polled, so however fast or slow this machine is: cryptsetup's `--decrypt` spends ~1.7 s
+/// on the verification digest's PBKDF2 first), SIGKILLs it a delay later; tries other
+/// delays until the kill lands mid-run. `prepare` makes the disk (plaintext, or encrypted
+/// for a decryption).
 fn killed_mid_run(prepare: impl Fn() -> Disk, mut cmd: impl FnMut(&Disk) -> Command) -> Option<(Disk, bool)> {
-    for ms in [600u64, 300, 1500, 2500, 3500, 150, 75, 40] {
+    for ms in [30u64, 0, 10, 60, 150, 300] {
         let d = prepare();
+        // A header that already names a reencryption (stale bytes) cannot signal the start:
+        // then the delay counts from the spawn, after cryptsetup's PBKDF2.
+        let stale = marked(&d);
         let mut child =
             cmd(&d).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let start = std::time::Instant::now();
+        let wait = if stale { Duration::from_millis(1500) } else { Duration::from_secs(30) };
+        while start.elapsed() < wait && !(!stale && marked(&d)) {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         std::thread::sleep(Duration::from_millis(ms));
         let _ = child.kill();
         let _ = child.wait();
         if d.hdr.exists() && cs(&["isLuks", d.hdr()]).status.success() {
             if let Some(hot) = d.in_progress() {
-                eprintln!("killed after {ms} ms, hotzone mid-write: {hot}");
+                eprintln!("killed {ms} ms after the start state, hotzone mid-write: {hot}");
                 return Some((d, hot));
             }
         }
@@ -367,7 +377,7 @@ fn served_mid_run_resumes_online() {
             common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
             std::fs::read(&back).unwrap()
         };
-        let mut model = plaintext(d.len());
+        let mut model = plaintext(d.len(), 0);
         assert!(read_all() == model, "{mode}: the served volume mid-run reads wrong");
         let cmds: Vec<String> = (0..12u64)
             .map(|i| format!("write -P {} {} 65536", i + 1, (i * 1_900_000) / 4096 * 4096))
