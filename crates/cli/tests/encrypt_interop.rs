@@ -213,7 +213,7 @@ fn killed_mid_run(prepare: impl Fn() -> Disk, mut cmd: impl FnMut(&Disk) -> Comm
             cmd(&d).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let start = std::time::Instant::now();
         let wait = if stale { Duration::from_millis(1500) } else { Duration::from_secs(30) };
-        while start.elapsed() < wait && !(!stale && marked(&d)) {
+        while (stale || !marked(&d)) && start.elapsed() < wait {
             if child.try_wait().unwrap().is_some() {
                 break;
             }
