@@ -121,18 +121,37 @@ fn sealdisk_init_only_then_cryptsetup_runs() {
     }
 }
 
-/// Starts `cmd`, SIGKILLs it after `delay`; tries shorter delays until the kill lands
-/// mid-run. Returns the volume, in progress, and whether a hotzone was mid-write.
+/// Whether the header's JSON areas (the image's first 32 KiB) name a reencryption: a tool
+/// has written its start state. Reads bytes only, so a header being written never fails it.
+fn marked(v: &Vol) -> bool {
+    use std::io::Read;
+    let mut b = Vec::new();
+    let Ok(f) = std::fs::File::open(&v.img) else { return false };
+    let _ = f.take(32 << 10).read_to_end(&mut b);
+    b.windows(16).any(|w| w == b"online-reencrypt")
+}
+
+/// Starts `cmd`, SIGKILLs it a delay after its start state appears in the header; tries
+/// other delays until the kill lands mid-run. Returns the volume, in progress, and whether a hotzone was mid-write.
 fn killed_mid_run(mut cmd: impl FnMut(&Vol) -> Command) -> Option<(Vol, bool)> {
-    for ms in [700u64, 400, 200, 100, 50, 25] {
+    for ms in [30u64, 0, 10, 60, 150, 300] {
         let v = volume(160 * MIB);
         let mut child =
             cmd(&v).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        // The delay counts from the moment the tool's start state is in the header (polled),
+        // however long its key derivations took on this machine.
+        let start = std::time::Instant::now();
+        while !marked(&v) && start.elapsed() < Duration::from_secs(30) {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         std::thread::sleep(Duration::from_millis(ms));
         let _ = child.kill();
         let _ = child.wait();
         if let Some(hot) = in_progress(v.img()) {
-            eprintln!("killed after {ms} ms, hotzone mid-write: {hot}");
+            eprintln!("killed {ms} ms after the start state, hotzone mid-write: {hot}");
             return Some((v, hot));
         }
     }
