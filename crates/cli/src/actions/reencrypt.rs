@@ -225,23 +225,13 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     if a.resume_only && !in_progress {
         bail!(UsageError("Device reencryption not in progress.".into()));
     }
-    let limits = a.kdf_limits.limits();
     let pass = if in_progress {
         if a.init_only {
             bail!(UsageError("LUKS2 reencryption already initialized. Aborting operation.".into()));
         }
         super::luks::passphrase(&a.key, "Enter passphrase: ")?
     } else {
-        let params = ReencryptParams {
-            cipher: a.cipher.clone(),
-            key_bytes: a.key_size.map(|b| b / 8),
-            sector_size: a.sector_size,
-            resilience: a.resilience.clone().unwrap_or_else(|| "checksum".into()),
-            resilience_hash: a.resilience_hash.clone(),
-            key_slot: a.key_slot,
-            pbkdf: a.pbkdf.params()?,
-            kdf_limits: limits,
-        };
+        let params = params(&a)?;
         let data_size = data_dev.geometry().size;
         let mut pass_used = None;
         with_passphrase(&a.key, "Enter passphrase for key slot: ", |p| {
@@ -313,6 +303,20 @@ fn encryption_in_progress(header: &str) -> bool {
     Luks::load(&*meta.device, false).ok().and_then(|l| reencrypt::status(&l).ok().flatten()).is_some()
 }
 
+/// The start-state parameters the command line asks for (resilience `checksum` unless told).
+fn params(a: &ReencryptArgs) -> Result<ReencryptParams> {
+    Ok(ReencryptParams {
+        cipher: a.cipher.clone(),
+        key_bytes: a.key_size.map(|b| b / 8),
+        sector_size: a.sector_size,
+        resilience: a.resilience.clone().unwrap_or_else(|| "checksum".into()),
+        resilience_hash: a.resilience_hash.clone(),
+        key_slot: a.key_slot,
+        pbkdf: a.pbkdf.params()?,
+        kdf_limits: a.kdf_limits.limits(),
+    })
+}
+
 /// `reencrypt --encrypt --header FILE DEVICE`: formats the detached header (created or
 /// grown to the LUKS2 header size) with the encryption start state, then runs it unless
 /// `--init-only`.
@@ -322,16 +326,7 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
         bail!(UsageError("Key size must be a multiple of 8 bits".into()));
     }
     let data = open_meta(&a.device, false)?;
-    let params = ReencryptParams {
-        cipher: a.cipher.clone(),
-        key_bytes: a.key_size.map(|b| b / 8),
-        sector_size: a.sector_size,
-        resilience: a.resilience.clone().unwrap_or_else(|| "checksum".into()),
-        resilience_hash: a.resilience_hash.clone(),
-        key_slot: a.key_slot,
-        pbkdf: a.pbkdf.params()?,
-        kdf_limits: a.kdf_limits.limits(),
-    };
+    let params = params(&a)?;
     // Refuse a LUKS data device before the header file is created or touched.
     if volume::luks::probe(&*data.device).map_err(luks_err(&a.device))?.is_some() {
         bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
