@@ -8,7 +8,9 @@
 # and tests the `ublk` feature; without it, it says so and tests everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || [ -n "${LIBCLANG_PATH:-}" ]; then
+# grep reads all of ldconfig's output (no -q): with pipefail, grep -q leaving early could
+# SIGPIPE ldconfig and fail the test at random, silently dropping the ublk feature.
+if ldconfig -p 2>/dev/null | grep 'libclang[-.0-9]*\.so' >/dev/null || [ -n "${LIBCLANG_PATH:-}" ]; then
   exec cargo test --workspace --all-targets --features sealdisk/ublk "$@"
 fi
 echo "test.sh: SKIPPED the ublk transport (crates/ublk, --ublk): libclang not found (Debian: apt install libclang1)" >&2
