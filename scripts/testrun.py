@@ -85,15 +85,22 @@ def run(binaries: list, jobs: int, args: list = (), title: str = "tests") -> int
             # What cargo test sets that a test may read at run time, and a TMPDIR of its own.
             env = dict(os.environ, CARGO_MANIFEST_DIR=str(b.dir), TMPDIR=str(tmp))
             start = time.monotonic()
-            r = subprocess.run([b.exe, *args], cwd=b.dir, env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            p = subprocess.Popen([b.exe, *args], cwd=b.dir, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            out = p.stdout.read()
+            p.stdout.close()
+            # wait4 for the child's own CPU time (and its children's): what a binary costs
+            # the machine, beside how long it took.
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = code = os.waitstatus_to_exitcode(status)
             took = time.monotonic() - start
-            verdict = "ok" if r.returncode == 0 else f"FAILED (exit {r.returncode})"
+            cpu = usage.ru_utime + usage.ru_stime
+            verdict = "ok" if code == 0 else f"FAILED (exit {code})"
             with lock:
-                sys.stdout.write(f"==== {b.label}: {verdict} in {took:.1f} s\n")
-                sys.stdout.write(r.stdout.decode(errors="replace"))
+                sys.stdout.write(f"==== {b.label}: {verdict} in {took:.1f} s (cpu {cpu:.1f} s)\n")
+                sys.stdout.write(out.decode(errors="replace"))
                 sys.stdout.flush()
-                if r.returncode != 0:
+                if code != 0:
                     failed.append(b.label)
             shutil.rmtree(tmp, ignore_errors=True)
 
