@@ -16,6 +16,15 @@ use testkit::s3server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 const CONC: usize = 8;
 
+/// CPU seconds (user + system, all threads) process `pid` has used: what each side costs,
+/// which wall-clock figures on a loaded machine blur.
+fn cpu(pid: &str) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = s.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn mibs(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1 << 20) as f64 / secs
 }
@@ -31,6 +40,10 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = S3Server::start(dir.path()).expect("moto_server (pip install 'moto[server]')");
     s.create_bucket("bench");
+    let server = s.pid().map(|p| p.to_string()).unwrap_or_else(|| "self".into());
+    // CPU seconds of (server, this process) since `from`.
+    let cpu_since = |from: (f64, f64)| (cpu(&server) - from.0, cpu("self") - from.1);
+    let cpu_now = || (cpu(&server), cpu("self"));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     objstore::install_transport();
     let op =
@@ -76,6 +89,7 @@ fn main() {
             let dev_write = mibs(total, t.elapsed().as_secs_f64());
             // Direct download, CONC at once.
             let direct_download = || {
+                let c = cpu_now();
                 let t = Instant::now();
                 let got: u64 = rt.block_on(async {
                     futures::stream::iter(0..total.div_ceil(osz))
@@ -90,10 +104,11 @@ fn main() {
                         .await
                 });
                 assert_eq!(got, total);
-                mibs(total, t.elapsed().as_secs_f64())
+                (mibs(total, t.elapsed().as_secs_f64()), cpu_since(c))
             };
-            let direct_down = direct_download();
+            let (direct_down, cpu_direct) = direct_download();
             // Through the device, cold cache: 1M sequential reads.
+            let c = cpu_now();
             let t = Instant::now();
             let (t_open, t_read);
             {
@@ -111,9 +126,10 @@ fn main() {
             }
             let t_all = t.elapsed().as_secs_f64();
             let dev_read = mibs(total, t_all);
+            let cpu_dev = cpu_since(c);
             // Again after the device's run: the server's speed drifts on a loaded machine, so
             // the read ratio is against the mean of the two.
-            let direct_down_after = direct_download();
+            let (direct_down_after, cpu_direct_after) = direct_download();
             println!(
                 "{:>8} {:>5} {:>28} {:>10}",
                 osz >> 20,
@@ -124,6 +140,16 @@ fn main() {
                     t_open * 1e3,
                     t_read * 1e3,
                     (t_all - t_open - t_read) * 1e3
+                )
+            );
+            println!(
+                "{:>8} {:>5} {:>28} {:>10}",
+                osz >> 20,
+                round,
+                "cpu s server/client: d/dev/d",
+                format!(
+                    "{:.2}/{:.2} {:.2}/{:.2} {:.2}/{:.2}",
+                    cpu_direct.0, cpu_direct.1, cpu_dev.0, cpu_dev.1, cpu_direct_after.0, cpu_direct_after.1
                 )
             );
             for (name, v) in [
