@@ -105,6 +105,47 @@ struct Prefetch {
     cv: Condvar,
 }
 
+/// Read-ahead downloads waiting to start, in order, and how many run.
+#[derive(Default)]
+struct AheadQueue {
+    waiting: std::collections::VecDeque<(String, Arc<Prefetch>)>,
+    running: usize,
+}
+
+/// The read-ahead pipeline: at most `limit` downloads at once, started in queue order, each
+/// finished download starting the next at once (the pipe stays full without waiting for
+/// the reader). Holds no reference to the device, so its tasks never keep it alive.
+struct Ahead {
+    op: Operator,
+    timeout: Duration,
+    limit: usize,
+    queue: Mutex<AheadQueue>,
+}
+
+impl Ahead {
+    /// Starts queued downloads while fewer than `limit` run.
+    fn pump(self: &Arc<Self>, rt: &tokio::runtime::Handle) {
+        let mut q = lock(&self.queue);
+        while q.running < self.limit {
+            let Some((key, p)) = q.waiting.pop_front() else { break };
+            // Nobody holds it but the queue: dropped from the device's map (the reader went
+            // past it, or the object was overwritten whole) before its turn came.
+            if Arc::strong_count(&p) == 1 {
+                continue;
+            }
+            q.running += 1;
+            let me = Arc::clone(self);
+            rt.spawn(async move {
+                let r = retry(me.timeout, "reading ahead", || me.op.read(&key)).await;
+                *lock(&p.done) = Some(r);
+                p.cv.notify_all();
+                lock(&me.queue).running -= 1;
+                me.pump(&tokio::runtime::Handle::current());
+            });
+        }
+    }
+}
+
 /// The lease this device holds.
 struct Lease {
     token: String,
@@ -134,6 +175,8 @@ struct Inner {
     inflight: Mutex<HashMap<u64, Arc<Prefetch>>>,
     /// The object of the last cache miss (sequential readers are read ahead of).
     last_miss: AtomicU64,
+    /// Read-ahead downloads, queued in the order the reader will want them.
+    ahead: Arc<Ahead>,
 }
 
 /// A volume on object storage. Cheap to clone; opening the same volume twice in one process
@@ -246,7 +289,16 @@ impl Inner {
             }
         };
         let manifest_key = loc.key(MANIFEST);
-        let manifest = match run_on(&rt, timeout, "reading the manifest", || op.read(&manifest_key)) {
+        let data_dir = loc.key(DATA);
+        // The manifest and the listing of the data objects at once (one round trip instead
+        // of two before the first read); the listing is checked once the manifest is.
+        let (manifest, listed) = rt.block_on(futures::future::join(
+            retry(timeout, "reading the manifest", || op.read(&manifest_key)),
+            retry(timeout, "listing the data objects", || {
+                op.list_with(&data_dir).recursive(true).into_future()
+            }),
+        ));
+        let manifest = match manifest {
             Ok(b) => Some(b.to_vec()),
             Err(e) if e.kind() == DalKind::NotFound && !is_bucket_missing(&e) => None,
             Err(e) => return Err(net("reading the manifest", e)),
@@ -328,11 +380,7 @@ impl Inner {
             }
         };
         // Every data object must be one of ours, of the right size.
-        let data_dir = loc.key(DATA);
-        let entries = run_on(&rt, timeout, "listing the data objects", || {
-            op.list_with(&data_dir).recursive(true).into_future()
-        })
-        .map_err(|e| net("listing the data objects", e))?;
+        let entries = listed.map_err(|e| net("listing the data objects", e))?;
         let count = size.div_ceil(osz_nonzero(object_size));
         let mut present = HashSet::new();
         for e in entries.iter().filter(|e| e.metadata().is_file()) {
@@ -357,12 +405,13 @@ impl Inner {
             }
             present.insert(idx);
         }
+        let concurrency = loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY);
         Ok(Inner {
+            op: op.clone(),
             cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
-            concurrency: loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY),
+            concurrency,
             loc,
             rt,
-            op,
             size,
             object_size,
             timeout,
@@ -376,6 +425,12 @@ impl Inner {
             lost: AtomicBool::new(false),
             inflight: Mutex::new(HashMap::new()),
             last_miss: AtomicU64::new(u64::MAX),
+            ahead: Arc::new(Ahead {
+                op: op.clone(),
+                timeout,
+                limit: concurrency,
+                queue: Mutex::new(AheadQueue::default()),
+            }),
         })
     }
 
@@ -511,9 +566,18 @@ impl Inner {
         }
     }
 
-    /// After a miss on `idx` right behind the previous miss (a sequential reader), starts
-    /// downloading the next `concurrency` objects in the background; [`fetch`](Self::fetch)
-    /// takes them over.
+    /// How many objects a sequential reader is read ahead of: twice `concurrency` (so a
+    /// download that finishes starts the next one at once, without waiting for the reader to
+    /// reach it), fewer when that would hold more than the cache's size (never fewer than
+    /// `concurrency`).
+    fn ahead_window(&self) -> u64 {
+        let c = self.concurrency.max(1) as u64;
+        (2 * c).min((self.cache_limit / osz_nonzero(self.object_size)).max(c))
+    }
+
+    /// After a miss on `idx` right behind the previous miss (a sequential reader), queues
+    /// downloads of the next [`ahead_window`](Self::ahead_window) objects in the background,
+    /// `concurrency` at a time; [`fetch`](Self::fetch) takes them over.
     fn read_ahead(&self, idx: u64) {
         let prev = self.last_miss.swap(idx, Ordering::Relaxed);
         if prev.wrapping_add(1) != idx {
@@ -521,9 +585,11 @@ impl Inner {
         }
         let count = self.size.div_ceil(self.object_size);
         let mut inflight = lock(&self.inflight);
-        // Read-ahead the reader went past is never taken: drop it.
+        // Read-ahead the reader went past is never taken: drop it (a queued one that has
+        // not started yet then skips its download).
         inflight.retain(|j, _| *j >= idx);
-        for j in idx + 1..(idx + 1 + self.concurrency as u64).min(count) {
+        let mut queued = Vec::new();
+        for j in idx + 1..(idx + 1 + self.ahead_window()).min(count) {
             if inflight.contains_key(&j) || !lock(&self.present).contains(&j) {
                 continue;
             }
@@ -535,12 +601,12 @@ impl Inner {
             }
             let p = Arc::new(Prefetch::default());
             inflight.insert(j, Arc::clone(&p));
-            let (op, key, timeout) = (self.op.clone(), self.data_key(j), self.timeout);
-            self.rt.spawn(async move {
-                let r = retry(timeout, "reading ahead", || op.read(&key)).await;
-                *lock(&p.done) = Some(r);
-                p.cv.notify_all();
-            });
+            queued.push((self.data_key(j), p));
+        }
+        drop(inflight);
+        if !queued.is_empty() {
+            lock(&self.ahead.queue).waiting.extend(queued);
+            self.ahead.pump(self.rt.handle());
         }
     }
 

@@ -170,6 +170,11 @@ impl S3Server {
         (l.next().unwrap_or_default().to_owned(), l.next().unwrap_or_default().to_owned())
     }
 
+    /// The server's process id (for its CPU time in /proc), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server at once (SIGKILL).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
