@@ -12,6 +12,8 @@ own TMPDIR, and its output is printed whole when it ends, with its time; the exi
 
     scripts/testrun.py [CARGO FLAGS...]              e.g. --workspace --all-targets
     TEST_JOBS=1 scripts/testrun.py ...               one binary at a time
+    TEST_ONLY=gcs,s3_faults scripts/test.sh          only these test targets (built as the
+                                                     suite builds them, so nothing else is)
 
 scripts/kernel-tests.py uses the same build and runner for the kernel tests.
 """
@@ -125,6 +127,13 @@ def slow_first(binaries: list) -> list:
 def main() -> int:
     jobs = int(os.environ.get("TEST_JOBS", "3"))
     binaries = build(sys.argv[1:])
+    only = [t for t in os.environ.get("TEST_ONLY", "").split(",") if t]
+    if only:
+        unknown = set(only) - {b.name for b in binaries}
+        if unknown:
+            print(f"testrun: no test target named {' '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        binaries = [b for b in binaries if b.name in only]
     return run(slow_first(binaries), jobs, title="test suite")
 
 

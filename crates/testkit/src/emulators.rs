@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::s3server::http_with;
+use crate::s3server::{http_with, pipe_back, serve_local};
 
 /// Azurite's well-known development account (the same in every installation; not a secret).
 pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
@@ -208,29 +208,12 @@ pub struct GcsPreconditionProxy {
 impl GcsPreconditionProxy {
     /// Starts relaying to the emulator on 127.0.0.1:`upstream`.
     pub fn start(upstream: u16) -> GcsPreconditionProxy {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::atomic::AtomicUsize;
         use std::sync::Arc;
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
         let seen = Arc::new(AtomicUsize::new(0));
         let refused = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (se, re, st) = (Arc::clone(&seen), Arc::clone(&refused), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                let client = match listener.accept() {
-                    Ok((c, _)) => c,
-                    Err(_) => {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    }
-                };
-                let _ = client.set_nonblocking(false);
-                let (se, re) = (Arc::clone(&se), Arc::clone(&re));
-                std::thread::spawn(move || precondition_relay(client, upstream, &se, &re));
-            }
-        });
+        let (se, re) = (Arc::clone(&seen), Arc::clone(&refused));
+        let (port, stop) = serve_local(move |client| precondition_relay(client, upstream, &se, &re));
         GcsPreconditionProxy { port, seen, refused, stop }
     }
 
@@ -323,11 +306,7 @@ fn precondition_relay(
     if server.write_all(out.as_bytes()).and_then(|()| server.write_all(&got[end..])).is_err() {
         return;
     }
-    let (Ok(mut c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else { return };
-    let back = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut s2, &mut c2);
-        let _ = c2.shutdown(std::net::Shutdown::Both);
-    });
+    let Some(back) = pipe_back(&server, &client) else { return };
     let _ = std::io::copy(&mut client, &mut server);
     let _ = server.shutdown(std::net::Shutdown::Write);
     let _ = back.join();
