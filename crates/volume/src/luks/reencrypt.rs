@@ -1291,6 +1291,14 @@ pub fn run_unlocked(
                     "an encryption with data shift (--reduce-device-size) runs offline only".into(),
                 ));
             }
+            // Its header is on the data device, and the run rewrites it there.
+            if !std::ptr::addr_eq(meta as *const dyn BlockDevice, data as *const dyn BlockDevice) {
+                return Err(LuksError::Unsupported(
+                    "an encryption with data shift runs with its header on the data device, not a \
+                     detached copy"
+                        .into(),
+                ));
+            }
             return run_datashift(data, luks, keys, progress);
         }
     }
