@@ -515,6 +515,16 @@ fn data_shift_encryption_in_one_tool_runs_in_the_other() {
     );
     ok(&sd_shift(&d, &[]), "sealdisk reencrypt (resume)");
     assert_shift_encrypted(&d, 12 * MIB);
+    // The same command that started it resumes it, in both tools.
+    let d = shift_disk(size);
+    let args = ["--encrypt", "--reduce-device-size", "12M"];
+    ok(&cs(&cs_shift_args(&d, &[&args[..], &["--init-only"]].concat())), "cryptsetup --init-only");
+    ok(&sd_shift(&d, &args), "sealdisk reencrypt --encrypt --reduce-device-size (resume)");
+    assert_shift_encrypted(&d, 12 * MIB);
+    let d = shift_disk(size);
+    ok(&sd_shift(&d, &[&args[..], &["--init-only"]].concat()), "sealdisk --init-only");
+    ok(&cs(&cs_shift_args(&d, &args)), "cryptsetup reencrypt --encrypt --reduce-device-size (resume)");
+    assert_shift_encrypted(&d, 12 * MIB);
 }
 
 #[test]
@@ -569,4 +579,19 @@ fn data_shift_bad_input_gets_cryptsetup_errors() {
     both(8 * MIB, "16M", "is too small.");
     both(8 * MIB, "8M", "Failed to initialize LUKS2 reencryption in metadata.");
     both(8 * MIB, "512K", "No space for new keyslot.");
+    // A device in another reencryption.
+    let d = shift_disk(24 * MIB);
+    let mut f = vec!["luksFormat", "--batch-mode", "--key-file", d.pass()];
+    f.extend(FAST_PBKDF2);
+    f.push(d.data());
+    ok(&cs(&f), "luksFormat");
+    ok(&cs(&cs_shift_args(&d, &["--init-only"])), "cryptsetup reencrypt --init-only");
+    let before = std::fs::read(&d.data).unwrap();
+    let ours = sd_shift(&d, &["--encrypt", "--reduce-device-size", "8M"]);
+    let theirs = cs(&cs_shift_args(&d, &["--encrypt", "--reduce-device-size", "8M"]));
+    let msg = "Device is not in LUKS2 encryption. Conflicting option --encrypt.";
+    assert_eq!(ours.status.code(), theirs.status.code(), "exit code");
+    assert!(String::from_utf8_lossy(&ours.stderr).contains(msg), "{ours:?}");
+    assert!(String::from_utf8_lossy(&theirs.stderr).contains(msg), "{theirs:?}");
+    assert!(std::fs::read(&d.data).unwrap() == before, "wrote");
 }

@@ -131,7 +131,7 @@ impl Progress {
 }
 
 /// Runs `reencrypt`.
-pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
+pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
     if let Some(r) = a.reduce_device_size {
         if r % 512 != 0 {
             bail!(UsageError("Reduce size must be multiple of 512 bytes sector.".into()));
@@ -145,9 +145,17 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
                 }
                 return encrypt_shift(a, r);
             }
-            if !encryption_in_progress(&a.device) {
+            if !shift_encryption_in_progress(&a.device) {
+                if encryption_in_progress(&a.device) {
+                    bail!(UsageError(
+                        "Device is not in LUKS2 encryption. Conflicting option --encrypt.".into()
+                    ));
+                }
                 bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
             }
+            // In progress: the same command resumes it, as any reencryption.
+            a.encrypt = false;
+            a.reduce_device_size = None;
         } else if a.encrypt && !a.decrypt && is_luks(&a.device)? {
             bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
         } else {
@@ -314,6 +322,15 @@ fn encryption_in_progress(header: &str) -> bool {
     }
     let Ok(meta) = open_meta(header, true) else { return false };
     Luks::load(&*meta.device, false).ok().and_then(|l| reencrypt::status(&l).ok().flatten()).is_some()
+}
+
+/// `true` when `device` holds an encryption with data shift in progress.
+fn shift_encryption_in_progress(device: &str) -> bool {
+    let Ok(meta) = open_meta(device, true) else { return false };
+    Luks::load(&*meta.device, false)
+        .ok()
+        .and_then(|l| reencrypt::status(&l).ok().flatten())
+        .is_some_and(|st| st.keyslot.mode.as_str() == "encrypt" && st.keyslot.resilience.shift() != 0)
 }
 
 /// The start-state parameters the command line asks for (resilience `checksum` unless told).
