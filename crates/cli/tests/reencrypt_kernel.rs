@@ -342,8 +342,8 @@ sync
         &[c.clone(), h.clone(), d.clone(), e.clone(), f],
         &script,
     );
-    // cryptsetup 2.6.1 activates a volume in the data shift start state; sealdisk refuses
-    // it until the run is finished (not done: the ReencryptingDevice of a data shift).
+    // cryptsetup 2.6.1 activates a volume in the data shift start state (so does sealdisk:
+    // luks_encrypt_decrypt.rs, encrypt_interop.rs).
     assert_eq!(tagged_lines(&log, "FOPEN").get("f").map(String::as_str), Some("activated"), "{log}");
     assert_eq!(
         tagged_lines(&log, "SHA").get("fend"),
