@@ -704,6 +704,20 @@ fn a_volume_mid_data_shift_encryption_opens_reads_and_writes() {
         assert_eq!(v.device.geometry().size, SHIFT_DATA, "{what}");
         let t = v.crypt_table().expect("a crypt layer");
         assert_eq!((t.offset, t.len, t.iv_offset), (SHIFT / 512, SHIFT_DATA / 512, 0), "{what}");
+        // The old side: the moved copy, then the data in place (the kernel's table of the
+        // start state is the same two linear lines: reencrypt_kernel.rs).
+        let lin: Vec<(u64, u64)> = v
+            .layers
+            .iter()
+            .filter_map(|l| match l {
+                volume::LayerTable::Linear { offset, len } => Some((*offset, *len)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            lin,
+            [((SHIFT_DEV - SHIFT) / 512, SHIFT / 512), (SHIFT / 512, (SHIFT_DATA - SHIFT) / 512)]
+        );
         let mut buf = vec![0u8; SHIFT_DATA as usize];
         v.device.read_at(0, &mut buf).unwrap();
         assert!(buf == want0, "{what}: read through the device");
