@@ -583,6 +583,15 @@ fn data_shift_encryption_killed_mid_run_resumes_in_the_other_tool() {
             model[o..o + 65536].fill((i + 1) as u8);
         }
         assert!(read_all() == model, "writes through the volume mid data shift");
+        // Running the data shift under the served device is refused; it keeps serving.
+        let mut c = Command::new(bin());
+        c.args(["reencrypt", "--resume-only", "--active-name", "vol", "--key-file", d.pass(), d.data()])
+            .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
+            .stdin(Stdio::null());
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("runs offline only"), "online data shift: {err}");
+        assert!(read_all() == model, "the served volume after the refused online run");
         srv.stop_ok();
         if cs_hot {
             ok(&cs(&["repair", "--batch-mode", "--key-file", d.pass(), d.data()]), "cryptsetup repair");
