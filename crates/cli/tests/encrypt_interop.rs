@@ -466,6 +466,12 @@ fn cs_shift_args<'a>(d: &'a Disk, extra: &[&'a str]) -> Vec<&'a str> {
 /// The image is a finished LUKS2 volume whose data (at `reduce / 2`, cryptsetup's key and
 /// cipher) decrypts to the first `size - reduce` bytes of the plaintext.
 fn assert_shift_encrypted(d: &Disk, reduce: u64) {
+    let n = d.len() - reduce as usize;
+    assert_shift_holds(d, reduce, &plaintext(d.len(), 0)[..n]);
+}
+
+/// [`assert_shift_encrypted`] with the data `want` (`size - reduce` bytes).
+fn assert_shift_holds(d: &Disk, reduce: u64, want: &[u8]) {
     let dump = d.dump();
     assert!(!dump.contains("online-reencrypt"), "still in reencryption:\n{dump}");
     let key = common::cryptsetup::volume_key(d.data(), d.pass());
@@ -475,7 +481,7 @@ fn assert_shift_encrypted(d: &Disk, reduce: u64) {
     let n = all.len() - reduce as usize;
     let mut data = all[offset as usize..offset as usize + n].to_vec();
     common::cryptsetup::cipher(&spec, &key, ss).decrypt(0, &mut data).unwrap();
-    assert!(data == plaintext(all.len(), 0)[..n], "encryption with data shift lost data");
+    assert!(data == want, "encryption with data shift lost data");
 }
 
 #[test]
@@ -535,14 +541,64 @@ fn data_shift_encryption_killed_mid_run_resumes_in_the_other_tool() {
     let (size, reduce) = (128 * MIB, 8 * MIB);
     let prepare = || shift_disk(size);
     // cryptsetup killed, sealdisk resumes.
-    let (d, _) = killed_mid_run(prepare, |d| {
+    let (d, cs_hot) = killed_mid_run(prepare, |d| {
         let mut c = Command::new("cryptsetup");
         c.args(cs_shift_args(d, &["--encrypt", "--reduce-device-size", "8M"]));
         c
     })
     .expect("cryptsetup --encrypt --reduce-device-size was never caught mid-run");
+    let copy = shift_disk(size);
+    std::fs::copy(&d.data, &copy.data).unwrap();
     ok(&sd_shift(&d, &["--resume-only"]), "sealdisk resume");
     assert_shift_encrypted(&d, reduce);
+    // The same state served by sealdisk (as cryptsetup maps it): the plaintext reads back,
+    // client writes land, and cryptsetup finishes the run with them.
+    if have("qemu-io") && have("nbdcopy") {
+        let d = copy;
+        let n = (size - reduce) as usize;
+        ok(&sealdisk(&["open", "--test-passphrase", "--key-file", d.pass(), d.data()]), "--test-passphrase");
+        let dir = d._dir.path();
+        let srv = common::serve(dir, "vol", &["--key-file", d.pass(), d.data(), "vol"], None);
+        let mut st = Command::new(bin());
+        st.args(["status", "vol"]).env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir));
+        let text = ok(&st.output().unwrap(), "sealdisk status");
+        let line = |k: &str| text.lines().find(|l| l.trim_start().starts_with(k)).unwrap_or("").to_owned();
+        assert!(line("offset:").contains(&(reduce / 2 / 512).to_string()), "{text}");
+        assert!(line("size:").contains(&(n / 512).to_string()), "{text}");
+        let uri = srv.uri();
+        let read_all = || {
+            let back = dir.join("read.raw");
+            common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
+            std::fs::read(&back).unwrap()
+        };
+        let mut model = plaintext(size as usize, 0)[..n].to_vec();
+        assert!(read_all() == model, "the served volume mid data shift reads wrong");
+        let offs: Vec<usize> =
+            (0..10).map(|i| i * (n / 10) + (i % 3) * 4096 * 400 - 4096 * (i > 0) as usize).collect();
+        let cmds: Vec<String> =
+            offs.iter().enumerate().map(|(i, o)| format!("write -P {} {o} 65536", i + 1)).collect();
+        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        common::qemu_io(&uri, &refs);
+        for (i, &o) in offs.iter().enumerate() {
+            model[o..o + 65536].fill((i + 1) as u8);
+        }
+        assert!(read_all() == model, "writes through the volume mid data shift");
+        // Running the data shift under the served device is refused; it keeps serving.
+        let mut c = Command::new(bin());
+        c.args(["reencrypt", "--resume-only", "--active-name", "vol", "--key-file", d.pass(), d.data()])
+            .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
+            .stdin(Stdio::null());
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("runs offline only"), "online data shift: {err}");
+        assert!(read_all() == model, "the served volume after the refused online run");
+        srv.stop_ok();
+        if cs_hot {
+            ok(&cs(&["repair", "--batch-mode", "--key-file", d.pass(), d.data()]), "cryptsetup repair");
+        }
+        ok(&cs(&cs_shift_args(&d, &["--resume-only"])), "cryptsetup resume after sealdisk's writes");
+        assert_shift_holds(&d, reduce, &model);
+    }
     // sealdisk killed, cryptsetup resumes.
     let (d, hot) = killed_mid_run(prepare, |d| {
         let mut c = Command::new(bin());

@@ -9,7 +9,8 @@
 //!   the key cryptsetup prints.
 //!
 //! The second test does the same for `--encrypt`/`--decrypt` with a detached header, and
-//! finishes sealdisk's `--encrypt --reduce-device-size` start state in the guest (see it).
+//! activates sealdisk's `--encrypt --reduce-device-size` start state in the guest (its
+//! table: the two linear layers sealdisk maps; it reads the plaintext), then finishes it.
 //!
 //! Boots a kernel per test (~1 min each under TCG):
 //! `cargo test -p sealdisk --test reencrypt_kernel -- --ignored`.
@@ -294,7 +295,10 @@ fn encryption_and_decryption_interrupted_resume_in_the_other_with_the_kernel() {
 P=/kr/pass
 # F (/dev/vde): sealdisk's data shift start state. Does cryptsetup activate it mid-run?
 if cryptsetup open --key-file $P /dev/vde f 2>/tmp/f.err; then
-  echo "FOPEN f activated"; cryptsetup close f
+  echo "FOPEN f activated"
+  echo "TABLE f $(dmsetup table f | awk '{print $1, $2, $3, $5}' | tr '\n' ',')"
+  echo "SHA fmid $(head -c 25165824 /dev/mapper/f | sha256sum | cut -d' ' -f1)"
+  cryptsetup close f
 else
   echo "FOPEN f refused $(tr '\n' ' ' </tmp/f.err)"
 fi
@@ -342,9 +346,21 @@ sync
         &[c.clone(), h.clone(), d.clone(), e.clone(), f],
         &script,
     );
-    // cryptsetup 2.6.1 activates a volume in the data shift start state; sealdisk refuses
-    // it until the run is finished (not done: the ReencryptingDevice of a data shift).
+    // cryptsetup 2.6.1 activates a volume in the data shift start state (so does sealdisk:
+    // luks_encrypt_decrypt.rs, encrypt_interop.rs).
     assert_eq!(tagged_lines(&log, "FOPEN").get("f").map(String::as_str), Some("activated"), "{log}");
+    // Its table (32 MiB, shift 4 MiB, sectors): the moved copy at 28 MiB for the first
+    // 4 MiB, then the data in place: the two linear layers sealdisk maps.
+    assert_eq!(
+        tagged_lines(&log, "TABLE").get("f").map(String::as_str),
+        Some("0 8192 linear 57344,8192 40960 linear 8192,"),
+        "kernel table of the data shift start state"
+    );
+    assert_eq!(
+        tagged_lines(&log, "SHA").get("fmid"),
+        Some(&f_want),
+        "the kernel reads the start state: {log}"
+    );
     assert_eq!(
         tagged_lines(&log, "SHA").get("fend"),
         Some(&f_want),

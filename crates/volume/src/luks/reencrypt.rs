@@ -30,8 +30,9 @@
 //! backward, to a linear segment: [`init_decrypt`]), in either direction for a run cryptsetup
 //! started; resilience `checksum`, `journal` and `none`; and the encryption in place with
 //! data shift (`--reduce-device-size`, header on the device: [`init_encrypt_shift`],
-//! resilience `datashift`, backward). Refused with a clear error: the datashift decryption
-//! of a header on the device, and activating a volume mid data-shift encryption.
+//! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says). Refused
+//! with a clear error: the datashift decryption of a header on the device, and running a
+//! data shift online (under a served device).
 
 use std::collections::BTreeMap;
 
@@ -615,6 +616,69 @@ fn copy_range(
     Ok(())
 }
 
+/// The state, geometry and final crypt parameters of a data-shift encryption in progress
+/// on a device of `size` bytes, its segments checked to lie on it, sector-aligned.
+fn shift_geometry(
+    luks: &Luks,
+    size: u64,
+) -> Result<(ReencryptState, re::ShiftGeometry, formats::luks2::CryptParams), LuksError> {
+    let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let g = re::ShiftGeometry::of(&st, &s.header.metadata).map_err(meta_err)?;
+    let fin = &s.header.metadata.segments[&st.final_];
+    let c = fin.crypt.clone().ok_or(meta_err(re::ReencryptMetaError::Layout("backup-final")))?;
+    let align = u64::from(c.sector_size.max(512));
+    if g.new_offset.checked_add(g.data_size).is_none_or(|e| e > size)
+        || g.moved_offset.checked_add(g.moved_size).is_none_or(|e| e > size)
+        || g.old_offset.checked_add(g.data_size).is_none_or(|e| e > size)
+        || !g.data_size.is_multiple_of(align)
+        || !g.moved_size.is_multiple_of(align)
+        || !g.shift.is_multiple_of(align)
+        || !g.old_offset.is_multiple_of(align)
+        || !g.moved_offset.is_multiple_of(align)
+    {
+        return Err(meta_err(re::ReencryptMetaError::Layout("data shift segments outside the device")));
+    }
+    Ok((st, g, c))
+}
+
+/// Where a volume mid data-shift encryption stands, for its activation (cryptsetup maps
+/// it from the regular segments): below the boundary the old plaintext, its first
+/// `moved_size` bytes from the moved copy and the rest in place; from the boundary up the
+/// new crypt segment, `shift` bytes up the device. A hotzone left in reencryption counts
+/// as old: its source is intact and any run redoes it from there.
+#[derive(Debug, Clone)]
+pub struct ShiftActivation {
+    /// The geometry (offsets and sizes in bytes).
+    pub geometry: re::ShiftGeometry,
+    /// Bytes of data below which it is still plaintext.
+    pub boundary: u64,
+    /// The new segment's cipher spec and sector size.
+    pub new: (String, u32),
+}
+
+/// `Some` for a volume mid data-shift encryption (`--reduce-device-size`) on a device of
+/// `size` bytes, which activates as [`ShiftActivation`] says; nothing is written.
+pub fn shift_activation(luks: &Luks, size: u64) -> Result<Option<ShiftActivation>, LuksError> {
+    match status(luks)? {
+        Some(st) if is_shift_encryption(&st) => {}
+        _ => return Ok(None),
+    }
+    let (st, g, c) = shift_geometry(luks, size)?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Ok(None);
+    };
+    let boundary = g.boundary(&s.header.metadata, &st).map_err(meta_err)?;
+    Ok(Some(ShiftActivation { geometry: g, boundary, new: (c.encryption, c.sector_size) }))
+}
+
+/// `true` for a LUKS2 header mid data-shift encryption (`--reduce-device-size`).
+pub fn is_data_shift(luks: &Luks) -> bool {
+    matches!(status(luks), Ok(Some(st)) if is_shift_encryption(&st))
+}
+
 /// Runs an encryption with data shift ([`init_encrypt_shift`], or cryptsetup's
 /// `--reduce-device-size`) on `dev` (header and data on one device): per hotzone
 /// (backward, at most the shift long, so it never overlaps its own source), the hotzone
@@ -629,25 +693,10 @@ fn run_datashift(
     keys: &ReencryptKeys,
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<RunEnd, LuksError> {
-    let mut st =
-        status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let (mut st, g, c) = shift_geometry(luks, dev.geometry().size)?;
     let s = v2(luks)?;
-    let g = re::ShiftGeometry::of(&st, &s.header.metadata).map_err(meta_err)?;
-    let fin = s.header.metadata.segments[&st.final_].clone();
-    let c = fin.crypt.clone().ok_or(meta_err(re::ReencryptMetaError::Layout("backup-final")))?;
     let vk = keys.new.as_ref().ok_or(LuksError::WrongPassphrase)?;
     let new = cipher(&c.encryption, vk, c.sector_size)?;
-    let size = dev.geometry().size;
-    let align = u64::from(c.sector_size.max(512));
-    if g.new_offset.checked_add(g.data_size).is_none_or(|e| e > size)
-        || g.moved_offset.checked_add(g.moved_size).is_none_or(|e| e > size)
-        || g.old_offset.checked_add(g.data_size).is_none_or(|e| e > size)
-        || !g.data_size.is_multiple_of(align)
-        || !g.moved_size.is_multiple_of(align)
-        || !g.shift.is_multiple_of(align)
-    {
-        return Err(meta_err(re::ReencryptMetaError::Layout("data shift segments outside the device")));
-    }
     let mut b = g.boundary(&s.header.metadata, &st).map_err(meta_err)?;
     let mut recovering = st.hot.is_some();
     let mut buf = SecretBuf::zeroed(g.shift.min(8 << 20) as usize);
@@ -898,11 +947,8 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
     let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
     check_mode(&st)?;
     if is_shift_encryption(&st) {
-        return Err(LuksError::Unsupported(
-            "activating a LUKS2 device in the middle of an encryption with data shift (--reduce-device-size) \
-             is not supported: finish it with `sealdisk reencrypt` first"
-                .into(),
-        ));
+        // Its segments are checked against the device by [`shift_activation`].
+        return Ok(st);
     }
     for (id, linear_ok) in [
         (st.previous, st.keyslot.mode == ReencryptMode::Encrypt),
