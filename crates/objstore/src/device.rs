@@ -150,6 +150,9 @@ impl Prefetch {
     /// Copies `[at, at + out.len())` into `out` once those bytes arrived; false when the
     /// download ended first (the caller takes the whole object, or its error, from `fetch`).
     fn copy_part(&self, at: usize, out: &mut [u8]) -> bool {
+        if out.is_empty() {
+            return true;
+        }
         let end = at + out.len();
         let mut st = lock(&self.st);
         loop {
