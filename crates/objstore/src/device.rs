@@ -98,11 +98,100 @@ struct Slot {
     last_use: AtomicU64,
 }
 
-/// A background download (read-ahead) that `fetch` takes over.
+/// A background download (read-ahead), streamed: its bytes are kept as they arrive, in order,
+/// so a reader copies out the part it needs before the rest of the object is in (the copy
+/// overlaps the download), and [`fetch`](Inner::fetch) takes the whole object over at the end.
 #[derive(Default)]
 struct Prefetch {
-    done: Mutex<Option<Result<Buffer, opendal::Error>>>,
+    st: Mutex<Streamed>,
     cv: Condvar,
+}
+
+#[derive(Default)]
+struct Streamed {
+    /// The bytes arrived so far, as the HTTP client delivered them (not copied).
+    chunks: Vec<bytes::Bytes>,
+    /// Where each chunk starts in the object.
+    starts: Vec<usize>,
+    got: usize,
+    /// The reader waits until this many bytes arrived (0: nobody waits for a part).
+    want: usize,
+    /// The download ended (all bytes in, or failed).
+    done: Option<Result<(), opendal::Error>>,
+}
+
+impl Prefetch {
+    /// Downloads `key` into `self` chunk by chunk (from the start again on a retry).
+    async fn stream(&self, op: &Operator, key: &str) -> Result<(), opendal::Error> {
+        {
+            let mut st = lock(&self.st);
+            st.chunks.clear();
+            st.starts.clear();
+            st.got = 0;
+        }
+        let mut s = op.reader(key).await?.into_stream(..).await?;
+        while let Some(b) = futures::TryStreamExt::try_next(&mut s).await? {
+            let mut st = lock(&self.st);
+            for c in b {
+                let at = st.got;
+                st.starts.push(at);
+                st.got += c.len();
+                st.chunks.push(c);
+            }
+            if st.want != 0 && st.got >= st.want {
+                st.want = 0;
+                drop(st);
+                self.cv.notify_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `[at, at + out.len())` into `out` once those bytes arrived; false when the
+    /// download ended first (the caller takes the whole object, or its error, from `fetch`).
+    fn copy_part(&self, at: usize, out: &mut [u8]) -> bool {
+        if out.is_empty() {
+            return true;
+        }
+        let end = at + out.len();
+        let mut st = lock(&self.st);
+        loop {
+            if st.done.is_some() {
+                return false;
+            }
+            if st.got >= end {
+                break;
+            }
+            st.want = if st.want == 0 { end } else { st.want.min(end) };
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        // Take references to the chunks (no copy), then copy without holding the lock.
+        let first = st.starts.partition_point(|&s| s <= at) - 1;
+        let parts: Vec<(usize, bytes::Bytes)> = st.starts[first..]
+            .iter()
+            .zip(&st.chunks[first..])
+            .take_while(|(s, _)| **s < end)
+            .map(|(s, c)| (*s, c.clone()))
+            .collect();
+        drop(st);
+        for (s, c) in parts {
+            let from = at.max(s);
+            let to = end.min(s + c.len());
+            out[from - at..to - at].copy_from_slice(&c[from - s..to - s]);
+        }
+        true
+    }
+
+    /// Waits for the download to end; the whole object, or its error.
+    fn take(&self) -> Result<Buffer, opendal::Error> {
+        let mut st = lock(&self.st);
+        loop {
+            if let Some(r) = st.done.take() {
+                return r.map(|()| Buffer::from(std::mem::take(&mut st.chunks)));
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// Read-ahead downloads waiting to start, in order, and how many run.
@@ -136,8 +225,8 @@ impl Ahead {
             q.running += 1;
             let me = Arc::clone(self);
             rt.spawn(async move {
-                let r = retry(me.timeout, "reading ahead", || me.op.read(&key)).await;
-                *lock(&p.done) = Some(r);
+                let r = retry(me.timeout, "reading ahead", || p.stream(&me.op, &key)).await;
+                lock(&p.st).done = Some(r);
                 p.cv.notify_all();
                 lock(&me.queue).running -= 1;
                 me.pump(&tokio::runtime::Handle::current());
@@ -541,15 +630,7 @@ impl Inner {
         let key = self.data_key(idx);
         let ahead = lock(&self.inflight).remove(&idx);
         let r = match ahead {
-            Some(p) => {
-                let mut g = lock(&p.done);
-                loop {
-                    if let Some(r) = g.take() {
-                        break r;
-                    }
-                    g = p.cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                }
-            }
+            Some(p) => p.take(),
             None if !lock(&self.present).contains(&idx) => return Ok(Buffer::from(vec![0; want])),
             None => self.run("downloading", || self.op.read(&key)),
         };
@@ -576,8 +657,9 @@ impl Inner {
     }
 
     /// After a miss on `idx` right behind the previous miss (a sequential reader), queues
-    /// downloads of the next [`ahead_window`](Self::ahead_window) objects in the background,
-    /// `concurrency` at a time; [`fetch`](Self::fetch) takes them over.
+    /// downloads of `idx` itself (so the reader gets its bytes as they stream in) and of the
+    /// next [`ahead_window`](Self::ahead_window) objects in the background, `concurrency` at a
+    /// time; [`fetch`](Self::fetch) takes them over.
     fn read_ahead(&self, idx: u64) {
         let prev = self.last_miss.swap(idx, Ordering::Relaxed);
         if prev.wrapping_add(1) != idx {
@@ -589,7 +671,7 @@ impl Inner {
         // not started yet then skips its download).
         inflight.retain(|j, _| *j >= idx);
         let mut queued = Vec::new();
-        for j in idx + 1..(idx + 1 + self.ahead_window()).min(count) {
+        for j in idx..(idx + 1 + self.ahead_window()).min(count) {
             if inflight.contains_key(&j) || !lock(&self.present).contains(&j) {
                 continue;
             }
@@ -801,6 +883,17 @@ impl Inner {
                 self.make_room(self.object_size)?;
                 st = lock(&s.state);
                 if st.data.is_none() {
+                    // Its download is under way: copy this read's bytes out as soon as they
+                    // arrived, overlapping the copy with the rest of the download. The read
+                    // of the object's last bytes waits for all of it (and checks its length)
+                    // and caches it.
+                    let olen = object_len(self.size, self.object_size, idx) as usize;
+                    if at + r.len() < olen {
+                        let p = lock(&self.inflight).get(&idx).cloned();
+                        if p.is_some_and(|p| p.copy_part(at, &mut buf[r.clone()])) {
+                            return Ok(());
+                        }
+                    }
                     let d = self.fetch(idx)?;
                     self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
                     st.data = Some(ObjData::Fetched(d));
