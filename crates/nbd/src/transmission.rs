@@ -44,10 +44,10 @@
 //! batch (nothing more buffered) takes the ordinary path, so another worker is reading the
 //! socket while it runs. A batch never waits for the socket, since it only runs requests
 //! already received. A batch runs its requests one after another, so a slow one delays the
-//! rest: batching starts only after the connection's first `BATCH_WARMUP` requests, and any
-//! request slower than 200 µs (however it ran) turns it off for the next `INLINE_BACKOFF`,
-//! so a slow device keeps its parallel workers and a fast one that sometimes stalls loses
-//! at most one batch to each stall.
+//! rest: batching starts only after the connection's first `BATCH_WARMUP` small writes,
+//! and any small write slower than 200 µs (in a batch or not) turns it off for the next
+//! `INLINE_BACKOFF` requests, so a slow device keeps its parallel workers and a fast one
+//! that sometimes stalls loses at most one batch to each stall. Reads are not timed.
 
 use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
@@ -240,6 +240,11 @@ fn client_message(kind: BlockErrorKind) -> &'static str {
     }
 }
 
+/// The requests that run in batches: small WRITEs (see the module's documentation).
+fn batchable(req: &Request) -> bool {
+    req.typ == cmd::WRITE && req.length as usize <= INLINE_MAX
+}
+
 /// Whether `buffered` (the reader's buffer) holds a whole request: its header and, for a
 /// WRITE, its payload. Anything that does not decode counts as not there: reading it the
 /// ordinary way reports the error.
@@ -293,9 +298,10 @@ impl<'a> Conn<'a> {
             self.readers.fetch_add(1, Ordering::SeqCst);
             let next = {
                 let mut r = lock(&self.reader);
-                // Whether this worker holds the reply queue for a batch, and how many
-                // requests the batch has run.
-                let (mut corked, mut batched) = (false, 0);
+                // Whether this worker holds the reply queue for a batch, how many requests
+                // the batch has run, and when its last request ended (one clock read per
+                // batched request: the end of one is the start of the next).
+                let (mut corked, mut batched, mut clock) = (false, 0, None::<Instant>);
                 let next = loop {
                     if self.closing.load(Ordering::Acquire) {
                         break None;
@@ -308,19 +314,26 @@ impl<'a> Conn<'a> {
                     match next {
                         Ok(Next::Run(req, buf)) if self.run_holding_reader(&req, r.buffer()) => {
                             self.run_timed(&req, buf);
+                            clock = None;
                         }
                         Ok(Next::Run(req, buf)) if self.batch_next(&req, r.buffer()) => {
                             if !corked {
                                 corked = self.cork();
                             }
-                            self.run_timed(&req, buf);
+                            let start = clock.unwrap_or_else(Instant::now);
+                            self.run(&req, buf);
+                            let end = Instant::now();
+                            if end.duration_since(start) > INLINE_SLOW {
+                                self.slowed();
+                            }
+                            clock = Some(end);
                             batched += 1;
                             if batched == BATCH_MAX {
                                 if corked {
                                     self.uncork();
                                     corked = false;
                                 }
-                                batched = 0;
+                                (batched, clock) = (0, None);
                             }
                         }
                         next => break Some(next),
@@ -379,12 +392,12 @@ impl<'a> Conn<'a> {
                     self.slow_skip.store(skip - 1, Ordering::Relaxed);
                 }
             }
-            if self.inline_batch {
+            if self.inline_batch && batchable(&req) {
                 let skip = self.batch_skip.load(Ordering::Relaxed);
                 if skip > 0 {
                     self.batch_skip.store(skip - 1, Ordering::Relaxed);
                 }
-                // Timed: a slow request here turns batches off too.
+                // Timed: a slow one here turns batches off too.
                 self.run_timed(&req, buf);
             } else {
                 self.run(&req, buf);
@@ -417,8 +430,7 @@ impl<'a> Conn<'a> {
     /// (`buffered`), so reading it will not wait for the socket while replies are held back.
     fn batch_next(&self, req: &Request, buffered: &[u8]) -> bool {
         self.inline_batch
-            && req.typ == cmd::WRITE
-            && req.length as usize <= INLINE_MAX
+            && batchable(req)
             && self.batch_skip.load(Ordering::Relaxed) == 0
             && next_request_buffered(buffered)
     }
@@ -450,9 +462,15 @@ impl<'a> Conn<'a> {
         let t = Instant::now();
         self.run(req, buf);
         if t.elapsed() > INLINE_SLOW {
-            self.slow_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
-            self.batch_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
+            self.slowed();
         }
+    }
+
+    /// A request was slow: the fast path and batches are off for the next `INLINE_BACKOFF`
+    /// requests.
+    fn slowed(&self) {
+        self.slow_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
+        self.batch_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
     }
 
     /// Starts another worker if the limit allows: called when nobody is left to read the

@@ -18,9 +18,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 
-use blockdev::{
-    AlignedBuf, BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags,
-};
+use blockdev::{BlockDevice, BlockError, BlockErrorKind, BlockResult, Caps, Geometry, WriteFlags};
 use sector_crypto::{CryptoError, SectorCipher};
 
 use crate::placement::{self, Placement, Policy};
@@ -133,16 +131,8 @@ pub enum CryptError {
 
 thread_local! {
     /// Per-thread ciphertext bounce buffer for writes (the caller's buffer is immutable).
-    /// Page-aligned, so that an O_DIRECT device below writes it as it is: an unaligned
-    /// `Vec` made `FileDevice` copy every write once more into its own aligned buffer.
-    static BOUNCE: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+    static BOUNCE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
-
-/// Smallest bounce buffer allocated, so that a mix of small request sizes does not
-/// reallocate it again and again.
-const BOUNCE_MIN: usize = 64 << 10;
-/// A bounce buffer larger than this is dropped after its request.
-const BOUNCE_KEEP_MAX: usize = 8 << 20;
 
 /// The dm-crypt target over `next`.
 pub struct CryptTarget<D> {
@@ -246,19 +236,25 @@ impl<D: BlockDevice> CryptTarget<D> {
         BOUNCE.with(|bounce| {
             // Crypto never calls back into a device, so the buffer is never borrowed twice;
             // should that change, fall back to a fresh buffer rather than panic.
-            let mut owned = None;
+            let mut owned;
             let mut guard = bounce.try_borrow_mut();
-            let slot: &mut Option<AlignedBuf> = match guard {
+            let ct: &mut Vec<u8> = match guard {
                 Ok(ref mut g) => g,
-                Err(_) => &mut owned,
+                Err(_) => {
+                    owned = Vec::new();
+                    &mut owned
+                }
             };
-            slot.take_if(|b| b.len() < buf.len());
-            let ct = slot.get_or_insert_with(|| AlignedBuf::for_direct_io(buf.len().max(BOUNCE_MIN)));
-            let ct_slice = &mut ct.as_mut_slice()[..buf.len()];
+            if ct.len() < buf.len() {
+                ct.resize(buf.len(), 0);
+            }
+            let ct_slice = &mut ct[..buf.len()];
             self.run(mode, off, ct_slice, Some(buf), SectorCipher::encrypt)?;
             let r = self.next.write_at(self.cfg.offset + off, ct_slice, flags);
             // Don't keep huge buffers alive in every thread forever.
-            slot.take_if(|b| b.len() > BOUNCE_KEEP_MAX);
+            if ct.capacity() > 8 << 20 {
+                *ct = Vec::new();
+            }
             r
         })
     }
@@ -447,56 +443,6 @@ mod tests {
             let mut back = vec![0u8; data.len()];
             scratch.read_at(4096, &mut back).unwrap();
             assert_eq!(back, data);
-        }
-    }
-
-    /// A memory device that remembers whether any write came from a buffer that an O_DIRECT
-    /// file could not take as it is (not page-aligned).
-    #[derive(Debug)]
-    struct AlignmentProbe {
-        mem: MemDevice,
-        unaligned_writes: std::sync::atomic::AtomicUsize,
-    }
-
-    impl BlockDevice for AlignmentProbe {
-        fn geometry(&self) -> Geometry {
-            self.mem.geometry()
-        }
-        fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
-            self.mem.read_at(off, buf)
-        }
-        fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
-            if !blockdev::aligned::is_aligned(buf, blockdev::aligned::DIRECT_IO_ALIGN) {
-                self.unaligned_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            self.mem.write_at(off, buf, flags)
-        }
-        fn flush(&self) -> BlockResult<()> {
-            self.mem.flush()
-        }
-    }
-
-    #[test]
-    fn copying_writes_hand_the_device_below_a_page_aligned_buffer() {
-        // The ciphertext of an ordinary write goes below from this layer's bounce buffer; an
-        // O_DIRECT file copies an unaligned buffer once more, so it must be page-aligned,
-        // whatever the caller's alignment and whatever sizes came before.
-        for mode in [CryptMode::Inline, CryptMode::Pool, CryptMode::Auto] {
-            let probe = AlignmentProbe {
-                mem: MemDevice::new(4 << 20, 512),
-                unaligned_writes: std::sync::atomic::AtomicUsize::new(0),
-            };
-            let t = CryptTarget::new(probe, cipher(4096, 0), cfg(mode)).unwrap();
-            let data = pattern((1 << 20) + 1, 9);
-            for len in [4096usize, 1 << 20, 8192, 192 * 1024, 1 << 20] {
-                let src = &data[1..1 + len]; // deliberately not aligned
-                t.write_at(0, src, WriteFlags::empty()).unwrap();
-                let mut back = vec![0u8; len];
-                t.read_at(0, &mut back).unwrap();
-                assert_eq!(&back[..], src, "{mode:?} {len}");
-            }
-            let unaligned = t.inner().unaligned_writes.load(std::sync::atomic::Ordering::Relaxed);
-            assert_eq!(unaligned, 0, "{mode:?}: writes below from an unaligned buffer");
         }
     }
 
