@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::cryptsetup::{available as cryptsetup, cs, ok, plaintext};
+use common::cryptsetup::{available as cryptsetup, cs, cs_command, ok, plaintext};
 use common::{bin, have, run as sealdisk, FAST_PBKDF2};
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
@@ -248,7 +248,7 @@ fn killed_mid_run_resumes_in_the_other_tool() {
         let prepare = || if mode == "--encrypt" { Disk::new(size) } else { encrypted_disk(size) };
         // cryptsetup killed, sealdisk resumes.
         let (d, _) = killed_mid_run(prepare, |d| {
-            let mut c = Command::new("cryptsetup");
+            let mut c = cs_command();
             c.args(cs_args(d, &[mode, "--hotzone-size", "1M"]));
             c
         })
@@ -542,7 +542,7 @@ fn data_shift_encryption_killed_mid_run_resumes_in_the_other_tool() {
     let prepare = || shift_disk(size);
     // cryptsetup killed, sealdisk resumes.
     let (d, cs_hot) = killed_mid_run(prepare, |d| {
-        let mut c = Command::new("cryptsetup");
+        let mut c = cs_command();
         c.args(cs_shift_args(d, &["--encrypt", "--reduce-device-size", "8M"]));
         c
     })

@@ -30,9 +30,18 @@ pub fn ok(out: &Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Runs host cryptsetup with `args` (stdin closed).
+/// Runs host cryptsetup with `args` (stdin closed), in the temporary directory: a data shift
+/// (`--reduce-device-size`) makes its temporary header `LUKS2-temp-UUID.new` in the current
+/// directory, and a run killed mid-way leaves it there (the package directory under the suite).
 pub fn cs(args: &[&str]) -> Output {
-    Command::new("cryptsetup").args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
+    cs_command().args(args).stdin(Stdio::null()).output().expect("run cryptsetup")
+}
+
+/// `cryptsetup` started in the temporary directory (see [`cs`]).
+pub fn cs_command() -> Command {
+    let mut c = Command::new("cryptsetup");
+    c.current_dir(std::env::temp_dir());
+    c
 }
 
 /// A volume image and its passphrase file in a temporary directory.
