@@ -948,7 +948,11 @@ fn data_shift_decryption_bad_input_is_refused_before_any_write() {
     let m = MemDevice::from_vec(ds_image(), 512);
     let (dev, hdr) = ds_split(&m);
     reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &params("checksum")).unwrap();
-    let l = Luks::load(&hdr, false).unwrap();
-    let e = reencrypt::check_openable(&l).unwrap_err();
+    let mut l = Luks::load(&hdr, false).unwrap();
+    reencrypt::check_openable(&l).unwrap();
+    let keys = reencrypt::unlock_keys(&hdr, &l, &pass(), &Default::default()).unwrap();
+    let before = m.to_vec();
+    let e = reencrypt::prepare_activation(&hdr, &dev, &mut l, &keys, false).unwrap_err();
     assert!(e.to_string().contains("decryption with data shift"), "{e}");
+    assert!(m.to_vec() == before, "activation refused after writing");
 }

@@ -30,9 +30,11 @@
 //! backward, to a linear segment: [`init_decrypt`]), in either direction for a run cryptsetup
 //! started; resilience `checksum`, `journal` and `none`; and the encryption in place with
 //! data shift (`--reduce-device-size`, header on the device: [`init_encrypt_shift`],
-//! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says). Refused
-//! with a clear error: the datashift decryption of a header on the device, and running a
-//! data shift online (under a served device).
+//! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says) and the
+//! decryption of a header on the device into a new header file ([`init_decrypt_shift`],
+//! resilience `datashift-checksum`, forward). Refused with a clear error: activating a
+//! volume mid data-shift decryption, and running a data shift online (under a served
+//! device).
 
 use std::collections::BTreeMap;
 
@@ -1277,7 +1279,9 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
         return Ok(st);
     }
     if is_shift_decryption(&st) {
-        return Err(shift_decryption_not_openable());
+        // It unlocks (`--test-passphrase`); its activation is refused by
+        // [`prepare_activation`].
+        return Ok(st);
     }
     for (id, linear_ok) in [
         (st.previous, st.keyslot.mode == ReencryptMode::Encrypt),
