@@ -1017,7 +1017,7 @@ pub struct DecryptShiftGeometry {
     pub shift: u64,
     /// Bytes of data (the device size less the shift).
     pub data_size: u64,
-    /// The moved first segment's size (the shift).
+    /// The moved first segment's size (the shift, or the whole data when shorter).
     pub moved_size: u64,
 }
 
@@ -1063,10 +1063,10 @@ impl DecryptShiftGeometry {
         }
         let data_size = device_size
             .checked_sub(shift)
-            .filter(|n| *n > shift)
+            .filter(|n| *n > 0)
             .ok_or(lay("device too small for its data shift"))?;
-        if moved_size != shift {
-            return Err(lay("moved segment is not the shift long"));
+        if moved_size != shift.min(data_size) {
+            return Err(lay("moved segment is not the shift long (or the whole data when shorter)"));
         }
         Ok(Self { shift, data_size, moved_size })
     }
@@ -1121,7 +1121,9 @@ impl DecryptShiftGeometry {
             out.push((Part::New, linear_segment(0, None, false)));
         } else if p == fwd && hot {
             out.push((Part::Hot, linear_segment(0, Some(m_), true)));
-            out.push((Part::New, linear_segment(m_, None, false)));
+            if m_ < self.data_size {
+                out.push((Part::New, linear_segment(m_, None, false)));
+            }
         } else {
             out.push((Part::Old, crypt_segment(0, 0, Some(m_), &c.encryption, c.sector_size, false)));
             let h = if hot { self.shift.min(fwd - p) } else { 0 };

@@ -769,13 +769,13 @@ fn run_datashift(
 ///    copied to `new_hdr` (already at least that long), flushed;
 /// 2. the magic of both header copies on `dev` is wiped (zeroes), flushed: `dev` is no
 ///    longer LUKS, so two headers never hold the key at once;
-/// 3. the first data segment's ciphertext (`S` bytes from `S`) is copied to offset 0,
-///    flushed;
+/// 3. the first data segment's ciphertext (`M` bytes from `S`, `M` the shift or the whole
+///    data when it is shorter) is copied to offset 0, flushed;
 /// 4. the new header gets the start state: requirement `online-reencrypt-v3`, reencrypt
 ///    keyslot mode `decrypt`, direction forward, area `datashift-checksum` (the largest
 ///    free gap of the keyslots area, checksums of 4096-byte blocks, `shift_size` S);
-///    segments `crypt @0 (S)` (the moved one), `crypt @2S iv S/512 dynamic`,
-///    backup-moved `crypt @0 (S)`, backup-previous `crypt @S dynamic`, backup-final
+///    segments `crypt @0 (M)` (the moved one), `crypt @2S iv S/512 dynamic` (when the
+///    data is longer than `S`), backup-moved `crypt @0 (M)`, backup-previous `crypt @S dynamic`, backup-final
 ///    `linear @0 dynamic` (see [`formats::luks2::reencrypt::DecryptShiftGeometry`]).
 ///
 /// Power lost before 4 leaves `new_hdr` a plain detached copy of the volume's header
@@ -823,9 +823,11 @@ pub fn init_decrypt_shift(
              header {hdr_len} bytes)"
         )));
     }
-    if size <= 2 * shift {
+    if size <= shift {
         return Err(LuksError::Params("Device is too small.".into()));
     }
+    // The moved first segment: the shift, or the whole data when it is shorter.
+    let moved_size = shift.min(size - shift);
     if !size.is_multiple_of(ss) {
         return Err(LuksError::Params(format!(
             "Data device is not aligned to encryption sector size ({ss} bytes)."
@@ -852,16 +854,19 @@ pub fn init_decrypt_shift(
     let c = seg0.crypt.clone().ok_or(LuksError::Unsupported("data segment is not crypt".into()))?;
     let d_old =
         m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
-    let moved = crypt_segment(0, 0, Some(shift), &c.encryption, c.sector_size, false);
+    let moved = crypt_segment(0, 0, Some(moved_size), &c.encryption, c.sector_size, false);
     m.segments.clear();
     m.segments.insert(0, moved.clone());
-    m.segments.insert(1, crypt_segment(2 * shift, shift >> 9, None, &c.encryption, c.sector_size, false));
-    m.segments.insert(2, backup_of(&moved, re::FLAG_BACKUP_MOVED));
+    if size - shift > moved_size {
+        m.segments.insert(1, crypt_segment(2 * shift, shift >> 9, None, &c.encryption, c.sector_size, false));
+    }
+    let id = m.segments.len() as u32;
+    m.segments.insert(id, backup_of(&moved, re::FLAG_BACKUP_MOVED));
     for d in m.digests.values_mut() {
         d.segments.clear();
     }
     if let Some(d) = m.digests.get_mut(&d_old) {
-        d.segments = vec![0, 1, 2];
+        d.segments = (0..=id).collect();
     }
     add_reencrypt_metadata(
         m,
@@ -887,7 +892,7 @@ pub fn init_decrypt_shift(
         io::write_bytes(dev, off, &[0u8; 6], "LUKS2 header magic")?;
         io::flush(dev, "LUKS2 header magic")?;
     }
-    copy_range(dev, shift, 0, shift, "moving the first data segment")?;
+    copy_range(dev, shift, 0, moved_size, "moving the first data segment")?;
     io::flush(dev, "moved data segment")?;
     luks2::write_header(&mut next, new_hdr)?;
     *s = next;
@@ -964,7 +969,7 @@ fn run_decrypt_shift(
     if !g.shift.is_multiple_of(bs.max(align)) || !g.data_size.is_multiple_of(align) {
         return Err(meta_err(re::ReencryptMetaError::Layout("data shift not aligned to its blocks")));
     }
-    let sums_len = g.moved_size / bs * hash.output_len() as u64;
+    let sums_len = g.moved_size.div_ceil(bs) * hash.output_len() as u64;
     let meta_size = meta.geometry().size;
     if sums_len > area_size || area_offset.checked_add(area_size).is_none_or(|e| e > meta_size) {
         return Err(meta_err(re::ReencryptMetaError::Layout(
