@@ -782,7 +782,8 @@ fn data_shift_decryption_killed_mid_run_resumes_in_the_other_tool() {
     // cryptsetup killed, sealdisk resumes.
     let (d, _) = killed_mid_run(prepare, |d| {
         let mut c = Command::new("cryptsetup");
-        c.args(cs_args(d, &["--decrypt"]));
+        // Killed while it copies the header, it leaves its temporary file in its directory.
+        c.args(cs_args(d, &["--decrypt"])).current_dir(d._dir.path());
         c
     })
     .expect("cryptsetup --decrypt --header NEW was never caught mid-run");
