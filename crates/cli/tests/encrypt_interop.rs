@@ -338,12 +338,18 @@ fn bad_input_gets_cryptsetup_errors() {
         "is already LUKS device. Aborting operation.",
     );
     // Decryption of a header on the device into a new header file (cryptsetup 2.6's data
-    // shift decryption): not implemented, refused before anything is written or created.
-    let before = std::fs::read(&d.data).unwrap();
-    let out = sd(&d, &["--decrypt"]);
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not implemented"), "{out:?}");
-    assert!(!d.hdr.exists() && std::fs::read(&d.data).unwrap() == before, "a refused --decrypt wrote");
+    // shift decryption) with less data (8 MiB) than the header: the moved segment is all
+    // of it; the same bytes as cryptsetup's.
+    let theirs = clone_disk(&d);
+    ok(&sd(&d, &["--decrypt"]), "sealdisk --decrypt of a short volume");
+    ok(&csr(&theirs, &["--decrypt"]), "cryptsetup --decrypt of a short volume");
+    let n = (8 * MIB) as usize;
+    assert!(
+        std::fs::read(&d.data).unwrap()[..n] == std::fs::read(&theirs.data).unwrap()[..n],
+        "the two tools' decryptions of a short volume differ"
+    );
+    let no_epoch = |s: String| s.lines().filter(|l| !l.starts_with("Epoch")).collect::<Vec<_>>().join("\n");
+    assert_eq!(no_epoch(d.dump()), no_epoch(theirs.dump()), "the finished headers differ");
     // Decrypting a volume in reencryption: refused.
     let d = Disk::new(8 * MIB);
     ok(&csr(&d, &["--encrypt", "--init-only"]), "cryptsetup --encrypt --init-only");
@@ -650,4 +656,205 @@ fn data_shift_bad_input_gets_cryptsetup_errors() {
     assert!(String::from_utf8_lossy(&ours.stderr).contains(msg), "{ours:?}");
     assert!(String::from_utf8_lossy(&theirs.stderr).contains(msg), "{theirs:?}");
     assert!(std::fs::read(&d.data).unwrap() == before, "wrote");
+}
+
+// Decryption with data shift (`--decrypt --header NEW` of a volume whose header is on the
+// device: cryptsetup 2.6 moves the header to NEW and the data down to 0).
+
+/// A LUKS2 image of `size` bytes with its header on it (cryptsetup's data-shift encryption
+/// with `--reduce-device-size reduce`: header and shift `reduce / 2`), whose data holds the
+/// first `size - reduce` bytes of the plaintext; `hdr` is where the new header file goes.
+fn luks_on_device(size: u64, reduce: &str) -> Disk {
+    let mut d = shift_disk(size);
+    ok(&cs(&cs_shift_args(&d, &["--encrypt", "--reduce-device-size", reduce])), "cryptsetup --encrypt");
+    d.hdr = d._dir.path().join("new.hdr");
+    d
+}
+
+/// A copy of `d`'s images in a new directory.
+fn clone_disk(d: &Disk) -> Disk {
+    let c = Disk::new(0);
+    std::fs::copy(&d.data, &c.data).unwrap();
+    if d.hdr.exists() {
+        std::fs::copy(&d.hdr, &c.hdr).unwrap();
+    }
+    c
+}
+
+/// The data shift decryption finished: NEW is a LUKS2 header with one `linear @0` segment
+/// and no keyslot, the device starts with the plaintext (its first `size - reduce` bytes).
+fn assert_shift_decrypted(d: &Disk, reduce: u64) {
+    let dump = d.dump();
+    assert!(!dump.contains("online-reencrypt"), "still in reencryption:\n{dump}");
+    let seg = dump.split("Data segments:").nth(1).unwrap().split("Keyslots:").next().unwrap();
+    assert!(seg.contains("linear") && seg.contains("offset: 0 [bytes]"), "{dump}");
+    assert!(
+        dump.split("Keyslots:").nth(1).unwrap().split("Tokens:").next().unwrap().trim().is_empty(),
+        "{dump}"
+    );
+    let n = d.len() - reduce as usize;
+    let data = std::fs::read(&d.data).unwrap();
+    assert!(data[..n] == plaintext(d.len(), 0)[..n], "decryption with data shift lost data");
+}
+
+#[test]
+fn data_shift_decryption_in_one_tool_runs_in_the_other() {
+    if !cryptsetup() {
+        return;
+    }
+    let (size, reduce) = (64 * MIB, 32 * MIB);
+    let src = luks_on_device(size, "32M");
+    // Whole runs in both tools from the same image: the same bytes up to the wiped tail.
+    let (a, b) = (clone_disk(&src), clone_disk(&src));
+    ok(&sd(&a, &["--decrypt"]), "sealdisk --decrypt --header NEW");
+    ok(&csr(&b, &["--decrypt"]), "cryptsetup --decrypt --header NEW");
+    assert_shift_decrypted(&a, reduce);
+    assert_shift_decrypted(&b, reduce);
+    let keep = (size - reduce / 2) as usize;
+    assert!(
+        std::fs::read(&a.data).unwrap()[..keep] == std::fs::read(&b.data).unwrap()[..keep],
+        "the two tools' decryptions differ"
+    );
+    // sealdisk's start state: luksDump the same in both tools, cryptsetup runs it.
+    let d = clone_disk(&src);
+    ok(&sd(&d, &["--decrypt", "--init-only"]), "sealdisk --decrypt --init-only");
+    assert_eq!(d.in_progress(), Some(false));
+    let ours = ok(&sealdisk(&["luksDump", d.hdr()]), "sealdisk luksDump");
+    assert_eq!(ours, d.dump(), "luksDump of a data shift decryption start state");
+    for (k, v) in [
+        ("Resilience:", "datashift-checksum"),
+        ("Area length:", "16486400"),
+        ("Direction:", "forward"),
+        ("Requirements:", "online-reencrypt-v3"),
+    ] {
+        assert!(d.dump().lines().any(|l| l.contains(k) && l.contains(v)), "{k} {v}:\n{}", d.dump());
+    }
+    let theirs = clone_disk(&src);
+    ok(&csr(&theirs, &["--decrypt", "--init-only"]), "cryptsetup --decrypt --init-only");
+    let strip = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !["Epoch", "Salt", "Digest", "Iterations", "Time cost"].iter().any(|k| l.contains(k)))
+            .filter(|l| !l.trim_start().starts_with(|c: char| c.is_ascii_hexdigit()) || l.contains(':'))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(strip(&ours), strip(&theirs.dump()), "start states differ");
+    assert!(
+        std::fs::read(&d.data).unwrap() == std::fs::read(&theirs.data).unwrap(),
+        "init moved data differently"
+    );
+    // Mid-run the passphrase tests as in cryptsetup; activating it is refused, clearly and
+    // before any write.
+    let tp = ["open", "--test-passphrase", "--header", d.hdr(), "--key-file", d.pass(), d.data()];
+    ok(&sealdisk(&tp), "sealdisk open --test-passphrase");
+    ok(&cs(&tp), "cryptsetup open --test-passphrase");
+    let dir = d._dir.path();
+    let before = std::fs::read(&d.data).unwrap();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(bin())
+        .args(["open", "--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol", "--listen"])
+        .arg(format!("unix:{}", dir.join("vol.sock").display()))
+        .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("decryption with data shift"), "open mid-run: {err}");
+    assert!(std::fs::read(&d.data).unwrap() == before, "the refused open wrote");
+    ok(&csr(&d, &["--resume-only"]), "cryptsetup --resume-only");
+    assert_shift_decrypted(&d, reduce);
+    // cryptsetup's start state, sealdisk runs it.
+    ok(&sd(&theirs, &["--resume-only"]), "sealdisk --resume-only");
+    assert_shift_decrypted(&theirs, reduce);
+}
+
+#[test]
+fn data_shift_decryption_killed_mid_run_resumes_in_the_other_tool() {
+    if !cryptsetup() {
+        return;
+    }
+    // 104 MiB of data: the forward part (88 MiB) ends with a shorter hotzone (8 MiB), as
+    // cryptsetup 2.6.1 makes it.
+    let (size, reduce) = (120 * MIB, 32 * MIB);
+    let src = luks_on_device(size, "32M");
+    let prepare = || clone_disk(&src);
+    // cryptsetup killed, sealdisk resumes.
+    let (d, _) = killed_mid_run(prepare, |d| {
+        let mut c = Command::new("cryptsetup");
+        // Killed while it copies the header, it leaves its temporary file in its directory.
+        c.args(cs_args(d, &["--decrypt"])).current_dir(d._dir.path());
+        c
+    })
+    .expect("cryptsetup --decrypt --header NEW was never caught mid-run");
+    ok(&sd(&d, &["--resume-only"]), "sealdisk resume");
+    assert_shift_decrypted(&d, reduce);
+    // sealdisk killed, cryptsetup resumes.
+    let (d, hot) = killed_mid_run(prepare, |d| {
+        let mut c = Command::new(bin());
+        c.args(["reencrypt", "--decrypt", "--header", d.hdr(), "--key-file", d.pass()])
+            .args(FAST_PBKDF2)
+            .arg(d.data());
+        c
+    })
+    .expect("sealdisk --decrypt --header NEW was never caught mid-run");
+    if hot {
+        ok(
+            &cs(&["repair", "--batch-mode", "--header", d.hdr(), "--key-file", d.pass(), d.data()]),
+            "cryptsetup repair",
+        );
+    }
+    ok(&csr(&d, &["--resume-only"]), "cryptsetup resume");
+    assert_shift_decrypted(&d, reduce);
+}
+
+#[test]
+fn data_shift_decryption_bad_input_gets_cryptsetup_errors() {
+    if !cryptsetup() {
+        return;
+    }
+    let src = luks_on_device(64 * MIB, "32M");
+    let both = |extra: &[&str], header: bool, pass: Option<&str>, msg: &str| {
+        let (a, b) = (clone_disk(&src), clone_disk(&src));
+        for d in [&a, &b] {
+            if let Some(p) = pass {
+                std::fs::write(&d.pass, p).unwrap();
+            }
+        }
+        let before = std::fs::read(&a.data).unwrap();
+        let run = |d: &Disk, ours: bool| {
+            let mut args: Vec<&str> = vec!["reencrypt", "--decrypt"];
+            if !ours {
+                args.extend(["--batch-mode", "--force-offline-reencrypt"]);
+            }
+            if header {
+                args.extend(["--header", d.hdr()]);
+            }
+            args.extend(["--key-file", d.pass()]);
+            args.extend(FAST_PBKDF2);
+            args.extend(extra);
+            args.push(d.data());
+            if ours {
+                sealdisk(&args)
+            } else {
+                cs(&args)
+            }
+        };
+        let (ours, theirs) = (run(&a, true), run(&b, false));
+        let (o, t) = (String::from_utf8_lossy(&ours.stderr), String::from_utf8_lossy(&theirs.stderr));
+        assert_eq!(
+            ours.status.code(),
+            theirs.status.code(),
+            "{msg}: exit code; sealdisk said {o}, cryptsetup {t}"
+        );
+        assert!(o.contains(msg), "sealdisk said {o}");
+        assert!(t.contains(msg), "cryptsetup said {t}");
+        assert!(std::fs::read(&a.data).unwrap() == before, "{msg}: wrote data");
+        assert!(!a.hdr.exists() && !b.hdr.exists(), "{msg}: left a header file");
+    };
+    both(&[], false, None, "LUKS2 decryption requires --header option.");
+    both(&[], true, Some("wrong"), "No key available with this passphrase.");
+    both(&["--resilience", "none"], true, None, "Requested --resilience option cannot be applied");
+    both(&["--resilience", "journal"], true, None, "Moved segment too large. Requested size 16777216");
+    both(&["--resume-only"], true, None, "Device reencryption not in progress.");
 }

@@ -743,3 +743,216 @@ fn a_volume_mid_data_shift_encryption_opens_reads_and_writes() {
         assert!(visible_shift(&*dev) == want, "{what}: data written mid-run lost");
     }
 }
+
+// Decryption with data shift (`--decrypt --header NEW` of a header on the device).
+
+/// 4 MiB device whose LUKS2 header (and data offset) is 768 KiB: 3.25 MiB of data, whose
+/// forward part (2.5 MiB) is not a multiple of the shift (one hotzone is shorter). The new
+/// header file sits after the device on the same image (one crash device for both).
+const DS_DEV: u64 = 4 * MIB;
+const DS_SHIFT: u64 = 768 << 10;
+const DS_DATA: u64 = DS_DEV - DS_SHIFT;
+
+/// `[LUKS2 volume (header on it) | new header file (zeroes)]`, the volume's data
+/// `plaintext(DS_DATA)`.
+fn ds_image() -> Vec<u8> {
+    let img = MemDevice::new(DS_DEV + DS_SHIFT, 512);
+    let (dev, _) = ds_split(&img);
+    let fp = volume::luks::FormatParams {
+        pbkdf: pbkdf(),
+        offset: Some(DS_SHIFT / 512),
+        metadata_size: Some(16 << 10),
+        keyslots_size: Some(DS_SHIFT - (32 << 10)),
+        ..volume::luks::FormatParams::default()
+    };
+    let (l, vk) = volume::luks::format(&dev, &fp, &pass()).unwrap();
+    let seg = l.segment().unwrap();
+    assert_eq!(seg.offset, DS_SHIFT);
+    let spec: CipherSpec = seg.cipher.parse().unwrap();
+    let sp = SectorParams { sector_size: seg.sector_size, iv_offset: 0, iv_large_sectors: false };
+    let mut data = plaintext(DS_DATA as usize);
+    SectorCipher::new(&spec, &vk, sp).unwrap().encrypt(0, &mut data).unwrap();
+    dev.write_at(DS_SHIFT, &data, WriteFlags::empty()).unwrap();
+    img.to_vec()
+}
+
+/// The device and the new header file.
+fn ds_split(img: &dyn BlockDevice) -> (Slice<&dyn BlockDevice>, Slice<&dyn BlockDevice>) {
+    (Slice::new(img, 0, DS_DEV).unwrap(), Slice::new(img, DS_DEV, DS_SHIFT).unwrap())
+}
+
+fn decrypt_shift(img: &dyn BlockDevice) -> Result<RunEnd, LuksError> {
+    let (dev, hdr) = ds_split(img);
+    let mut l = reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &params("checksum"))?;
+    reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true)
+}
+
+/// The data as a reader of the finished volume sees it: the plaintext at 0 with the new
+/// header (`linear @0`), or decrypted at the shift with a plain LUKS2 header (in the new
+/// file, or still on the device).
+fn visible_ds(img: &dyn BlockDevice) -> Vec<u8> {
+    let (dev, hdr) = ds_split(img);
+    let mut buf = vec![0u8; DS_DATA as usize];
+    let (l, meta): (Luks, &dyn BlockDevice) = match Luks::load(&hdr, false) {
+        Ok(l) => (l, &hdr),
+        Err(_) => (Luks::load(&dev, false).expect("neither header is LUKS"), &dev),
+    };
+    assert!(reencrypt::status(&l).unwrap().is_none(), "visible_ds() needs a finished header");
+    let first = metadata(&l).segments.values().next().unwrap().clone();
+    if first.type_name == "linear" {
+        assert_eq!(first.offset, 0, "a decrypted volume's data starts at 0");
+        assert!(l.active_keyslots().is_empty(), "a decrypted volume keeps no keyslot");
+        dev.read_at(0, &mut buf).unwrap();
+        return buf;
+    }
+    let seg = l.segment().unwrap();
+    dev.read_at(seg.offset, &mut buf).unwrap();
+    let (_, vk) = l.unlock(meta, &pass(), None).unwrap();
+    let spec: CipherSpec = seg.cipher.parse().unwrap();
+    let sp = SectorParams { sector_size: seg.sector_size, iv_offset: 0, iv_large_sectors: false };
+    SectorCipher::new(&spec, &vk, sp).unwrap().decrypt(0, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn data_shift_decryption_follows_cryptsetups_layouts() {
+    let img = MemDevice::from_vec(ds_image(), 512);
+    let (dev, hdr) = ds_split(&img);
+    let mut l = reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &params("checksum")).unwrap();
+    assert!(Luks::load(&dev, false).is_err(), "the device's header is still LUKS");
+    let st = reencrypt::status(&l).unwrap().unwrap();
+    assert_eq!(
+        (st.keyslot.mode.as_str(), st.keyslot.direction.as_str(), st.keyslot.resilience.type_name()),
+        ("decrypt", "forward", "datashift-checksum")
+    );
+    assert_eq!(st.version, 3);
+    assert_eq!(st.keyslot.resilience.shift(), DS_SHIFT);
+    let k = 1024;
+    let lin = |o: u64, s: Option<u64>| ("linear".to_owned(), o * k, s.map(|s| s * k));
+    let cr = |o: u64, s: Option<u64>| ("crypt".to_owned(), o * k, s.map(|s| s * k));
+    // cryptsetup 2.6.1's states (64 MiB, 16 MiB header, traced; here scaled): the start
+    // state, then one after each hotzone.
+    let want = [
+        vec![cr(0, Some(768)), cr(1536, None)],
+        vec![cr(0, Some(768)), lin(768, Some(768)), cr(2304, None)],
+        vec![cr(0, Some(768)), lin(768, Some(1536)), cr(3072, None)],
+        vec![cr(0, Some(768)), lin(768, Some(2304)), cr(3840, None)],
+        vec![cr(0, Some(768)), lin(768, None)],
+        vec![lin(0, None)],
+    ];
+    assert_eq!(regular(&hdr), want[0], "start state");
+    let m = Luks::load(&hdr, false).unwrap();
+    let backups: Vec<(String, u64, Option<u64>, String)> = metadata(&m)
+        .segments
+        .values()
+        .filter(|s| s.is_backup())
+        .map(|s| (s.type_name.clone(), s.offset, s.fixed_size(), s.flags.clone().unwrap().join(",")))
+        .collect();
+    assert_eq!(
+        backups,
+        vec![
+            ("crypt".into(), 0, Some(768 * k), "backup-moved-segment".into()),
+            ("crypt".into(), 768 * k, None, "backup-previous".into()),
+            ("linear".into(), 0, None, "backup-final".into()),
+        ]
+    );
+    for (i, w) in want.iter().enumerate().skip(1) {
+        let mut n = 0;
+        let end = reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| {
+            n += 1;
+            n < 2
+        })
+        .unwrap();
+        if i < want.len() - 1 {
+            assert_eq!(end, RunEnd::Interrupted);
+            assert_eq!(&regular(&hdr), w, "after hotzone {i}");
+        } else {
+            assert_eq!(end, RunEnd::Finished);
+        }
+        l = Luks::load(&hdr, true).unwrap();
+    }
+    assert!(reencrypt::status(&l).unwrap().is_none());
+    assert_eq!(regular(&hdr), want[5]);
+    assert!(l.active_keyslots().is_empty(), "keyslots left");
+    assert!(metadata(&l).digests.is_empty(), "digests left");
+    assert!(visible_ds(&img) == plaintext(DS_DATA as usize), "data lost");
+}
+
+#[test]
+fn crash_at_every_flush_of_data_shift_decryption_resumes_without_loss() {
+    let want = plaintext(DS_DATA as usize);
+    let start = ds_image();
+    // 4096-byte blocks: the last hotzone's checksums are of 4096-byte blocks (cryptsetup's
+    // choice), which a crash must not tear (on a 512-byte device the disk's cache could).
+    let probe = CrashDevice::from_vec(start.clone(), 4096);
+    assert_eq!(decrypt_shift(&probe).unwrap(), RunEnd::Finished);
+    let flushes = probe.flushes();
+    assert!(flushes > 12, "expected many flushes, got {flushes}");
+    // What the CLI does next: resume a run in progress; with a plain header in the new file
+    // (init cut short after the device lost its magic) decrypt in place with it, as
+    // cryptsetup would; with the device still LUKS, start again (the new file is redone).
+    let check = |img: MemDevice, when: &str| {
+        let (dev, hdr) = ds_split(&img);
+        match Luks::load(&hdr, true) {
+            Ok(mut l) if reencrypt::status(&l).unwrap().is_some() => {
+                let end = reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true)
+                    .unwrap_or_else(|e| panic!("{when}: resume failed: {e:?}"));
+                assert_eq!(end, RunEnd::Finished, "{when}");
+            }
+            Ok(l) if metadata(&l).segments.values().next().is_some_and(|s| s.type_name == "linear") => {}
+            Ok(mut l) if Luks::load(&dev, false).is_err() => {
+                let (data_dev, size) = (&dev, DS_DEV);
+                reencrypt::init_decrypt(&hdr, size, &mut l, &pass(), &params("checksum"))
+                    .unwrap_or_else(|e| panic!("{when}: init of the in-place decryption: {e:?}"));
+                let end = reencrypt::run(&hdr, data_dev, &mut l, &pass(), &opts(), &mut |_, _| true)
+                    .unwrap_or_else(|e| panic!("{when}: in-place decryption: {e:?}"));
+                assert_eq!(end, RunEnd::Finished, "{when}");
+                let mut buf = vec![0u8; DS_DATA as usize];
+                dev.read_at(DS_SHIFT, &mut buf).unwrap();
+                assert!(buf == want, "{when}: data lost (in place)");
+                return;
+            }
+            _ => {
+                Luks::load(&dev, false).unwrap_or_else(|e| panic!("{when}: no header left: {e}"));
+                assert_eq!(decrypt_shift(&img).unwrap(), RunEnd::Finished, "{when}: started again");
+            }
+        }
+        assert!(visible_ds(&img) == want, "{when}: data lost");
+    };
+    for n in 1..=flushes {
+        let d = CrashDevice::from_vec(start.clone(), 4096).crash_at_flush(n);
+        let _ = decrypt_shift(&d);
+        check(d.crash(), &format!("data shift decryption: crash at flush {n}"));
+        check(d.crash_keeping_some(n), &format!("data shift decryption: crash at flush {n}, cache seed {n}"));
+    }
+}
+
+#[test]
+fn data_shift_decryption_bad_input_is_refused_before_any_write() {
+    let try_ = |img: Vec<u8>, pw: &[u8], p: ReencryptParams, msg: &str| {
+        let m = MemDevice::from_vec(img, 512);
+        let before = m.to_vec();
+        let (dev, hdr) = ds_split(&m);
+        let e = reencrypt::init_decrypt_shift(&hdr, &dev, &Passphrase::new(pw.to_vec()), &p).unwrap_err();
+        assert!(e.to_string().contains(msg), "{e}");
+        assert!(m.to_vec() == before, "{msg}: wrote");
+    };
+    try_(ds_image(), b"wrong", params("checksum"), "No key available with this passphrase.");
+    try_(ds_image(), b"pw", params("journal"), "Moved segment too large. Requested size 786432");
+    try_(ds_image(), b"pw", params("none"), "cannot be applied to current reencryption operation.");
+    // Not LUKS (a finished decryption).
+    let m = MemDevice::from_vec(ds_image(), 512);
+    decrypt_shift(&m).unwrap();
+    try_(m.to_vec(), b"pw", params("checksum"), "not a valid LUKS");
+    // The volume opens mid-run only with a clear refusal.
+    let m = MemDevice::from_vec(ds_image(), 512);
+    let (dev, hdr) = ds_split(&m);
+    reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &params("checksum")).unwrap();
+    let mut l = Luks::load(&hdr, false).unwrap();
+    reencrypt::check_openable(&l).unwrap();
+    let keys = reencrypt::unlock_keys(&hdr, &l, &pass(), &Default::default()).unwrap();
+    let before = m.to_vec();
+    let e = reencrypt::prepare_activation(&hdr, &dev, &mut l, &keys, false).unwrap_err();
+    assert!(e.to_string().contains("decryption with data shift"), "{e}");
+    assert!(m.to_vec() == before, "activation refused after writing");
+}

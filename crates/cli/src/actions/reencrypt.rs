@@ -186,13 +186,13 @@ pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
     }
     if let (true, Some(h)) = (a.decrypt, &a.header) {
         // cryptsetup 2.6 decrypts a volume whose header is on the device into a new header
-        // file (data shift, `online-reencrypt-v3`): not done here, refused before any write.
+        // file (data shift, `online-reencrypt-v3`).
         if !std::path::Path::new(h).exists() && is_luks(&a.device)? {
-            bail!(UsageError(format!(
-                "decryption of {} with its header on the device (data shift into the new header file {h}) \
-                 is not implemented in sealdisk yet",
-                a.device
-            )));
+            if a.resume_only {
+                bail!(UsageError("Device reencryption not in progress.".into()));
+            }
+            let h = h.clone();
+            return decrypt_shift(a, h);
         }
     }
     if a.encrypt && !encryption_in_progress(a.header.as_deref().unwrap_or_default()) {
@@ -407,6 +407,59 @@ fn encrypt_shift(a: ReencryptArgs, reduce: u64) -> Result<()> {
         return Ok(());
     }
     run_to_end(&a, &dev, &*dev.device, &mut luks, &pass, &a.device)
+}
+
+/// `reencrypt --decrypt --header NEW DEVICE` of a LUKS2 DEVICE whose header is on it: the
+/// header moves to the new file NEW (created here, as long as the header and its keyslots
+/// area) and the data to the start of DEVICE (see `reencrypt::init_decrypt_shift`), then
+/// the decryption runs unless `--init-only`. NEW is removed again when the init fails
+/// before writing anything to DEVICE (a wrong passphrase, bad options).
+fn decrypt_shift(a: ReencryptArgs, header: String) -> Result<()> {
+    let dev = open_meta(&a.device, false)?;
+    let luks = Luks::load(&*dev.device, false).map_err(luks_err(&a.device))?;
+    let volume::luks::LuksHeader::V2(s) = &luks.header else {
+        bail!(UsageError("Reencryption is supported only for LUKS2 in this version of sealdisk.".into()));
+    };
+    let hdr_len = s.header.metadata.metadata_and_keyslots_size();
+    let params = params(&a)?;
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&header)
+            .with_context(|| format!("creating the header file {header}"))?;
+        f.set_len(hdr_len).with_context(|| format!("sizing the header file {header}"))?;
+    }
+    let meta = match open_meta(&header, false) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = std::fs::remove_file(&header);
+            return Err(e);
+        }
+    };
+    let mut made = None;
+    let r = with_passphrase(&a.key, "Enter passphrase for key slot: ", |p| {
+        let luks = reencrypt::init_decrypt_shift(&*meta.device, &*dev.device, p, &params)
+            .map_err(luks_err(&a.device))
+            .context("initializing LUKS2 decryption")?;
+        made = Some((luks, p.clone()));
+        Ok(())
+    });
+    if let Err(e) = r {
+        // Nothing reached DEVICE unless its header is gone (the copy in NEW is then the
+        // only one: keep it).
+        if is_luks(&a.device).unwrap_or(false) {
+            let _ = std::fs::remove_file(&header);
+        }
+        return Err(e);
+    }
+    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
+    if a.init_only {
+        return Ok(());
+    }
+    run_to_end(&a, &meta, &*dev.device, &mut luks, &pass, &header)
 }
 
 /// `--key-size` in whole bytes.

@@ -994,6 +994,202 @@ impl ShiftGeometry {
     }
 }
 
+/// Where the data of a decryption with data shift (cryptsetup 2.6 `reencrypt --decrypt
+/// --header NEW` of a volume whose header is on the device) lives. Positions `L` are in the
+/// data's own coordinates, `[0, data_size)` with `data_size` the device size less the
+/// shift: the ciphertext of `L` is at `shift + L` (backup-previous, `crypt @shift`),
+/// except for `L < moved_size`, whose ciphertext init copied to `L` (backup-moved-segment,
+/// `crypt @0`); the plaintext of `L` goes to `L` (backup-final, `linear @0`).
+///
+/// ```text
+///  device  [moved first segment (ct) | old ct of L >= moved ... (shift bytes up)       ]
+///  after   [plaintext, whole data (dynamic)                           | wiped (shift) ]
+///  hotzones go forward from moved_size in shift-long steps, reading shift bytes up
+///  (never their own destination); the last is [0, moved_size), decrypted in place with
+///  the checksums of its blocks in the reencrypt keyslot's area
+/// ```
+///
+/// The run's progress `p` counts bytes done in hotzone order: `p <= data_size -
+/// moved_size` in the forward part, `data_size` once the last hotzone is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecryptShiftGeometry {
+    /// `shift_size`: the old data offset.
+    pub shift: u64,
+    /// Bytes of data (the device size less the shift).
+    pub data_size: u64,
+    /// The moved first segment's size (the shift, or the whole data when shorter).
+    pub moved_size: u64,
+}
+
+impl DecryptShiftGeometry {
+    /// The geometry of a data-shift decryption on a device of `device_size` bytes, from its
+    /// backup segments (checked to be cryptsetup's).
+    pub fn of(st: &ReencryptState, m: &Luks2Metadata, device_size: u64) -> Result<Self, ReencryptMetaError> {
+        let lay = ReencryptMetaError::Layout;
+        let shift = st.keyslot.resilience.shift();
+        if st.keyslot.mode != ReencryptMode::Decrypt
+            || st.keyslot.direction != Direction::Forward
+            || !matches!(st.keyslot.resilience, Resilience::DatashiftChecksum { .. })
+            || shift == 0
+        {
+            return Err(lay("not a decryption with data shift"));
+        }
+        let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+        let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
+        let moved = st
+            .moved
+            .and_then(|i| m.segments.get(&i))
+            .ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_MOVED))?;
+        let (Some(pc), Some(mc)) = (&prev.crypt, &moved.crypt) else {
+            return Err(lay("data shift decryption segments of the wrong type"));
+        };
+        if prev.type_name != "crypt" || moved.type_name != "crypt" || fin.type_name != "linear" {
+            return Err(lay("data shift decryption segments of the wrong type"));
+        }
+        let moved_size = moved.fixed_size().ok_or(lay("moved segment is dynamic"))?;
+        if prev.offset != shift
+            || prev.fixed_size().is_some()
+            || fin.offset != 0
+            || fin.fixed_size().is_some()
+            || moved.offset != 0
+            || pc.iv_tweak != 0
+            || mc.iv_tweak != 0
+            || pc.encryption != mc.encryption
+            || pc.sector_size != mc.sector_size
+            || mc.integrity.is_some()
+            || pc.integrity.is_some()
+        {
+            return Err(lay("data shift decryption segments do not match the shift"));
+        }
+        let data_size = device_size
+            .checked_sub(shift)
+            .filter(|n| *n > 0)
+            .ok_or(lay("device too small for its data shift"))?;
+        if moved_size != shift.min(data_size) {
+            return Err(lay("moved segment is not the shift long (or the whole data when shorter)"));
+        }
+        Ok(Self { shift, data_size, moved_size })
+    }
+
+    /// Bytes done once every hotzone is written.
+    pub fn total(&self) -> u64 {
+        self.data_size
+    }
+
+    /// The hotzone at progress `p`: `(start, len)` in data coordinates.
+    pub fn next_hotzone(&self, p: u64) -> Option<(u64, u64)> {
+        let fwd = self.data_size - self.moved_size;
+        if p < fwd {
+            Some((self.moved_size + p, self.shift.min(fwd - p)))
+        } else if p == fwd {
+            Some((0, self.moved_size))
+        } else {
+            None
+        }
+    }
+
+    /// Where the ciphertext of the hotzone starting at `start` is on the device.
+    pub fn source(&self, start: u64) -> u64 {
+        if start < self.moved_size {
+            start
+        } else {
+            self.shift + start
+        }
+    }
+
+    /// The regular segments at progress `p`, with the hotzone at `p` in reencryption when
+    /// `hot` (cryptsetup 2.6.1's states, traced): the moved first segment (crypt @0), the
+    /// plaintext done (linear, dynamic once the forward part is all done), the hotzone
+    /// (linear, fixed), the ciphertext not reached (crypt `shift` bytes up, dynamic); for
+    /// the last hotzone `linear @0` (hot) and the rest; at the end one `linear @0` dynamic.
+    pub fn layout(
+        &self,
+        m: &Luks2Metadata,
+        st: &ReencryptState,
+        p: u64,
+        hot: bool,
+    ) -> Result<Vec<(Part, Segment)>, ReencryptMetaError> {
+        let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+        let c = prev.crypt.as_ref().ok_or(ReencryptMetaError::Layout("backup-previous is not crypt"))?;
+        let fwd = self.data_size - self.moved_size;
+        if p > self.data_size || (p > fwd && p < self.data_size) || (hot && p == self.data_size) {
+            return Err(ReencryptMetaError::Layout("data shift decryption progress outside the data"));
+        }
+        let m_ = self.moved_size;
+        let mut out = Vec::new();
+        if p == self.data_size {
+            out.push((Part::New, linear_segment(0, None, false)));
+        } else if p == fwd && hot {
+            out.push((Part::Hot, linear_segment(0, Some(m_), true)));
+            if m_ < self.data_size {
+                out.push((Part::New, linear_segment(m_, None, false)));
+            }
+        } else {
+            out.push((Part::Old, crypt_segment(0, 0, Some(m_), &c.encryption, c.sector_size, false)));
+            let h = if hot { self.shift.min(fwd - p) } else { 0 };
+            if p > 0 {
+                let size = (p < fwd || hot).then_some(p);
+                out.push((Part::New, linear_segment(m_, size, false)));
+            }
+            if hot {
+                out.push((Part::Hot, linear_segment(m_ + p, Some(h), true)));
+            }
+            let e = m_ + p + h;
+            if e < self.data_size {
+                out.push((
+                    Part::Old,
+                    crypt_segment(self.shift + e, e >> 9, None, &c.encryption, c.sector_size, false),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The progress the metadata records (a hotzone in reencryption: its own progress,
+    /// i.e. not done yet).
+    pub fn progress(&self, m: &Luks2Metadata, st: &ReencryptState) -> Result<u64, ReencryptMetaError> {
+        let lay = ReencryptMetaError::Layout;
+        let fwd = self.data_size - self.moved_size;
+        if let Some(h) = st.hot {
+            let s = &m.segments[&h];
+            let len = s.fixed_size().ok_or(lay("dynamic hotzone"))?;
+            if s.offset == 0 {
+                return if len == self.moved_size {
+                    Ok(fwd)
+                } else {
+                    Err(lay("last hotzone of the wrong size"))
+                };
+            }
+            let p = s.offset.checked_sub(self.moved_size).ok_or(lay("hotzone inside the moved segment"))?;
+            return match self.next_hotzone(p) {
+                Some((start, l)) if p < fwd && start == s.offset && l == len => Ok(p),
+                _ => Err(lay("hotzone outside the data shift decryption's steps")),
+            };
+        }
+        let regular = ReencryptState::regular_segments(m);
+        let Some((_, first)) = regular.first() else { return Err(lay("no regular segment")) };
+        if first.type_name == "linear" && first.offset == 0 {
+            return if regular.len() == 1 && first.fixed_size().is_none() {
+                Ok(self.data_size)
+            } else {
+                Err(lay("unexpected data shift decryption layout"))
+            };
+        }
+        if first.type_name != "crypt" || first.offset != 0 || first.fixed_size() != Some(self.moved_size) {
+            return Err(lay("unexpected data shift decryption layout"));
+        }
+        match regular.iter().find(|(_, s)| s.type_name == "linear") {
+            None => Ok(0),
+            Some((_, s)) if s.offset != self.moved_size => Err(lay("plaintext segment out of place")),
+            Some((_, s)) => match s.fixed_size() {
+                None => Ok(fwd),
+                Some(p) if p < fwd => Ok(p),
+                Some(_) => Err(lay("plaintext segment longer than the data")),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,9 +30,11 @@
 //! backward, to a linear segment: [`init_decrypt`]), in either direction for a run cryptsetup
 //! started; resilience `checksum`, `journal` and `none`; and the encryption in place with
 //! data shift (`--reduce-device-size`, header on the device: [`init_encrypt_shift`],
-//! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says). Refused
-//! with a clear error: the datashift decryption of a header on the device, and running a
-//! data shift online (under a served device).
+//! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says) and the
+//! decryption of a header on the device into a new header file ([`init_decrypt_shift`],
+//! resilience `datashift-checksum`, forward). Refused with a clear error: activating a
+//! volume mid data-shift decryption, and running a data shift online (under a served
+//! device).
 
 use std::collections::BTreeMap;
 
@@ -342,6 +344,7 @@ fn add_reencrypt_metadata(
     };
     let first = m.segments.keys().max().map_or(0, |k| k + 1);
     let final_offset = final_.offset;
+    let prev_offset = previous.offset;
     m.segments.insert(first, previous);
     m.segments.insert(first + 1, final_);
     for (d, sg) in [(digest_old, first), (digest_new, first + 1)] {
@@ -355,6 +358,12 @@ fn add_reencrypt_metadata(
         "none" => Resilience::None,
         // The data shift is the backup-final's offset (the header's size).
         "datashift" => Resilience::Datashift { shift: final_offset },
+        // A decryption's shift is the old data offset (backup-previous's).
+        "datashift-checksum" => Resilience::DatashiftChecksum {
+            hash: rhash.name().into(),
+            block_size: alignment,
+            shift: prev_offset,
+        },
         other => return Err(LuksError::Params(format!("Unsupported resilience mode {other}"))),
     };
     let rslot = first_free_keyslot(m)?;
@@ -367,10 +376,12 @@ fn add_reencrypt_metadata(
     };
     let rks = ReencryptKeyslot { id: rslot, mode, direction, resilience, area_offset, area_size };
     m.keyslots.insert(rslot, rks.to_keyslot());
-    re::set_requirement(m, Some(2));
+    // cryptsetup 2.6 marks a decryption with data shift `online-reencrypt-v3`.
+    let version = if mode == ReencryptMode::Decrypt && rks.resilience.shift() != 0 { 3 } else { 2 };
+    re::set_requirement(m, Some(version));
     let st =
         ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
-    let vdata = st.verification_data(m, 2, vk_old, vk_new).map_err(meta_err)?;
+    let vdata = st.verification_data(m, version, vk_old, vk_new).map_err(meta_err)?;
     let iterations = pbkdf.digest_iterations(vdata.len());
     let vdigest = make_digest(&vdata, pbkdf.hash, iterations)?;
     let vid = first_free_digest(m);
@@ -749,6 +760,325 @@ fn run_datashift(
     Ok(RunEnd::Finished)
 }
 
+/// Starts the decryption of a LUKS2 volume whose header is on the device into a new
+/// detached header (cryptsetup 2.6 `reencrypt --decrypt --header NEW`, data shift; traced
+/// with strace, header by header). The volume's header on `dev` is loaded and the
+/// passphrase checked before any write; then, as cryptsetup:
+///
+/// 1. the header and its keyslots area (the first `S` bytes, `S` the data offset) are
+///    copied to `new_hdr` (already at least that long), flushed;
+/// 2. the magic of both header copies on `dev` is wiped (zeroes), flushed: `dev` is no
+///    longer LUKS, so two headers never hold the key at once;
+/// 3. the first data segment's ciphertext (`M` bytes from `S`, `M` the shift or the whole
+///    data when it is shorter) is copied to offset 0, flushed;
+/// 4. the new header gets the start state: requirement `online-reencrypt-v3`, reencrypt
+///    keyslot mode `decrypt`, direction forward, area `datashift-checksum` (the largest
+///    free gap of the keyslots area, checksums of 4096-byte blocks, `shift_size` S);
+///    segments `crypt @0 (M)` (the moved one), `crypt @2S iv S/512 dynamic` (when the
+///    data is longer than `S`), backup-moved `crypt @0 (M)`, backup-previous `crypt @S dynamic`, backup-final
+///    `linear @0 dynamic` (see [`formats::luks2::reencrypt::DecryptShiftGeometry`]).
+///
+/// Power lost before 4 leaves `new_hdr` a plain detached copy of the volume's header
+/// (after 2; a partial one before), whose segment is still right: the data is intact at
+/// `S`. Running `reencrypt --decrypt --header NEW` again then decrypts it in place at `S`
+/// (what cryptsetup does with that file too); before 2 `dev` is untouched.
+pub fn init_decrypt_shift(
+    new_hdr: &dyn BlockDevice,
+    dev: &dyn BlockDevice,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+) -> Result<Luks, LuksError> {
+    let mut luks = Luks::load(dev, false)?;
+    if status(&luks)?.is_some() {
+        return Err(LuksError::Params("LUKS2 reencryption already initialized. Aborting operation.".into()));
+    }
+    luks.check_supported()?;
+    if luks.aead()?.is_some() {
+        return Err(LuksError::Unsupported(
+            "decryption of an authenticated (integrity) volume is not supported".into(),
+        ));
+    }
+    let journal = matches!(p.resilience.as_str(), "journal" | "datashift-journal");
+    if !journal && p.resilience != "checksum" && p.resilience != "datashift-checksum" {
+        return Err(LuksError::Params(
+            "Requested --resilience option cannot be applied to current reencryption operation.".into(),
+        ));
+    }
+    let rhash = parse_hash(&p.resilience_hash)
+        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    let seg = luks.segment()?;
+    if seg.size.is_some() || seg.iv_offset != 0 {
+        return Err(LuksError::Unsupported(
+            "decryption of a fixed-size segment or one with an IV tweak is not supported".into(),
+        ));
+    }
+    let s = v2(&mut luks)?;
+    let hdr_len = s.header.metadata.metadata_and_keyslots_size();
+    let shift = seg.offset;
+    let size = dev.geometry().size;
+    let ss = u64::from(seg.sector_size.max(512));
+    if shift == 0 || shift < hdr_len || !shift.is_multiple_of(4096) {
+        return Err(LuksError::Unsupported(format!(
+            "decryption with data shift needs the data right after the header (data offset {shift}, \
+             header {hdr_len} bytes)"
+        )));
+    }
+    if size <= shift {
+        return Err(LuksError::Params("Device is too small.".into()));
+    }
+    // The moved first segment: the shift, or the whole data when it is shorter.
+    let moved_size = shift.min(size - shift);
+    if !size.is_multiple_of(ss) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({ss} bytes)."
+        )));
+    }
+    if journal {
+        // cryptsetup's datashift-journal keeps the whole moved segment in the largest free
+        // gap of the keyslots area, which is always smaller than the header.
+        let avail = max_gap(&s.header.metadata).map_or(0, |(_, l)| l);
+        return Err(LuksError::Params(format!(
+            "Moved segment too large. Requested size {shift}, available space for: {avail}.\n\
+             Failed to initialize LUKS2 reencryption in metadata."
+        )));
+    }
+    if new_hdr.geometry().size < hdr_len {
+        return Err(LuksError::DeviceTooSmall { need: hdr_len, have: new_hdr.geometry().size });
+    }
+    let (slot, vk) = luks.unlock_with(dev, passphrase, p.key_slot, &p.kdf_limits)?;
+    log::info!("decrypt: keyslot {slot} opened the volume key");
+    let s = v2(&mut luks)?;
+    let mut next = s.clone();
+    let m = &mut next.header.metadata;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let c = seg0.crypt.clone().ok_or(LuksError::Unsupported("data segment is not crypt".into()))?;
+    let d_old =
+        m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
+    let moved = crypt_segment(0, 0, Some(moved_size), &c.encryption, c.sector_size, false);
+    m.segments.clear();
+    m.segments.insert(0, moved.clone());
+    if size - shift > moved_size {
+        m.segments.insert(1, crypt_segment(2 * shift, shift >> 9, None, &c.encryption, c.sector_size, false));
+    }
+    let id = m.segments.len() as u32;
+    m.segments.insert(id, backup_of(&moved, re::FLAG_BACKUP_MOVED));
+    for d in m.digests.values_mut() {
+        d.segments.clear();
+    }
+    if let Some(d) = m.digests.get_mut(&d_old) {
+        d.segments = (0..=id).collect();
+    }
+    add_reencrypt_metadata(
+        m,
+        backup_of(&seg0, re::FLAG_BACKUP_PREVIOUS),
+        backup_of(&re::linear_segment(0, None, false), re::FLAG_BACKUP_FINAL),
+        None,
+        ReencryptMode::Decrypt,
+        Direction::Forward,
+        "datashift-checksum",
+        rhash,
+        4096u32.max(c.sector_size),
+        (Some(vk.as_bytes()), None),
+        &p.pbkdf,
+    )?;
+    // The metadata is complete before anything is written.
+    let st =
+        ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
+    re::DecryptShiftGeometry::of(&st, m, size).map_err(meta_err)?;
+    copy_between(dev, new_hdr, 0, hdr_len, "copying the LUKS2 header")?;
+    io::flush(new_hdr, "new LUKS2 header")?;
+    let md = s.header.metadata.metadata_size();
+    for off in [0, md] {
+        io::write_bytes(dev, off, &[0u8; 6], "LUKS2 header magic")?;
+        io::flush(dev, "LUKS2 header magic")?;
+    }
+    copy_range(dev, shift, 0, moved_size, "moving the first data segment")?;
+    io::flush(dev, "moved data segment")?;
+    luks2::write_header(&mut next, new_hdr)?;
+    *s = next;
+    Ok(luks)
+}
+
+/// Copies `len` bytes at 0 from `from` to `to`, 8 MiB at a time.
+fn copy_between(
+    from: &dyn BlockDevice,
+    to: &dyn BlockDevice,
+    off: u64,
+    len: u64,
+    what: &'static str,
+) -> Result<(), LuksError> {
+    let mut buf = SecretBuf::zeroed(len.min(8 << 20) as usize);
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        from.read_at(off + done, &mut buf[..n]).map_err(io_err(what))?;
+        to.write_at(off + done, &buf[..n], blockdev::WriteFlags::empty()).map_err(io_err(what))?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// `true` for a decryption with data shift (cryptsetup 2.6's `--decrypt --header NEW` of a
+/// header on the device): mode decrypt, forward, resilience `datashift-checksum`, a moved
+/// first segment.
+fn is_shift_decryption(st: &ReencryptState) -> bool {
+    st.keyslot.mode == ReencryptMode::Decrypt
+        && st.keyslot.direction == Direction::Forward
+        && matches!(st.keyslot.resilience, Resilience::DatashiftChecksum { .. })
+        && st.moved.is_some()
+}
+
+/// `true` for a LUKS2 header mid data-shift decryption ([`init_decrypt_shift`]).
+pub fn is_shift_decrypting(luks: &Luks) -> bool {
+    matches!(status(luks), Ok(Some(st)) if is_shift_decryption(&st))
+}
+
+/// Runs a decryption with data shift ([`init_decrypt_shift`], or cryptsetup's) with the
+/// header on `meta` and the data on `dev`: per hotzone of the forward part (at most the
+/// shift long, read from `shift` bytes up, so never over its own source), the header
+/// flagged in-reencryption, the ciphertext decrypted and written to its final place,
+/// flushed, the header past it. A forward hotzone left in reencryption is done again from
+/// its source. The last hotzone, `[0, S)` (the moved ciphertext), is decrypted in place:
+/// the checksum of each 4096-byte block goes to the reencrypt keyslot's area (flushed)
+/// before the header flags it, and a crash there is recovered as cryptsetup's `checksum`
+/// resilience (a block that still hashes to its checksum is decrypted again). At the end
+/// the last `S` bytes of the device (ciphertext given up) are wiped with random bytes, as
+/// cryptsetup does, and the header finished: `linear @0 dynamic`, no keyslot left.
+fn run_decrypt_shift(
+    meta: &dyn BlockDevice,
+    dev: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<RunEnd, LuksError> {
+    let size = dev.geometry().size;
+    let mut st =
+        status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let s = v2(luks)?;
+    let g = re::DecryptShiftGeometry::of(&st, &s.header.metadata, size).map_err(meta_err)?;
+    let prev = s.header.metadata.segments[&st.previous].clone();
+    let c = prev.crypt.clone().ok_or(meta_err(re::ReencryptMetaError::Layout("backup-previous")))?;
+    let (Resilience::DatashiftChecksum { hash, block_size, .. }, area_offset, area_size) =
+        (&st.keyslot.resilience, st.keyslot.area_offset, st.keyslot.area_size)
+    else {
+        return Err(meta_err(re::ReencryptMetaError::Layout("not a data shift decryption")));
+    };
+    let hash = parse_hash(hash)?;
+    let bs = u64::from(*block_size);
+    let align = u64::from(c.sector_size.max(512));
+    if !g.shift.is_multiple_of(bs.max(align)) || !g.data_size.is_multiple_of(align) {
+        return Err(meta_err(re::ReencryptMetaError::Layout("data shift not aligned to its blocks")));
+    }
+    let sums_len = g.moved_size.div_ceil(bs) * hash.output_len() as u64;
+    let meta_size = meta.geometry().size;
+    if sums_len > area_size || area_offset.checked_add(area_size).is_none_or(|e| e > meta_size) {
+        return Err(meta_err(re::ReencryptMetaError::Layout(
+            "checksum area too small for the moved segment",
+        )));
+    }
+    let vk = keys.old.as_ref().ok_or(LuksError::WrongPassphrase)?;
+    let old = cipher(&c.encryption, vk, c.sector_size)?;
+    let mut p = g.progress(&s.header.metadata, &st).map_err(meta_err)?;
+    let fwd = g.data_size - g.moved_size;
+    let mut buf = SecretBuf::zeroed(g.shift.min(8 << 20) as usize);
+    if st.hot.is_some() && p == fwd {
+        // The last hotzone, decrypted in place: a block whose checksum still matches is old.
+        log::warn!("reencrypt: recovering the data shift's last hotzone after an interrupted run");
+        let sums = io::read_bytes(meta, area_offset, sums_len as usize, "reencryption checksums")?;
+        let hl = hash.output_len();
+        let mut sum = vec![0u8; hl];
+        let mut off = 0u64;
+        while off < g.moved_size {
+            let n = (g.moved_size - off).min(buf.len() as u64) as usize;
+            let chunk = &mut buf[..n];
+            dev.read_at(off, chunk).map_err(io_err("data shift hotzone"))?;
+            for (i, blk) in chunk.chunks_mut(bs as usize).enumerate() {
+                let b = (off / bs) as usize + i;
+                hash.digest_into(&[&*blk], &mut sum);
+                if sum == sums[b * hl..(b + 1) * hl] {
+                    let at = off + i as u64 * bs;
+                    old.decrypt(at / 512, blk).map_err(crypto_err(&c.encryption))?;
+                    dev.write_at(at, blk, blockdev::WriteFlags::empty())
+                        .map_err(io_err("data shift hotzone"))?;
+                }
+            }
+            off += n as u64;
+        }
+        dev.flush().map_err(io_err("data device"))?;
+        p = g.total();
+        let mut next = s.clone();
+        let layout = g.layout(&next.header.metadata, &st, p, false).map_err(meta_err)?;
+        re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
+        luks2::write_header(&mut next, meta)?;
+        *s = next;
+    }
+    let mut recovering = st.hot.is_some();
+    if p < g.total() && !progress(p, g.total()) && !recovering {
+        return Ok(RunEnd::Interrupted);
+    }
+    while let Some((start, len)) = g.next_hotzone(p) {
+        let last = start == 0;
+        if last {
+            // Checksums of the old blocks, durable before the header that points at them.
+            let mut sums = vec![0u8; sums_len as usize];
+            let hl = hash.output_len();
+            let mut off = 0u64;
+            while off < len {
+                let n = (len - off).min(buf.len() as u64) as usize;
+                dev.read_at(off, &mut buf[..n]).map_err(io_err("data shift hotzone"))?;
+                for (i, blk) in buf[..n].chunks(bs as usize).enumerate() {
+                    let b = (off / bs) as usize + i;
+                    hash.digest_into(&[blk], &mut sums[b * hl..(b + 1) * hl]);
+                }
+                off += n as u64;
+            }
+            io::write_bytes(meta, area_offset, &sums, "reencryption checksums")?;
+            io::flush(meta, "reencryption checksums")?;
+        }
+        if recovering {
+            log::warn!(
+                "reencrypt: redoing the data shift hotzone at {start} ({len} bytes) after an interrupted run"
+            );
+            recovering = false;
+        } else {
+            let mut next = s.clone();
+            let layout = g.layout(&next.header.metadata, &st, p, true).map_err(meta_err)?;
+            re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
+            luks2::write_header(&mut next, meta)?;
+            *s = next;
+        }
+        let src = g.source(start);
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            let chunk = &mut buf[..n];
+            dev.read_at(src + done, chunk).map_err(io_err("data shift hotzone"))?;
+            old.decrypt((start + done) / 512, chunk).map_err(crypto_err(&c.encryption))?;
+            dev.write_at(start + done, chunk, blockdev::WriteFlags::empty())
+                .map_err(io_err("data shift hotzone"))?;
+            done += n as u64;
+        }
+        dev.flush().map_err(io_err("data device"))?;
+        p = if last { g.total() } else { p + len };
+        let mut next = s.clone();
+        let layout = g.layout(&next.header.metadata, &st, p, false).map_err(meta_err)?;
+        re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
+        luks2::write_header(&mut next, meta)?;
+        *s = next;
+        if p < g.total() && !progress(p, g.total()) {
+            return Ok(RunEnd::Interrupted);
+        }
+    }
+    progress(g.total(), g.total());
+    // The ciphertext given up past the data (cryptsetup wipes it with random bytes); a
+    // crash here resumes to the same point.
+    io::wipe(dev, g.data_size, size - g.data_size, true, "data past the decrypted data")?;
+    io::flush(dev, "data past the decrypted data")?;
+    let d_old = st.digest_old;
+    finish(s, meta, &st, d_old, None)?;
+    Ok(RunEnd::Finished)
+}
+
 /// Starts the decryption of a LUKS2 volume with a detached header (cryptsetup
 /// `reencrypt --decrypt --header FILE`): backup-previous (the crypt segment), backup-final
 /// (linear), mode `decrypt`, direction backward, as cryptsetup 2.6 writes it. The
@@ -886,7 +1216,10 @@ impl std::fmt::Debug for ReencryptKeys {
 /// Refuses a reencryption this implementation cannot run or activate (data shift), and
 /// backup-segment digests that do not match the mode.
 fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
-    if (st.moved.is_some() || st.keyslot.resilience.shift() != 0) && !is_shift_encryption(st) {
+    if (st.moved.is_some() || st.keyslot.resilience.shift() != 0)
+        && !is_shift_encryption(st)
+        && !is_shift_decryption(st)
+    {
         return Err(LuksError::Unsupported(format!(
             "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
             st.keyslot.mode.as_str(),
@@ -950,6 +1283,11 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
         // Its segments are checked against the device by [`shift_activation`].
         return Ok(st);
     }
+    if is_shift_decryption(&st) {
+        // It unlocks (`--test-passphrase`); its activation is refused by
+        // [`prepare_activation`].
+        return Ok(st);
+    }
     for (id, linear_ok) in [
         (st.previous, st.keyslot.mode == ReencryptMode::Encrypt),
         (st.final_, st.keyslot.mode == ReencryptMode::Decrypt),
@@ -966,6 +1304,16 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
         }
     }
     Ok(st)
+}
+
+/// The refusal of an activation mid data-shift decryption.
+fn shift_decryption_not_openable() -> LuksError {
+    LuksError::Unsupported(
+        "activating a LUKS2 device in the middle of a decryption with data shift (--decrypt with its \
+         header moved to a new file) is not supported: finish it with `sealdisk reencrypt --resume-only \
+         --header FILE DEVICE` first"
+            .into(),
+    )
 }
 
 /// Unlocks the keys of the reencryption in progress on `luks` with `passphrase` and checks
@@ -1132,6 +1480,9 @@ fn plan(
              is not supported: finish it with `sealdisk reencrypt` first"
                 .into(),
         ));
+    }
+    if is_shift_decryption(&st) {
+        return Err(shift_decryption_not_openable());
     }
     let LuksHeader::V2(s) = &luks.header else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
@@ -1346,6 +1697,12 @@ pub fn run_unlocked(
                 ));
             }
             return run_datashift(data, luks, keys, progress);
+        }
+        if is_shift_decryption(&st) {
+            if online.is_some() {
+                return Err(LuksError::Unsupported("a decryption with data shift runs offline only".into()));
+            }
+            return run_decrypt_shift(meta, data, luks, keys, progress);
         }
     }
     let mut p = plan(data, luks, keys, opts.hotzone_size)?;
