@@ -8,10 +8,18 @@
 # and tests the `ublk` feature; without it, it says so and tests everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# With arguments, this is `cargo test` with them (and the suite's features). Without, the
+# binaries cargo test would run are built the same way and run three at a time by
+# scripts/testrun.py (TEST_JOBS=N to change): the suite spends much of its time waiting on
+# key derivation, servers and children, and one binary at a time left a core idle.
+features=(--features sealdisk/ublk)
 # grep reads all of ldconfig's output (no -q): with pipefail, grep -q leaving early could
 # SIGPIPE ldconfig and fail the test at random, silently dropping the ublk feature.
-if ldconfig -p 2>/dev/null | grep 'libclang[-.0-9]*\.so' >/dev/null || [ -n "${LIBCLANG_PATH:-}" ]; then
-  exec cargo test --workspace --all-targets --features sealdisk/ublk "$@"
+if ! { ldconfig -p 2>/dev/null | grep 'libclang[-.0-9]*\.so' >/dev/null || [ -n "${LIBCLANG_PATH:-}" ]; }; then
+  echo "test.sh: SKIPPED the ublk transport (crates/ublk, --ublk): libclang not found (Debian: apt install libclang1)" >&2
+  features=(--exclude ublk)
 fi
-echo "test.sh: SKIPPED the ublk transport (crates/ublk, --ublk): libclang not found (Debian: apt install libclang1)" >&2
-exec cargo test --workspace --exclude ublk --all-targets "$@"
+if [ "$#" -gt 0 ]; then
+  exec cargo test --workspace --all-targets "${features[@]}" "$@"
+fi
+exec python3 scripts/testrun.py --workspace --all-targets "${features[@]}"

@@ -67,6 +67,11 @@ pub struct ServeArgs {
     /// per request; slower QD1 reads where an idle CPU wakes slowly (VMs).
     #[arg(long)]
     pub inline_qd1: bool,
+    /// Run every request on its own worker: no batches of requests that arrived together
+    /// (by default the worker that read a small request runs it itself while the next one
+    /// has already arrived, and their replies leave together).
+    #[arg(long)]
+    pub no_inline_batch: bool,
 
     // Limits against hostile or broken clients (SECURITY.md, "Hostile clients").
     /// Server-wide budget for request payloads in flight (reads and writes being received,
@@ -160,6 +165,7 @@ impl ServeArgs {
             threads_per_connection: self.threads.max(1),
             unix_send_buffer: self.send_buffer,
             inline_qd1: self.inline_qd1,
+            inline_batch: !self.no_inline_batch,
             memory_budget: self.memory_budget,
             connection_budget: self.connection_budget,
             max_request: self.max_request,

@@ -436,3 +436,218 @@ fn served_mid_run_resumes_online() {
         }
     }
 }
+
+// Encryption in place with data shift (`--encrypt --reduce-device-size`, header on the
+// device).
+
+/// A plaintext image whose "header" is the image itself (the data shift puts it there).
+fn shift_disk(size: u64) -> Disk {
+    let mut d = Disk::new(size);
+    d.hdr = d.data.clone();
+    d
+}
+
+fn sd_shift(d: &Disk, extra: &[&str]) -> Output {
+    let mut args = vec!["reencrypt", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.extend(extra);
+    args.push(d.data());
+    sealdisk(&args)
+}
+
+fn cs_shift_args<'a>(d: &'a Disk, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["reencrypt", "--batch-mode", "--force-offline-reencrypt", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.extend(extra);
+    args.push(d.data());
+    args
+}
+
+/// The image is a finished LUKS2 volume whose data (at `reduce / 2`, cryptsetup's key and
+/// cipher) decrypts to the first `size - reduce` bytes of the plaintext.
+fn assert_shift_encrypted(d: &Disk, reduce: u64) {
+    let n = d.len() - reduce as usize;
+    assert_shift_holds(d, reduce, &plaintext(d.len(), 0)[..n]);
+}
+
+/// [`assert_shift_encrypted`] with the data `want` (`size - reduce` bytes).
+fn assert_shift_holds(d: &Disk, reduce: u64, want: &[u8]) {
+    let dump = d.dump();
+    assert!(!dump.contains("online-reencrypt"), "still in reencryption:\n{dump}");
+    let key = common::cryptsetup::volume_key(d.data(), d.pass());
+    let (offset, spec, ss) = common::cryptsetup::layout(d.data());
+    assert_eq!(offset, reduce / 2, "data offset");
+    let all = std::fs::read(&d.data).unwrap();
+    let n = all.len() - reduce as usize;
+    let mut data = all[offset as usize..offset as usize + n].to_vec();
+    common::cryptsetup::cipher(&spec, &key, ss).decrypt(0, &mut data).unwrap();
+    assert!(data == want, "encryption with data shift lost data");
+}
+
+#[test]
+fn data_shift_encryption_in_one_tool_runs_in_the_other() {
+    if !cryptsetup() {
+        return;
+    }
+    let size = 32 * MIB;
+    // Whole runs, two reduce sizes (data a multiple of the shift, and not).
+    for (reduce, r) in [(8 * MIB, "8M"), (12 * MIB, "12M")] {
+        let d = shift_disk(size);
+        ok(
+            &sd_shift(&d, &["--encrypt", "--reduce-device-size", r]),
+            "sealdisk --encrypt --reduce-device-size",
+        );
+        assert_shift_encrypted(&d, reduce);
+    }
+    // sealdisk's start state: luksDump the same in both tools, cryptsetup runs it.
+    let d = shift_disk(size);
+    ok(
+        &sd_shift(&d, &["--encrypt", "--reduce-device-size", "12M", "--init-only"]),
+        "sealdisk --encrypt --reduce-device-size --init-only",
+    );
+    assert_eq!(d.in_progress(), Some(false));
+    let ours = ok(&sealdisk(&["luksDump", d.data()]), "sealdisk luksDump");
+    assert_eq!(ours, d.dump(), "luksDump of a data shift start state");
+    for (k, v) in [("Resilience:", "datashift"), ("Shift size:", "6291456"), ("Direction:", "backward")] {
+        assert!(d.dump().lines().any(|l| l.contains(k) && l.contains(v)), "{k} {v}:\n{}", d.dump());
+    }
+    ok(&cs(&cs_shift_args(&d, &["--resume-only"])), "cryptsetup --resume-only");
+    assert_shift_encrypted(&d, 12 * MIB);
+    // cryptsetup's start state, sealdisk runs it (plain `reencrypt DEVICE` resumes).
+    let d = shift_disk(size);
+    ok(
+        &cs(&cs_shift_args(&d, &["--encrypt", "--reduce-device-size", "12M", "--init-only"])),
+        "cryptsetup --encrypt --reduce-device-size --init-only",
+    );
+    ok(&sd_shift(&d, &[]), "sealdisk reencrypt (resume)");
+    assert_shift_encrypted(&d, 12 * MIB);
+    // The same command that started it resumes it, in both tools.
+    let d = shift_disk(size);
+    let args = ["--encrypt", "--reduce-device-size", "12M"];
+    ok(&cs(&cs_shift_args(&d, &[&args[..], &["--init-only"]].concat())), "cryptsetup --init-only");
+    ok(&sd_shift(&d, &args), "sealdisk reencrypt --encrypt --reduce-device-size (resume)");
+    assert_shift_encrypted(&d, 12 * MIB);
+    let d = shift_disk(size);
+    ok(&sd_shift(&d, &[&args[..], &["--init-only"]].concat()), "sealdisk --init-only");
+    ok(&cs(&cs_shift_args(&d, &args)), "cryptsetup reencrypt --encrypt --reduce-device-size (resume)");
+    assert_shift_encrypted(&d, 12 * MIB);
+}
+
+#[test]
+fn data_shift_encryption_killed_mid_run_resumes_in_the_other_tool() {
+    if !cryptsetup() {
+        return;
+    }
+    let (size, reduce) = (128 * MIB, 8 * MIB);
+    let prepare = || shift_disk(size);
+    // cryptsetup killed, sealdisk resumes.
+    let (d, cs_hot) = killed_mid_run(prepare, |d| {
+        let mut c = Command::new("cryptsetup");
+        c.args(cs_shift_args(d, &["--encrypt", "--reduce-device-size", "8M"]));
+        c
+    })
+    .expect("cryptsetup --encrypt --reduce-device-size was never caught mid-run");
+    let copy = shift_disk(size);
+    std::fs::copy(&d.data, &copy.data).unwrap();
+    ok(&sd_shift(&d, &["--resume-only"]), "sealdisk resume");
+    assert_shift_encrypted(&d, reduce);
+    // The same state served by sealdisk (as cryptsetup maps it): the plaintext reads back,
+    // client writes land, and cryptsetup finishes the run with them.
+    if have("qemu-io") && have("nbdcopy") {
+        let d = copy;
+        let n = (size - reduce) as usize;
+        ok(&sealdisk(&["open", "--test-passphrase", "--key-file", d.pass(), d.data()]), "--test-passphrase");
+        let dir = d._dir.path();
+        let srv = common::serve(dir, "vol", &["--key-file", d.pass(), d.data(), "vol"], None);
+        let mut st = Command::new(bin());
+        st.args(["status", "vol"]).env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir));
+        let text = ok(&st.output().unwrap(), "sealdisk status");
+        let line = |k: &str| text.lines().find(|l| l.trim_start().starts_with(k)).unwrap_or("").to_owned();
+        assert!(line("offset:").contains(&(reduce / 2 / 512).to_string()), "{text}");
+        assert!(line("size:").contains(&(n / 512).to_string()), "{text}");
+        let uri = srv.uri();
+        let read_all = || {
+            let back = dir.join("read.raw");
+            common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
+            std::fs::read(&back).unwrap()
+        };
+        let mut model = plaintext(size as usize, 0)[..n].to_vec();
+        assert!(read_all() == model, "the served volume mid data shift reads wrong");
+        let offs: Vec<usize> =
+            (0..10).map(|i| i * (n / 10) + (i % 3) * 4096 * 400 - 4096 * (i > 0) as usize).collect();
+        let cmds: Vec<String> =
+            offs.iter().enumerate().map(|(i, o)| format!("write -P {} {o} 65536", i + 1)).collect();
+        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        common::qemu_io(&uri, &refs);
+        for (i, &o) in offs.iter().enumerate() {
+            model[o..o + 65536].fill((i + 1) as u8);
+        }
+        assert!(read_all() == model, "writes through the volume mid data shift");
+        // Running the data shift under the served device is refused; it keeps serving.
+        let mut c = Command::new(bin());
+        c.args(["reencrypt", "--resume-only", "--active-name", "vol", "--key-file", d.pass(), d.data()])
+            .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
+            .stdin(Stdio::null());
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("runs offline only"), "online data shift: {err}");
+        assert!(read_all() == model, "the served volume after the refused online run");
+        srv.stop_ok();
+        if cs_hot {
+            ok(&cs(&["repair", "--batch-mode", "--key-file", d.pass(), d.data()]), "cryptsetup repair");
+        }
+        ok(&cs(&cs_shift_args(&d, &["--resume-only"])), "cryptsetup resume after sealdisk's writes");
+        assert_shift_holds(&d, reduce, &model);
+    }
+    // sealdisk killed, cryptsetup resumes.
+    let (d, hot) = killed_mid_run(prepare, |d| {
+        let mut c = Command::new(bin());
+        c.args(["reencrypt", "--encrypt", "--reduce-device-size", "8M", "--key-file", d.pass()])
+            .args(FAST_PBKDF2)
+            .arg(d.data());
+        c
+    })
+    .expect("sealdisk --encrypt --reduce-device-size was never caught mid-run");
+    if hot {
+        ok(&cs(&["repair", "--batch-mode", "--key-file", d.pass(), d.data()]), "cryptsetup repair");
+    }
+    ok(&cs(&cs_shift_args(&d, &["--resume-only"])), "cryptsetup resume");
+    assert_shift_encrypted(&d, reduce);
+}
+
+#[test]
+fn data_shift_bad_input_gets_cryptsetup_errors() {
+    if !cryptsetup() {
+        return;
+    }
+    let both = |size: u64, r: &str, msg: &str| {
+        let d = shift_disk(size);
+        let before = std::fs::read(&d.data).unwrap();
+        let ours = sd_shift(&d, &["--encrypt", "--reduce-device-size", r]);
+        let theirs = cs(&cs_shift_args(&d, &["--encrypt", "--reduce-device-size", r]));
+        let (o, t) = (String::from_utf8_lossy(&ours.stderr), String::from_utf8_lossy(&theirs.stderr));
+        assert_eq!(ours.status.code(), theirs.status.code(), "{r}: exit code; sealdisk said {o}");
+        assert!(o.contains(msg), "{r}: sealdisk said {o}");
+        assert!(t.contains(msg), "{r}: cryptsetup said {t}");
+        assert!(std::fs::read(&d.data).unwrap() == before, "{r}: wrote data");
+    };
+    both(8 * MIB, "4097", "Reduce size must be multiple of 512 bytes sector.");
+    both(8 * MIB, "16M", "is too small.");
+    both(8 * MIB, "8M", "Failed to initialize LUKS2 reencryption in metadata.");
+    both(8 * MIB, "512K", "No space for new keyslot.");
+    // A device in another reencryption.
+    let d = shift_disk(24 * MIB);
+    let mut f = vec!["luksFormat", "--batch-mode", "--key-file", d.pass()];
+    f.extend(FAST_PBKDF2);
+    f.push(d.data());
+    ok(&cs(&f), "luksFormat");
+    ok(&cs(&cs_shift_args(&d, &["--init-only"])), "cryptsetup reencrypt --init-only");
+    let before = std::fs::read(&d.data).unwrap();
+    let ours = sd_shift(&d, &["--encrypt", "--reduce-device-size", "8M"]);
+    let theirs = cs(&cs_shift_args(&d, &["--encrypt", "--reduce-device-size", "8M"]));
+    let msg = "Device is not in LUKS2 encryption. Conflicting option --encrypt.";
+    assert_eq!(ours.status.code(), theirs.status.code(), "exit code");
+    assert!(String::from_utf8_lossy(&ours.stderr).contains(msg), "{ours:?}");
+    assert!(String::from_utf8_lossy(&theirs.stderr).contains(msg), "{theirs:?}");
+    assert!(std::fs::read(&d.data).unwrap() == before, "wrote");
+}

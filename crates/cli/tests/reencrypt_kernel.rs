@@ -8,7 +8,9 @@
 //!   host sealdisk resumes and finishes it; the data decrypts to the original plaintext with
 //!   the key cryptsetup prints.
 //!
-//! The second test does the same for `--encrypt`/`--decrypt` with a detached header (see it).
+//! The second test does the same for `--encrypt`/`--decrypt` with a detached header, and
+//! activates sealdisk's `--encrypt --reduce-device-size` start state in the guest (its
+//! table: the two linear layers sealdisk maps; it reads the plaintext), then finishes it.
 //!
 //! Boots a kernel per test (~1 min each under TCG):
 //! `cargo test -p sealdisk --test reencrypt_kernel -- --ignored`.
@@ -265,11 +267,45 @@ fn encryption_and_decryption_interrupted_resume_in_the_other_with_the_kernel() {
     assert!(out.status.success(), "sealdisk --encrypt: {}", String::from_utf8_lossy(&out.stderr));
     assert_ne!(sha_hex(&std::fs::read(&d).unwrap()), want, "D is not encrypted");
 
+    // F: sealdisk's encryption with data shift (header on the device), start state.
+    let f = dir.path().join("f.img");
+    let f_bytes = plaintext(32 << 20);
+    std::fs::write(&f, &f_bytes).unwrap();
+    let out = sealdisk(&[
+        "reencrypt",
+        "--encrypt",
+        "--reduce-device-size",
+        "8M",
+        "--init-only",
+        "--key-file",
+        p,
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        f.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "sealdisk --reduce-device-size: {}", String::from_utf8_lossy(&out.stderr));
+    let f_want = sha_hex(&f_bytes[..24 << 20]);
+
     let script = dir.path().join("guest.sh");
     std::fs::write(
         &script,
         r#"set -e
 P=/kr/pass
+# F (/dev/vde): sealdisk's data shift start state. Does cryptsetup activate it mid-run?
+if cryptsetup open --key-file $P /dev/vde f 2>/tmp/f.err; then
+  echo "FOPEN f activated"
+  echo "TABLE f $(dmsetup table f | awk '{print $1, $2, $3, $5}' | tr '\n' ',')"
+  echo "SHA fmid $(head -c 25165824 /dev/mapper/f | sha256sum | cut -d' ' -f1)"
+  cryptsetup close f
+else
+  echo "FOPEN f refused $(tr '\n' ' ' </tmp/f.err)"
+fi
+cryptsetup reencrypt --batch-mode --resume-only --key-file $P /dev/vde
+cryptsetup open --key-file $P /dev/vde f
+echo "SHA fend $(head -c 25165824 /dev/mapper/f | sha256sum | cut -d' ' -f1)"
+cryptsetup close f
 # C (/dev/vda) + header H (/dev/vdb): sealdisk's encryption, stopped mid-run.
 if cryptsetup luksDump /dev/vdb | grep -q in-reencryption; then
   echo "C hotzone-mid-write"
@@ -304,8 +340,32 @@ sync
 "#,
     )
     .unwrap();
-    let log =
-        boot_kernel(&kr, std::slice::from_ref(&pass), &[c.clone(), h.clone(), d.clone(), e.clone()], &script);
+    let log = boot_kernel(
+        &kr,
+        std::slice::from_ref(&pass),
+        &[c.clone(), h.clone(), d.clone(), e.clone(), f],
+        &script,
+    );
+    // cryptsetup 2.6.1 activates a volume in the data shift start state (so does sealdisk:
+    // luks_encrypt_decrypt.rs, encrypt_interop.rs).
+    assert_eq!(tagged_lines(&log, "FOPEN").get("f").map(String::as_str), Some("activated"), "{log}");
+    // Its table (32 MiB, shift 4 MiB, sectors): the moved copy at 28 MiB for the first
+    // 4 MiB, then the data in place: the two linear layers sealdisk maps.
+    assert_eq!(
+        tagged_lines(&log, "TABLE").get("f").map(String::as_str),
+        Some("0 8192 linear 57344,8192 40960 linear 8192,"),
+        "kernel table of the data shift start state"
+    );
+    assert_eq!(
+        tagged_lines(&log, "SHA").get("fmid"),
+        Some(&f_want),
+        "the kernel reads the start state: {log}"
+    );
+    assert_eq!(
+        tagged_lines(&log, "SHA").get("fend"),
+        Some(&f_want),
+        "data lost in sealdisk→cryptsetup(kernel) data shift encryption: {log}"
+    );
     let sums = tagged_lines(&log, "SHA");
     let table = tagged_lines(&log, "TABLE");
     // cryptsetup's two-segment table mid-encryption: dm-crypt below, dm-linear above (what

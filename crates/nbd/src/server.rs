@@ -102,6 +102,13 @@ pub struct ServerConfig {
     /// the hand-off kept awake now sleeps between requests and wakes slowly. For hosts where
     /// CPU, not wake-up latency, is the limit.
     pub inline_qd1: bool,
+    /// Batches (on by default): while the whole next request has already arrived with the
+    /// one just read (one `recv` brings many pipelined requests), the worker that read a
+    /// small READ or WRITE runs it itself and holds the connection's replies back until
+    /// the batch ends, so a batch costs one thread and about one `writev` of replies
+    /// instead of a hand-off to another worker per request. A request slower than 200 µs
+    /// turns batching off for a while, so a slow device keeps its parallel workers.
+    pub inline_batch: bool,
 }
 
 /// The default server-wide memory budget: 1 GiB, but at most a quarter of physical memory
@@ -127,6 +134,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             unix_send_buffer: 1 << 20,
             inline_qd1: false,
+            inline_batch: true,
         }
     }
 }

@@ -31,6 +31,23 @@
 //! Replies are combined: a worker whose small reply finds another worker sending appends it
 //! to a bounded queue, which the sending worker writes out before it lets go of the socket.
 //! Under load several replies leave in one system call; at queue depth 1 nothing changes.
+//!
+//! Batches of writes (`ServerConfig::inline_batch`, on by default): one `recv` of the
+//! reader's 64 KiB buffer brings several pipelined requests at once (about 11 4 KiB writes
+//! at queue depth 32). While the whole next request is already in that buffer, the worker
+//! holding the reader runs a small WRITE itself instead of handing the reader to another
+//! worker, and holds its replies back ("corks" the reply queue) until the batch ends, so
+//! the batch costs one thread and about one `write` of replies instead of a futex wake, a
+//! thread switch and a share of a `writev` per request (`Conn::batch_next`). Only writes:
+//! their replies are 16–20 bytes, while a READ's reply would be copied into the queue (4
+//! KiB reads are already well ahead of the peers; see BENCHMARKS.md). The last request of a
+//! batch (nothing more buffered) takes the ordinary path, so another worker is reading the
+//! socket while it runs. A batch never waits for the socket, since it only runs requests
+//! already received. A batch runs its requests one after another, so a slow one delays the
+//! rest: batching starts only after the connection's first `BATCH_WARMUP` small writes,
+//! and any small write slower than 200 µs (in a batch or not) turns it off for the next
+//! `INLINE_BACKOFF` requests, so a slow device keeps its parallel workers and a fast one
+//! that sometimes stalls loses at most one batch to each stall. Reads are not timed.
 
 use std::io::{self, BufRead, BufReader, IoSlice, Read, Write};
 use std::net::Shutdown;
@@ -97,7 +114,9 @@ pub(crate) fn serve(
         workers: AtomicUsize::new(1),
         max_workers: config.threads_per_connection.max(1),
         inline_qd1: config.inline_qd1,
+        inline_batch: config.inline_batch,
         slow_skip: AtomicUsize::new(0),
+        batch_skip: AtomicUsize::new(BATCH_WARMUP),
         peer,
     };
     thread::scope(|s| conn.worker(s));
@@ -133,9 +152,13 @@ struct Conn<'a> {
     max_workers: usize,
     /// `ServerConfig::inline_qd1`: the fast path of `run_holding_reader` is on.
     inline_qd1: bool,
+    /// `ServerConfig::inline_batch`: buffered requests run in batches (`batch_next`).
+    inline_batch: bool,
     /// Requests left before the fast path (`run_holding_reader`) may be tried again after a
     /// slow one; racy updates are harmless (it is a hint).
     slow_skip: AtomicUsize,
+    /// The same for batches (`batch_next`): starts at `BATCH_WARMUP`.
+    batch_skip: AtomicUsize,
     peer: &'a str,
 }
 
@@ -159,6 +182,11 @@ const INLINE_MAX: usize = 64 * 1024;
 const INLINE_SLOW: Duration = Duration::from_micros(200);
 /// Requests handed off the ordinary way after a slow fast-path request.
 const INLINE_BACKOFF: usize = 256;
+/// Most requests run in one batch before its replies are let out (see `Conn::batch_next`).
+const BATCH_MAX: usize = 32;
+/// Requests a connection runs the ordinary way before its first batch, so that requests
+/// sent together to a device not yet seen to be fast still run in parallel.
+const BATCH_WARMUP: usize = 64;
 
 /// What reading one request produced.
 enum Next {
@@ -212,6 +240,25 @@ fn client_message(kind: BlockErrorKind) -> &'static str {
     }
 }
 
+/// The requests that run in batches: small WRITEs (see the module's documentation).
+fn batchable(req: &Request) -> bool {
+    req.typ == cmd::WRITE && req.length as usize <= INLINE_MAX
+}
+
+/// Whether `buffered` (the reader's buffer) holds a whole request: its header and, for a
+/// WRITE, its payload. Anything that does not decode counts as not there: reading it the
+/// ordinary way reports the error.
+fn next_request_buffered(buffered: &[u8]) -> bool {
+    let Some(hdr) = buffered.first_chunk::<{ Request::SIZE }>() else {
+        return false;
+    };
+    match Request::decode(hdr) {
+        Ok(next) if next.typ == cmd::WRITE => buffered.len() - Request::SIZE >= next.length as usize,
+        Ok(_) => true,
+        Err(_) => false,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -251,7 +298,11 @@ impl<'a> Conn<'a> {
             self.readers.fetch_add(1, Ordering::SeqCst);
             let next = {
                 let mut r = lock(&self.reader);
-                loop {
+                // Whether this worker holds the reply queue for a batch, how many requests
+                // the batch has run, and when its last request ended (one clock read per
+                // batched request: the end of one is the start of the next).
+                let (mut corked, mut batched, mut clock) = (false, 0, None::<Instant>);
+                let next = loop {
                     if self.closing.load(Ordering::Acquire) {
                         break None;
                     }
@@ -263,10 +314,35 @@ impl<'a> Conn<'a> {
                     match next {
                         Ok(Next::Run(req, buf)) if self.run_holding_reader(&req, r.buffer()) => {
                             self.run_timed(&req, buf);
+                            clock = None;
+                        }
+                        Ok(Next::Run(req, buf)) if self.batch_next(&req, r.buffer()) => {
+                            if !corked {
+                                corked = self.cork();
+                            }
+                            let start = clock.unwrap_or_else(Instant::now);
+                            self.run(&req, buf);
+                            let end = Instant::now();
+                            if end.duration_since(start) > INLINE_SLOW {
+                                self.slowed();
+                            }
+                            clock = Some(end);
+                            batched += 1;
+                            if batched == BATCH_MAX {
+                                if corked {
+                                    self.uncork();
+                                    corked = false;
+                                }
+                                (batched, clock) = (0, None);
+                            }
                         }
                         next => break Some(next),
                     }
+                };
+                if corked {
+                    self.uncork();
                 }
+                next
             };
             let Some(next) = next else {
                 self.readers.fetch_sub(1, Ordering::SeqCst);
@@ -316,7 +392,16 @@ impl<'a> Conn<'a> {
                     self.slow_skip.store(skip - 1, Ordering::Relaxed);
                 }
             }
-            self.run(&req, buf);
+            if self.inline_batch && batchable(&req) {
+                let skip = self.batch_skip.load(Ordering::Relaxed);
+                if skip > 0 {
+                    self.batch_skip.store(skip - 1, Ordering::Relaxed);
+                }
+                // Timed: a slow one here turns batches off too.
+                self.run_timed(&req, buf);
+            } else {
+                self.run(&req, buf);
+            }
         }
     }
 
@@ -338,15 +423,54 @@ impl<'a> Conn<'a> {
             && self.workers.load(Ordering::SeqCst) == self.readers.load(Ordering::SeqCst)
     }
 
-    /// `run` for the fast path: a request slower than `INLINE_SLOW` (a device that sleeps,
-    /// e.g. O_DIRECT on a disk) turns the fast path off for the next `INLINE_BACKOFF`
+    /// Whether the worker that has just read `req` should run it in a batch while keeping
+    /// the reader (see the module's documentation): batching is on and has not been turned
+    /// off by a slow request, `req` is a small WRITE, and the whole next request
+    /// (its header and, for a WRITE, its payload) is already in the reader's buffer
+    /// (`buffered`), so reading it will not wait for the socket while replies are held back.
+    fn batch_next(&self, req: &Request, buffered: &[u8]) -> bool {
+        self.inline_batch
+            && batchable(req)
+            && self.batch_skip.load(Ordering::Relaxed) == 0
+            && next_request_buffered(buffered)
+    }
+
+    /// Holds the reply queue for a batch: replies (this worker's and others') queue up
+    /// instead of being sent until `uncork`. `false` if another worker is sending right now:
+    /// replies then queue behind it anyway.
+    fn cork(&self) -> bool {
+        let mut q = lock(&self.pending);
+        if q.sending {
+            false
+        } else {
+            q.sending = true;
+            true
+        }
+    }
+
+    /// Ends a batch: sends the queued replies and lets go of the reply queue.
+    fn uncork(&self) {
+        let mut w = lock(&self.writer);
+        let result = self.drain_pending(&mut w, Ok(()));
+        self.sent(&mut w, result);
+    }
+
+    /// `run` for the fast path and batches: a request slower than `INLINE_SLOW` (a device
+    /// that sleeps, e.g. O_DIRECT on a disk) turns both off for the next `INLINE_BACKOFF`
     /// requests, so that a slow device keeps its parallel workers.
     fn run_timed(&self, req: &Request, buf: Option<Vec<u8>>) {
         let t = Instant::now();
         self.run(req, buf);
         if t.elapsed() > INLINE_SLOW {
-            self.slow_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
+            self.slowed();
         }
+    }
+
+    /// A request was slow: the fast path and batches are off for the next `INLINE_BACKOFF`
+    /// requests.
+    fn slowed(&self) {
+        self.slow_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
+        self.batch_skip.store(INLINE_BACKOFF, Ordering::Relaxed);
     }
 
     /// Starts another worker if the limit allows: called when nobody is left to read the
@@ -690,25 +814,38 @@ impl<'a> Conn<'a> {
         let mut result = write_all_vectored(&mut *w, bufs);
         if combining {
             // Drain what others queued meanwhile; our `sending` flag makes them queue.
-            let mut batch = Vec::new();
-            loop {
-                {
-                    let mut q = lock(&self.pending);
-                    if q.buf.is_empty() || result.is_err() {
-                        q.buf.clear();
-                        q.sending = false;
-                        if q.buf.capacity() < batch.capacity() {
-                            q.buf = batch;
-                            q.buf.clear();
-                        }
-                        break;
-                    }
-                    std::mem::swap(&mut q.buf, &mut batch);
-                }
-                result = w.write_all(&batch);
-                batch.clear();
-            }
+            result = self.drain_pending(&mut w, result);
         }
+        self.sent(&mut w, result);
+    }
+
+    /// For the worker that holds the reply queue (`Pending::sending`), under the writer
+    /// lock: sends what was queued until the queue is empty (or a write failed, `result`),
+    /// then lets go of the queue.
+    fn drain_pending(&self, w: &mut Stream, mut result: io::Result<()>) -> io::Result<()> {
+        let mut batch = Vec::new();
+        loop {
+            {
+                let mut q = lock(&self.pending);
+                if q.buf.is_empty() || result.is_err() {
+                    q.buf.clear();
+                    q.sending = false;
+                    if q.buf.capacity() < batch.capacity() {
+                        q.buf = batch;
+                        q.buf.clear();
+                    }
+                    break;
+                }
+                std::mem::swap(&mut q.buf, &mut batch);
+            }
+            result = w.write_all(&batch);
+            batch.clear();
+        }
+        result
+    }
+
+    /// After a reply was written: a failed write closes the connection.
+    fn sent(&self, w: &mut Stream, result: io::Result<()>) {
         if let Err(e) = result {
             if !self.closing.swap(true, Ordering::AcqRel) {
                 debug!("{}: sending a reply failed: {e}; closing the connection", self.peer);

@@ -572,6 +572,61 @@ fn a_slow_device_turns_the_fast_path_off() {
 }
 
 #[test]
+fn writes_that_arrive_together_run_in_a_batch_until_one_is_slow() {
+    // Batches (`inline_batch`, on by default): once a connection's device has been fast,
+    // the worker that read a small WRITE runs it itself while the next request has already
+    // arrived. So three writes sent in one go run one after another on that worker: the
+    // slow first one is answered first (with batches off, it is answered last, as in
+    // `replies_come_in_completion_order`). Its slowness then turns batches off, so the
+    // same three writes sent again run in parallel.
+    let cookies = |replies: &[Reply]| replies.iter().map(|r| r.cookie).collect::<Vec<_>>();
+    let write = |cookie: u64, offset: u64| PipelinedRequest {
+        flags: 0,
+        typ: NBD_CMD_WRITE,
+        cookie,
+        offset,
+        len: 4096,
+        payload: pattern(cookie, 4096),
+    };
+    let three = |c: u64| vec![write(c, 0), write(c + 1, 4096), write(c + 2, 8192)];
+    for batches in [true, false] {
+        let mut d = TestDevice::new(MIB, 512);
+        d.slow_write = Some((0, Duration::from_millis(100)));
+        let (srv, _) = test_device_server(d, ServerConfig { inline_batch: batches, ..Default::default() });
+        let mut c = srv.connect();
+        c.go("t", true);
+        // The warm-up: a connection's first requests never run in a batch.
+        for i in 0..80u64 {
+            c.write(65536 + i * 4096, &pattern(i, 4096), 0).unwrap();
+        }
+        let replies = c.pipeline(three(1));
+        assert!(replies.iter().all(|r| r.error == 0));
+        if batches {
+            assert_eq!(
+                cookies(&replies)[0],
+                1,
+                "the batch did not run the slow write first: {:?}",
+                cookies(&replies)
+            );
+        } else {
+            assert_eq!(cookies(&replies)[2], 1, "without batches the slow write is answered last");
+        }
+        let replies = c.pipeline(three(4));
+        assert_eq!(
+            cookies(&replies)[2],
+            4,
+            "after a slow request, requests ran in a batch again (batches={batches})"
+        );
+        for (i, off) in [(4, 0), (5, 4096), (6, 8192)] {
+            assert_eq!(c.read(off, 4096).unwrap(), pattern(i, 4096));
+        }
+        for i in 0..80u64 {
+            assert_eq!(c.read(65536 + i * 4096, 4096).unwrap(), pattern(i, 4096));
+        }
+    }
+}
+
+#[test]
 fn many_pipelined_requests_are_all_answered_correctly() {
     let (srv, dev) = one_disk();
     for structured in [false, true] {

@@ -16,6 +16,15 @@ use testkit::s3server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 const CONC: usize = 8;
 
+/// CPU seconds (user + system, all threads) process `pid` has used: what each side costs,
+/// which wall-clock figures on a loaded machine blur.
+fn cpu(pid: &str) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = s.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn mibs(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / (1 << 20) as f64 / secs
 }
@@ -31,6 +40,10 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = S3Server::start(dir.path()).expect("moto_server (pip install 'moto[server]')");
     s.create_bucket("bench");
+    let server = s.pid().map(|p| p.to_string()).unwrap_or_else(|| "self".into());
+    // CPU seconds of (server, this process) since `from`.
+    let cpu_since = |from: (f64, f64)| (cpu(&server) - from.0, cpu("self") - from.1);
+    let cpu_now = || (cpu(&server), cpu("self"));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     objstore::install_transport();
     let op =
@@ -74,23 +87,41 @@ fn main() {
                 d.flush().expect("flush");
             }
             let dev_write = mibs(total, t.elapsed().as_secs_f64());
-            // Direct download, CONC at once.
-            let t = Instant::now();
-            let got: u64 = rt.block_on(async {
-                futures::stream::iter(0..total.div_ceil(osz))
-                    .map(|i| {
-                        let op = op.clone();
-                        async move {
-                            op.read(&format!("direct{n}/data/{i:016x}")).await.expect("get").len() as u64
-                        }
-                    })
-                    .buffer_unordered(CONC)
-                    .fold(0, |a, b| async move { a + b })
-                    .await
-            });
-            assert_eq!(got, total);
-            let direct_down = mibs(total, t.elapsed().as_secs_f64());
+            // Direct download, CONC at once; with `copy_out`, each object's bytes are also
+            // copied 1 MiB at a time into a buffer, as the device's reads deliver them (the
+            // plain download only counts them).
+            let direct_download = |copy_out: bool| {
+                let c = cpu_now();
+                let t = Instant::now();
+                let got: u64 = rt.block_on(async {
+                    futures::stream::iter(0..total.div_ceil(osz))
+                        .map(|i| {
+                            let op = op.clone();
+                            async move {
+                                let b = op.read(&format!("direct{n}/data/{i:016x}")).await.expect("get");
+                                if copy_out {
+                                    let mut out = vec![0u8; 1 << 20];
+                                    let mut at = 0;
+                                    while at < b.len() {
+                                        let k = out.len().min(b.len() - at);
+                                        bytes::Buf::copy_to_slice(&mut b.slice(at..at + k), &mut out[..k]);
+                                        at += k;
+                                    }
+                                    std::hint::black_box(&out);
+                                }
+                                b.len() as u64
+                            }
+                        })
+                        .buffer_unordered(CONC)
+                        .fold(0, |a, b| async move { a + b })
+                        .await
+                });
+                assert_eq!(got, total);
+                (mibs(total, t.elapsed().as_secs_f64()), cpu_since(c))
+            };
+            let (direct_down, cpu_direct) = direct_download(false);
             // Through the device, cold cache: 1M sequential reads.
+            let c = cpu_now();
             let t = Instant::now();
             let (t_open, t_read);
             {
@@ -108,6 +139,11 @@ fn main() {
             }
             let t_all = t.elapsed().as_secs_f64();
             let dev_read = mibs(total, t_all);
+            let cpu_dev = cpu_since(c);
+            // Again after the device's run: the server's speed drifts on a loaded machine, so
+            // the read ratio is against the mean of the two.
+            let (direct_down_after, cpu_direct_after) = direct_download(false);
+            let (direct_copy, cpu_direct_copy) = direct_download(true);
             println!(
                 "{:>8} {:>5} {:>28} {:>10}",
                 osz >> 20,
@@ -120,11 +156,30 @@ fn main() {
                     (t_all - t_open - t_read) * 1e3
                 )
             );
+            println!(
+                "{:>8} {:>5} {:>28} {:>10}",
+                osz >> 20,
+                round,
+                "cpu s server/client: d/dev/d/dc",
+                format!(
+                    "{:.2}/{:.2} {:.2}/{:.2} {:.2}/{:.2} {:.2}/{:.2}",
+                    cpu_direct.0,
+                    cpu_direct.1,
+                    cpu_dev.0,
+                    cpu_dev.1,
+                    cpu_direct_after.0,
+                    cpu_direct_after.1,
+                    cpu_direct_copy.0,
+                    cpu_direct_copy.1
+                )
+            );
             for (name, v) in [
                 ("direct upload (OpenDAL)", direct_up),
                 ("device 1M seq write+flush", dev_write),
                 ("direct download (OpenDAL)", direct_down),
                 ("device 1M seq read (cold)", dev_read),
+                ("direct download again", direct_down_after),
+                ("direct download + copy out", direct_copy),
             ] {
                 println!("{:>8} {:>5} {:>28} {:>10.1}", osz >> 20, round, name, v);
             }
@@ -132,8 +187,13 @@ fn main() {
                 "{:>8} {:>5} {:>28} {:>10}",
                 osz >> 20,
                 round,
-                "ratios write / read",
-                format!("{:.2} / {:.2}", dev_write / direct_up, dev_read / direct_down)
+                "ratios write / read / read-dc",
+                format!(
+                    "{:.2} / {:.2} / {:.2}",
+                    dev_write / direct_up,
+                    dev_read / ((direct_down + direct_down_after) / 2.0),
+                    dev_read / direct_copy
+                )
             );
         }
     }

@@ -98,11 +98,141 @@ struct Slot {
     last_use: AtomicU64,
 }
 
-/// A background download (read-ahead) that `fetch` takes over.
+/// A background download (read-ahead), streamed: its bytes are kept as they arrive, in order,
+/// so a reader copies out the part it needs before the rest of the object is in (the copy
+/// overlaps the download), and [`fetch`](Inner::fetch) takes the whole object over at the end.
 #[derive(Default)]
 struct Prefetch {
-    done: Mutex<Option<Result<Buffer, opendal::Error>>>,
+    st: Mutex<Streamed>,
     cv: Condvar,
+}
+
+#[derive(Default)]
+struct Streamed {
+    /// The bytes arrived so far, as the HTTP client delivered them (not copied).
+    chunks: Vec<bytes::Bytes>,
+    /// Where each chunk starts in the object.
+    starts: Vec<usize>,
+    got: usize,
+    /// The reader waits until this many bytes arrived (0: nobody waits for a part).
+    want: usize,
+    /// The download ended (all bytes in, or failed).
+    done: Option<Result<(), opendal::Error>>,
+}
+
+impl Prefetch {
+    /// Downloads `key` into `self` chunk by chunk (from the start again on a retry).
+    async fn stream(&self, op: &Operator, key: &str) -> Result<(), opendal::Error> {
+        {
+            let mut st = lock(&self.st);
+            st.chunks.clear();
+            st.starts.clear();
+            st.got = 0;
+        }
+        let mut s = op.reader(key).await?.into_stream(..).await?;
+        while let Some(b) = futures::TryStreamExt::try_next(&mut s).await? {
+            let mut st = lock(&self.st);
+            for c in b {
+                let at = st.got;
+                st.starts.push(at);
+                st.got += c.len();
+                st.chunks.push(c);
+            }
+            if st.want != 0 && st.got >= st.want {
+                st.want = 0;
+                drop(st);
+                self.cv.notify_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `[at, at + out.len())` into `out` once those bytes arrived; false when the
+    /// download ended first (the caller takes the whole object, or its error, from `fetch`).
+    fn copy_part(&self, at: usize, out: &mut [u8]) -> bool {
+        if out.is_empty() {
+            return true;
+        }
+        let end = at + out.len();
+        let mut st = lock(&self.st);
+        loop {
+            if st.done.is_some() {
+                return false;
+            }
+            if st.got >= end {
+                break;
+            }
+            st.want = if st.want == 0 { end } else { st.want.min(end) };
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        // Take references to the chunks (no copy), then copy without holding the lock.
+        let first = st.starts.partition_point(|&s| s <= at) - 1;
+        let parts: Vec<(usize, bytes::Bytes)> = st.starts[first..]
+            .iter()
+            .zip(&st.chunks[first..])
+            .take_while(|(s, _)| **s < end)
+            .map(|(s, c)| (*s, c.clone()))
+            .collect();
+        drop(st);
+        for (s, c) in parts {
+            let from = at.max(s);
+            let to = end.min(s + c.len());
+            out[from - at..to - at].copy_from_slice(&c[from - s..to - s]);
+        }
+        true
+    }
+
+    /// Waits for the download to end; the whole object, or its error.
+    fn take(&self) -> Result<Buffer, opendal::Error> {
+        let mut st = lock(&self.st);
+        loop {
+            if let Some(r) = st.done.take() {
+                return r.map(|()| Buffer::from(std::mem::take(&mut st.chunks)));
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Read-ahead downloads waiting to start, in order, and how many run.
+#[derive(Default)]
+struct AheadQueue {
+    waiting: std::collections::VecDeque<(String, Arc<Prefetch>)>,
+    running: usize,
+}
+
+/// The read-ahead pipeline: at most `limit` downloads at once, started in queue order, each
+/// finished download starting the next at once (the pipe stays full without waiting for
+/// the reader). Holds no reference to the device, so its tasks never keep it alive.
+struct Ahead {
+    op: Operator,
+    timeout: Duration,
+    limit: usize,
+    queue: Mutex<AheadQueue>,
+}
+
+impl Ahead {
+    /// Starts queued downloads while fewer than `limit` run.
+    fn pump(self: &Arc<Self>, rt: &tokio::runtime::Handle) {
+        let mut q = lock(&self.queue);
+        while q.running < self.limit {
+            let Some((key, p)) = q.waiting.pop_front() else { break };
+            // Nobody holds it but the queue: dropped from the device's map (the reader went
+            // past it, or the object was overwritten whole) before its turn came.
+            if Arc::strong_count(&p) == 1 {
+                continue;
+            }
+            q.running += 1;
+            let me = Arc::clone(self);
+            rt.spawn(async move {
+                let r = retry(me.timeout, "reading ahead", || p.stream(&me.op, &key)).await;
+                lock(&p.st).done = Some(r);
+                p.cv.notify_all();
+                lock(&me.queue).running -= 1;
+                me.pump(&tokio::runtime::Handle::current());
+            });
+        }
+    }
 }
 
 /// The lease this device holds.
@@ -134,6 +264,8 @@ struct Inner {
     inflight: Mutex<HashMap<u64, Arc<Prefetch>>>,
     /// The object of the last cache miss (sequential readers are read ahead of).
     last_miss: AtomicU64,
+    /// Read-ahead downloads, queued in the order the reader will want them.
+    ahead: Arc<Ahead>,
 }
 
 /// A volume on object storage. Cheap to clone; opening the same volume twice in one process
@@ -246,7 +378,16 @@ impl Inner {
             }
         };
         let manifest_key = loc.key(MANIFEST);
-        let manifest = match run_on(&rt, timeout, "reading the manifest", || op.read(&manifest_key)) {
+        let data_dir = loc.key(DATA);
+        // The manifest and the listing of the data objects at once (one round trip instead
+        // of two before the first read); the listing is checked once the manifest is.
+        let (manifest, listed) = rt.block_on(futures::future::join(
+            retry(timeout, "reading the manifest", || op.read(&manifest_key)),
+            retry(timeout, "listing the data objects", || {
+                op.list_with(&data_dir).recursive(true).into_future()
+            }),
+        ));
+        let manifest = match manifest {
             Ok(b) => Some(b.to_vec()),
             Err(e) if e.kind() == DalKind::NotFound && !is_bucket_missing(&e) => None,
             Err(e) => return Err(net("reading the manifest", e)),
@@ -328,11 +469,7 @@ impl Inner {
             }
         };
         // Every data object must be one of ours, of the right size.
-        let data_dir = loc.key(DATA);
-        let entries = run_on(&rt, timeout, "listing the data objects", || {
-            op.list_with(&data_dir).recursive(true).into_future()
-        })
-        .map_err(|e| net("listing the data objects", e))?;
+        let entries = listed.map_err(|e| net("listing the data objects", e))?;
         let count = size.div_ceil(osz_nonzero(object_size));
         let mut present = HashSet::new();
         for e in entries.iter().filter(|e| e.metadata().is_file()) {
@@ -357,12 +494,13 @@ impl Inner {
             }
             present.insert(idx);
         }
+        let concurrency = loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY);
         Ok(Inner {
+            op: op.clone(),
             cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
-            concurrency: loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY),
+            concurrency,
             loc,
             rt,
-            op,
             size,
             object_size,
             timeout,
@@ -376,6 +514,12 @@ impl Inner {
             lost: AtomicBool::new(false),
             inflight: Mutex::new(HashMap::new()),
             last_miss: AtomicU64::new(u64::MAX),
+            ahead: Arc::new(Ahead {
+                op: op.clone(),
+                timeout,
+                limit: concurrency,
+                queue: Mutex::new(AheadQueue::default()),
+            }),
         })
     }
 
@@ -486,15 +630,7 @@ impl Inner {
         let key = self.data_key(idx);
         let ahead = lock(&self.inflight).remove(&idx);
         let r = match ahead {
-            Some(p) => {
-                let mut g = lock(&p.done);
-                loop {
-                    if let Some(r) = g.take() {
-                        break r;
-                    }
-                    g = p.cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                }
-            }
+            Some(p) => p.take(),
             None if !lock(&self.present).contains(&idx) => return Ok(Buffer::from(vec![0; want])),
             None => self.run("downloading", || self.op.read(&key)),
         };
@@ -511,9 +647,19 @@ impl Inner {
         }
     }
 
-    /// After a miss on `idx` right behind the previous miss (a sequential reader), starts
-    /// downloading the next `concurrency` objects in the background; [`fetch`](Self::fetch)
-    /// takes them over.
+    /// How many objects a sequential reader is read ahead of: twice `concurrency` (so a
+    /// download that finishes starts the next one at once, without waiting for the reader to
+    /// reach it), fewer when that would hold more than the cache's size (never fewer than
+    /// `concurrency`).
+    fn ahead_window(&self) -> u64 {
+        let c = self.concurrency.max(1) as u64;
+        (2 * c).min((self.cache_limit / osz_nonzero(self.object_size)).max(c))
+    }
+
+    /// After a miss on `idx` right behind the previous miss (a sequential reader), queues
+    /// downloads of `idx` itself (so the reader gets its bytes as they stream in) and of the
+    /// next [`ahead_window`](Self::ahead_window) objects in the background, `concurrency` at a
+    /// time; [`fetch`](Self::fetch) takes them over.
     fn read_ahead(&self, idx: u64) {
         let prev = self.last_miss.swap(idx, Ordering::Relaxed);
         if prev.wrapping_add(1) != idx {
@@ -521,9 +667,11 @@ impl Inner {
         }
         let count = self.size.div_ceil(self.object_size);
         let mut inflight = lock(&self.inflight);
-        // Read-ahead the reader went past is never taken: drop it.
+        // Read-ahead the reader went past is never taken: drop it (a queued one that has
+        // not started yet then skips its download).
         inflight.retain(|j, _| *j >= idx);
-        for j in idx + 1..(idx + 1 + self.concurrency as u64).min(count) {
+        let mut queued = Vec::new();
+        for j in idx..(idx + 1 + self.ahead_window()).min(count) {
             if inflight.contains_key(&j) || !lock(&self.present).contains(&j) {
                 continue;
             }
@@ -535,12 +683,12 @@ impl Inner {
             }
             let p = Arc::new(Prefetch::default());
             inflight.insert(j, Arc::clone(&p));
-            let (op, key, timeout) = (self.op.clone(), self.data_key(j), self.timeout);
-            self.rt.spawn(async move {
-                let r = retry(timeout, "reading ahead", || op.read(&key)).await;
-                *lock(&p.done) = Some(r);
-                p.cv.notify_all();
-            });
+            queued.push((self.data_key(j), p));
+        }
+        drop(inflight);
+        if !queued.is_empty() {
+            lock(&self.ahead.queue).waiting.extend(queued);
+            self.ahead.pump(self.rt.handle());
         }
     }
 
@@ -735,6 +883,17 @@ impl Inner {
                 self.make_room(self.object_size)?;
                 st = lock(&s.state);
                 if st.data.is_none() {
+                    // Its download is under way: copy this read's bytes out as soon as they
+                    // arrived, overlapping the copy with the rest of the download. The read
+                    // of the object's last bytes waits for all of it (and checks its length)
+                    // and caches it.
+                    let olen = object_len(self.size, self.object_size, idx) as usize;
+                    if at + r.len() < olen {
+                        let p = lock(&self.inflight).get(&idx).cloned();
+                        if p.is_some_and(|p| p.copy_part(at, &mut buf[r.clone()])) {
+                            return Ok(());
+                        }
+                    }
                     let d = self.fetch(idx)?;
                     self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
                     st.data = Some(ObjData::Fetched(d));

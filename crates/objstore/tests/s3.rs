@@ -112,6 +112,36 @@ fn writes_survive_reopen_and_only_touched_objects_exist() {
 }
 
 #[test]
+fn a_sequential_reader_gets_streamed_objects_byte_exact_and_caches_them_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = env();
+    let Some(s) = server(dir.path()) else { return };
+    // 12 objects of 1 MiB (read ahead and streamed to the reader as they download).
+    let uri = fresh(&s, "size=12M&object_size=1M&cache=16M");
+    {
+        let d = objstore::open(&uri, RW).unwrap();
+        d.write_at(0, &pattern(9, 0, 12 << 20), WriteFlags::empty()).unwrap();
+        d.flush().unwrap();
+    }
+    let d = objstore::open(&uri, RO).unwrap();
+    // Reads of 48 KiB: most start inside an object still downloading, some straddle two.
+    let step = 48 << 10;
+    let mut off = 0u64;
+    while off < 12 << 20 {
+        let n = step.min((12 << 20) - off);
+        let mut b = vec![0u8; n as usize];
+        d.read_at(off, &mut b).unwrap();
+        assert!(b == pattern(9, off, n as usize), "bytes at {off}");
+        off += n;
+    }
+    // The read of each object's last bytes took it whole into the cache.
+    assert_eq!(d.cached_bytes(), 12 << 20);
+    let mut all = vec![0u8; 12 << 20];
+    d.read_at(0, &mut all).unwrap();
+    assert!(all == pattern(9, 0, 12 << 20), "the cached objects read back");
+}
+
+#[test]
 fn zeroed_objects_are_deleted_and_read_back_zero() {
     let dir = tempfile::tempdir().unwrap();
     let _e = env();

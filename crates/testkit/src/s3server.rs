@@ -170,6 +170,11 @@ impl S3Server {
         (l.next().unwrap_or_default().to_owned(), l.next().unwrap_or_default().to_owned())
     }
 
+    /// The server's process id (for its CPU time in /proc), while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server at once (SIGKILL).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -233,28 +238,9 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts relaying to 127.0.0.1:`upstream`.
     pub fn start(upstream: u16) -> FaultProxy {
-        use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-        use std::sync::Arc;
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let mode = Arc::new(AtomicU8::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (m, st) = (Arc::clone(&mode), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            while !st.load(Ordering::Relaxed) {
-                let client = match listener.accept() {
-                    Ok((c, _)) => c,
-                    Err(_) => {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    }
-                };
-                let _ = client.set_nonblocking(false);
-                let m = Arc::clone(&m);
-                std::thread::spawn(move || relay(client, upstream, &m));
-            }
-        });
+        let mode = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let m = std::sync::Arc::clone(&mode);
+        let (port, stop) = serve_local(move |client| relay(client, upstream, &m));
         FaultProxy { port, mode, stop }
     }
 
@@ -275,6 +261,46 @@ impl Drop for FaultProxy {
     }
 }
 
+/// Accepts connections on a new port of 127.0.0.1 until the returned flag is set, each one
+/// handled by `handle` on a thread of its own: the listening half of a test proxy.
+pub(crate) fn serve_local(
+    handle: impl Fn(TcpStream) + Send + Sync + 'static,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    listener.set_nonblocking(true).expect("nonblocking");
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let handle = Arc::new(handle);
+    std::thread::spawn(move || {
+        while !st.load(Ordering::Relaxed) {
+            let client = match listener.accept() {
+                Ok((c, _)) => c,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+            };
+            let _ = client.set_nonblocking(false);
+            let handle = Arc::clone(&handle);
+            std::thread::spawn(move || handle(client));
+        }
+    });
+    (port, stop)
+}
+
+/// Copies what `server` sends to `client` on a thread of its own, closing `client` at the end
+/// (None when a socket cannot be cloned): the return half of a test proxy.
+pub(crate) fn pipe_back(server: &TcpStream, client: &TcpStream) -> Option<std::thread::JoinHandle<()>> {
+    let (mut c2, mut s2) = (client.try_clone().ok()?, server.try_clone().ok()?);
+    Some(std::thread::spawn(move || {
+        let _ = std::io::copy(&mut s2, &mut c2);
+        let _ = c2.shutdown(std::net::Shutdown::Both);
+    }))
+}
+
 fn current(m: &std::sync::atomic::AtomicU8) -> Fault {
     match m.load(std::sync::atomic::Ordering::SeqCst) {
         0 => Fault::Pass,
@@ -286,12 +312,7 @@ fn current(m: &std::sync::atomic::AtomicU8) -> Fault {
 /// Relays one client connection, checking the fault before every chunk from the client.
 fn relay(mut client: TcpStream, upstream: u16, m: &std::sync::atomic::AtomicU8) {
     let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else { return };
-    let (Ok(mut c2), Ok(mut s2)) = (client.try_clone(), server.try_clone()) else { return };
-    // Server to client, on its own thread.
-    let back = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut s2, &mut c2);
-        let _ = c2.shutdown(std::net::Shutdown::Both);
-    });
+    let Some(back) = pipe_back(&server, &client) else { return };
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match client.read(&mut buf) {

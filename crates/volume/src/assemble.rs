@@ -539,7 +539,7 @@ fn open_reencrypting(
         luks::reencrypting::SegmentTable::Crypt(t) => LayerTable::Crypt(t),
         luks::reencrypting::SegmentTable::Linear { offset, len } => LayerTable::Linear { offset, len },
     };
-    let layers = vec![layer(tn), layer(to)];
+    let layers = std::iter::once(tn).chain(to).map(layer).collect();
     Ok(Volume {
         device,
         kind: VolumeKind::Luks2,

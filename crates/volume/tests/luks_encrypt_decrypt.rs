@@ -454,3 +454,292 @@ fn encryption_and_decryption_run_online_under_client_writes() {
         assert!(visible(&*hdr, &*data) == want, "{what}: the finished volume");
     }
 }
+
+// Encryption in place with data shift (`--reduce-device-size`, header on the device).
+
+/// 4 MiB device, 1.5 MiB given up: the header takes 768 KiB, 2.5 MiB of data (not a
+/// multiple of the shift, so one hotzone is shorter), the first 768 KiB moved to the end.
+const SHIFT_DEV: u64 = 4 * MIB;
+const REDUCE: u64 = 3 * MIB / 2;
+const SHIFT: u64 = REDUCE / 2;
+const SHIFT_DATA: u64 = SHIFT_DEV - REDUCE;
+
+fn shift_image() -> Vec<u8> {
+    let mut v = plaintext(SHIFT_DEV as usize);
+    // What lies past the data is given up; make it recognizable.
+    v[SHIFT_DATA as usize..].fill(0xee);
+    v
+}
+
+fn encrypt_shift(dev: &dyn BlockDevice) -> Result<RunEnd, LuksError> {
+    let (mut l, _) = reencrypt::init_encrypt_shift(dev, &pass(), &params("checksum"), REDUCE)?;
+    reencrypt::run(dev, dev, &mut l, &pass(), &opts(), &mut |_, _| true)
+}
+
+/// The data of a finished data-shift encryption, decrypted with the header's key (the
+/// segment starts at the shift); the raw first `SHIFT_DATA` bytes when it is not LUKS.
+fn visible_shift(dev: &dyn BlockDevice) -> Vec<u8> {
+    let Ok(l) = Luks::load(dev, false) else {
+        let mut buf = vec![0u8; SHIFT_DATA as usize];
+        dev.read_at(0, &mut buf).unwrap();
+        return buf;
+    };
+    assert!(reencrypt::status(&l).unwrap().is_none(), "visible_shift() needs a finished header");
+    let seg = l.segment().unwrap();
+    assert_eq!(seg.offset, SHIFT);
+    let (_, vk) = l.unlock(dev, &pass(), None).unwrap();
+    let mut buf = vec![0u8; SHIFT_DATA as usize];
+    dev.read_at(SHIFT, &mut buf).unwrap();
+    let spec: CipherSpec = seg.cipher.parse().unwrap();
+    let sp = SectorParams { sector_size: seg.sector_size, iv_offset: 0, iv_large_sectors: false };
+    SectorCipher::new(&spec, &vk, sp).unwrap().decrypt(0, &mut buf).unwrap();
+    buf
+}
+
+fn regular(dev: &dyn BlockDevice) -> Vec<(String, u64, Option<u64>)> {
+    let l = Luks::load(dev, false).unwrap();
+    formats::luks2::reencrypt::ReencryptState::regular_segments(metadata(&l))
+        .iter()
+        .map(|(_, s)| (s.type_name.clone(), s.offset, s.fixed_size()))
+        .collect()
+}
+
+#[test]
+fn data_shift_encryption_follows_cryptsetups_layouts() {
+    let dev = MemDevice::from_vec(shift_image(), 512);
+    let (mut l, slot) = reencrypt::init_encrypt_shift(&dev, &pass(), &params("checksum"), REDUCE).unwrap();
+    assert_eq!(slot, 0);
+    let st = reencrypt::status(&l).unwrap().unwrap();
+    assert_eq!(
+        (st.keyslot.mode.as_str(), st.keyslot.direction.as_str(), st.keyslot.resilience.type_name()),
+        ("encrypt", "backward", "datashift")
+    );
+    assert_eq!(st.keyslot.resilience.shift(), SHIFT);
+    assert_eq!((st.keyslot.area_offset, st.keyslot.area_size), (290816, 4096));
+    let k = 1024;
+    let lin = |o: u64, s: u64| ("linear".to_owned(), o * k, Some(s * k));
+    let cr = |o: u64, s: Option<u64>| ("crypt".to_owned(), o * k, s.map(|s| s * k));
+    // cryptsetup 2.6.1's states for 64 MiB with --reduce-device-size 24M, scaled by 1/16
+    // (its header writes, traced): the start state, then one state after each hotzone.
+    let want = [
+        vec![lin(3328, 768), lin(768, 1792)],
+        vec![lin(3328, 768), lin(768, 1024), cr(2560, Some(768))],
+        vec![lin(3328, 768), lin(768, 256), cr(1792, Some(1536))],
+        vec![lin(3328, 768), cr(1536, Some(1792))],
+        vec![cr(768, None)],
+    ];
+    assert_eq!(regular(&dev), want[0], "start state");
+    let mut l_meta = Luks::load(&dev, false).unwrap();
+    let m = metadata(&l_meta);
+    let backups: Vec<(String, u64, Option<u64>, String)> = m
+        .segments
+        .values()
+        .filter(|s| s.is_backup())
+        .map(|s| (s.type_name.clone(), s.offset, s.fixed_size(), s.flags.clone().unwrap().join(",")))
+        .collect();
+    assert_eq!(
+        backups,
+        vec![
+            ("linear".into(), 3328 * k, Some(768 * k), "backup-moved-segment".into()),
+            ("linear".into(), 0, Some(2560 * k), "backup-previous".into()),
+            ("crypt".into(), 768 * k, None, "backup-final".into()),
+        ]
+    );
+    for (i, w) in want.iter().enumerate().skip(1) {
+        let mut n = 0;
+        let end = reencrypt::run(&dev, &dev, &mut l, &pass(), &opts(), &mut |_, _| {
+            n += 1;
+            n < 2
+        })
+        .unwrap();
+        if i < want.len() - 1 {
+            assert_eq!(end, RunEnd::Interrupted);
+            assert_eq!(&regular(&dev), w, "after hotzone {i}");
+        } else {
+            assert_eq!(end, RunEnd::Finished);
+        }
+        l = Luks::load(&dev, true).unwrap();
+    }
+    l_meta = Luks::load(&dev, false).unwrap();
+    assert!(reencrypt::status(&l_meta).unwrap().is_none());
+    assert_eq!(regular(&dev), want[4]);
+    assert_eq!(l_meta.active_keyslots(), vec![0]);
+    assert!(visible_shift(&dev) == plaintext(SHIFT_DATA as usize), "data lost");
+    // The moved copy (plaintext) is gone.
+    let mut tail = vec![0u8; SHIFT as usize];
+    dev.read_at(SHIFT_DEV - SHIFT, &mut tail).unwrap();
+    assert!(tail != plaintext(SHIFT as usize)[..], "moved plaintext left behind");
+}
+
+#[test]
+fn crash_at_every_flush_of_data_shift_encryption_resumes_without_loss() {
+    let want = plaintext(SHIFT_DATA as usize);
+    // The run and finish from the start state (init's own window: see init_encrypt_shift).
+    let dev = MemDevice::from_vec(shift_image(), 512);
+    reencrypt::init_encrypt_shift(&dev, &pass(), &params("checksum"), REDUCE).unwrap();
+    let start = dev.to_vec();
+    let run = |d: &dyn BlockDevice| -> Result<RunEnd, LuksError> {
+        let mut l = Luks::load(d, true)?;
+        reencrypt::run(d, d, &mut l, &pass(), &opts(), &mut |_, _| true)
+    };
+    let probe = CrashDevice::from_vec(start.clone(), 512);
+    assert_eq!(run(&probe).unwrap(), RunEnd::Finished);
+    let flushes = probe.flushes();
+    assert!(flushes > 12, "expected many flushes, got {flushes}");
+    let check = |d: MemDevice, when: &str| {
+        let mut l = Luks::load(&d, true).unwrap_or_else(|e| panic!("{when}: not LUKS: {e}"));
+        if reencrypt::status(&l).unwrap().is_some() {
+            let end = reencrypt::run(&d, &d, &mut l, &pass(), &opts(), &mut |_, _| true)
+                .unwrap_or_else(|e| panic!("{when}: resume failed: {e:?}"));
+            assert_eq!(end, RunEnd::Finished, "{when}");
+        }
+        assert!(visible_shift(&d) == want, "{when}: data lost");
+    };
+    for n in 1..=flushes {
+        let d = CrashDevice::from_vec(start.clone(), 512).crash_at_flush(n);
+        let _ = run(&d);
+        check(d.crash(), &format!("data shift: crash at flush {n}"));
+        check(d.crash_keeping_some(n), &format!("data shift: crash at flush {n}, cache seed {n}"));
+    }
+    // Init: power lost at each of its flushes leaves either the plaintext untouched (not
+    // LUKS yet) or a start state that runs to the end.
+    let probe = CrashDevice::from_vec(shift_image(), 512);
+    reencrypt::init_encrypt_shift(&probe, &pass(), &params("checksum"), REDUCE).unwrap();
+    for n in 1..=probe.flushes() {
+        let d = CrashDevice::from_vec(shift_image(), 512).crash_at_flush(n);
+        let _ = reencrypt::init_encrypt_shift(&d, &pass(), &params("checksum"), REDUCE);
+        let img = d.crash();
+        if Luks::load(&img, false).is_ok() {
+            check(img, &format!("data shift init: crash at flush {n}"));
+        } else {
+            let mut head = vec![0u8; SHIFT_DATA as usize];
+            img.read_at(0, &mut head).unwrap();
+            // Only the first 32 KiB are sure to be plaintext once the keyslots area is
+            // being written: the rest of the first shift is in the moved copy.
+            let mut moved = vec![0u8; SHIFT as usize];
+            img.read_at(SHIFT_DEV - SHIFT, &mut moved).unwrap();
+            let intact = head == want;
+            let recoverable =
+                head[SHIFT as usize..] == want[SHIFT as usize..] && moved[..] == want[..SHIFT as usize];
+            assert!(intact || recoverable, "data shift init: crash at flush {n}: data lost");
+        }
+    }
+}
+
+#[test]
+fn data_shift_bad_input_is_refused_before_any_write() {
+    let try_ = |img: Vec<u8>, reduce: u64, msg: &str| {
+        let dev = MemDevice::from_vec(img, 512);
+        let before = dev.to_vec();
+        let e = reencrypt::init_encrypt_shift(&dev, &pass(), &params("checksum"), reduce).unwrap_err();
+        assert!(e.to_string().contains(msg), "{reduce}: {e}");
+        assert!(dev.to_vec() == before, "{reduce}: wrote");
+    };
+    try_(shift_image(), 1000, "Reduce size must be multiple of 512 bytes sector.");
+    try_(shift_image(), SHIFT_DEV, "Failed to initialize LUKS2 reencryption in metadata.");
+    try_(shift_image(), 2 * SHIFT_DEV, "too small");
+    try_(shift_image(), 512 << 10, "No space for new keyslot.");
+    let dev = MemDevice::from_vec(shift_image(), 512);
+    encrypt_shift(&dev).unwrap();
+    try_(dev.to_vec(), REDUCE, "already LUKS device");
+}
+
+/// A volume mid data-shift encryption opens as cryptsetup maps its segments (the moved
+/// copy, the data in place, the crypt segment shift bytes up), at every state a run stops
+/// in: the start state, after each hotzone, and with a hotzone left in reencryption by a
+/// crash. The device reads the plaintext; writes across it (the moved part, the old side,
+/// the boundary, the new side) land where the run finds them, so the finished volume
+/// holds them.
+#[test]
+fn a_volume_mid_data_shift_encryption_opens_reads_and_writes() {
+    let dev = MemDevice::from_vec(shift_image(), 512);
+    let (mut l, _) = reencrypt::init_encrypt_shift(&dev, &pass(), &params("checksum"), REDUCE).unwrap();
+    let start = dev.to_vec();
+    let mut states = vec![("start state".to_owned(), start.clone())];
+    for i in 1..=3 {
+        let mut n = 0;
+        let end = reencrypt::run(&dev, &dev, &mut l, &pass(), &opts(), &mut |_, _| {
+            n += 1;
+            n < 2
+        })
+        .unwrap();
+        assert_eq!(end, RunEnd::Interrupted);
+        states.push((format!("after hotzone {i}"), dev.to_vec()));
+        l = Luks::load(&dev, true).unwrap();
+    }
+    // Crashes with a hotzone flagged in reencryption (its new place half written).
+    let run = |d: &CrashDevice| {
+        let mut l = Luks::load(d, true).unwrap();
+        let _ = reencrypt::run(d, d, &mut l, &pass(), &opts(), &mut |_, _| true);
+    };
+    let probe = CrashDevice::from_vec(start.clone(), 512);
+    run(&probe);
+    let mut hot = 0;
+    for n in 1..=probe.flushes() {
+        let d = CrashDevice::from_vec(start.clone(), 512).crash_at_flush(n);
+        run(&d);
+        for img in [d.crash(), d.crash_keeping_some(n)] {
+            let in_hot = Luks::load(&img, false)
+                .ok()
+                .and_then(|l| reencrypt::status(&l).ok().flatten())
+                .is_some_and(|st| st.hot.is_some());
+            if in_hot {
+                hot += 1;
+                states.push((format!("crash at flush {n}, hotzone in reencryption"), img.to_vec()));
+            }
+        }
+    }
+    assert!(hot >= 3, "expected crashes mid-hotzone, got {hot}");
+    let want0 = plaintext(SHIFT_DATA as usize);
+    for (what, img) in states {
+        let dev = Arc::new(MemDevice::from_vec(img, 512));
+        let open = |read_only: bool| {
+            let p = pass();
+            let mut src = OnePassphrase::new(&p);
+            let opts = OpenOptions { read_only, ..OpenOptions::default() };
+            volume::open(Spec::Luks(LuksSpec::new(&mut src)), Storage::new(dev.clone(), "dev"), &opts)
+                .unwrap_or_else(|e| panic!("{what}: open: {e}"))
+        };
+        let v = open(true);
+        assert_eq!(v.device.geometry().size, SHIFT_DATA, "{what}");
+        let t = v.crypt_table().expect("a crypt layer");
+        assert_eq!((t.offset, t.len, t.iv_offset), (SHIFT / 512, SHIFT_DATA / 512, 0), "{what}");
+        // The old side: the moved copy, then the data in place (the kernel's table of the
+        // start state is the same two linear lines: reencrypt_kernel.rs).
+        let lin: Vec<(u64, u64)> = v
+            .layers
+            .iter()
+            .filter_map(|l| match l {
+                volume::LayerTable::Linear { offset, len } => Some((*offset, *len)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            lin,
+            [((SHIFT_DEV - SHIFT) / 512, SHIFT / 512), (SHIFT / 512, (SHIFT_DATA - SHIFT) / 512)]
+        );
+        let mut buf = vec![0u8; SHIFT_DATA as usize];
+        v.device.read_at(0, &mut buf).unwrap();
+        assert!(buf == want0, "{what}: read through the device");
+        drop(v);
+        let mut want = want0.clone();
+        let v = open(false);
+        for (i, off) in
+            [4096, SHIFT - 4096, MIB - 4096, SHIFT_DATA / 2 + 4096, 1792 * 1024 - 4096, SHIFT_DATA - 12288]
+                .into_iter()
+                .enumerate()
+        {
+            let patch = vec![0xa0 ^ i as u8; 8192];
+            v.device.write_at(off, &patch, WriteFlags::empty()).unwrap();
+            want[off as usize..off as usize + 8192].copy_from_slice(&patch);
+        }
+        v.device.flush().unwrap();
+        v.device.read_at(0, &mut buf).unwrap();
+        assert!(buf == want, "{what}: written data read back");
+        drop(v);
+        let mut l = Luks::load(&*dev, true).unwrap();
+        let end = reencrypt::run(&*dev, &*dev, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+        assert_eq!(end, RunEnd::Finished, "{what}");
+        assert!(visible_shift(&*dev) == want, "{what}: data written mid-run lost");
+    }
+}

@@ -56,14 +56,14 @@ pub struct ReencryptArgs {
     /// Print progress every N seconds (default: 1 on a terminal, else none).
     #[arg(long, value_name = "SECONDS")]
     pub progress_frequency: Option<u64>,
-    /// Encrypt a plaintext device in place (not implemented yet).
+    /// Encrypt a plaintext device in place.
     #[arg(long)]
     pub encrypt: bool,
-    /// Decrypt a device in place (not implemented yet).
+    /// Decrypt a device in place (with --header).
     #[arg(long)]
     pub decrypt: bool,
-    /// Shrink the data device by this many bytes for the header (with --encrypt; not
-    /// implemented yet).
+    /// With --encrypt and no --header: give up this many bytes at the end of the device;
+    /// the header takes the first half, the data moves up by as much (data shift).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub reduce_device_size: Option<u64>,
     /// Do not ask for confirmation.
@@ -131,17 +131,40 @@ impl Progress {
 }
 
 /// Runs `reencrypt`.
-pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
+pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
     if let Some(r) = a.reduce_device_size {
         if r % 512 != 0 {
             bail!(UsageError("Reduce size must be multiple of 512 bytes sector.".into()));
         }
-        if a.encrypt && !a.decrypt && is_luks(&a.device)? {
+        if a.encrypt && !a.decrypt && a.header.is_none() {
+            // An encryption with data shift already under way resumes; a device that is
+            // LUKS otherwise is refused; a plaintext one is encrypted in place.
+            if !is_luks(&a.device)? {
+                if a.resume_only {
+                    bail!(UsageError("Device reencryption not in progress.".into()));
+                }
+                return encrypt_shift(a, r);
+            }
+            if !shift_encryption_in_progress(&a.device) {
+                if encryption_in_progress(&a.device) {
+                    bail!(UsageError(
+                        "Device is not in LUKS2 encryption. Conflicting option --encrypt.".into()
+                    ));
+                }
+                bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
+            }
+            // In progress: the same command resumes it, as any reencryption.
+            a.encrypt = false;
+            a.reduce_device_size = None;
+        } else if a.encrypt && !a.decrypt && is_luks(&a.device)? {
             bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
+        } else {
+            bail!(UsageError(
+                "reencrypt --reduce-device-size (data shift) is implemented in sealdisk only for --encrypt \
+                 with the header on the device"
+                    .into()
+            ));
         }
-        bail!(UsageError(
-            "reencrypt --reduce-device-size (data shift) is not implemented in sealdisk yet".into()
-        ));
     }
     if a.encrypt && a.decrypt {
         bail!(UsageError("Options --encrypt and --decrypt are mutually exclusive.".into()));
@@ -181,9 +204,7 @@ pub fn reencrypt(a: ReencryptArgs) -> Result<()> {
     if a.init_only && a.resume_only {
         bail!(UsageError("Options --init-only and --resume-only are mutually exclusive.".into()));
     }
-    if a.key_size.is_some_and(|b| b % 8 != 0) {
-        bail!(UsageError("Key size must be a multiple of 8 bits".into()));
-    }
+    check_key_size(&a)?;
     let active = match &a.active_name {
         Some(n) => Some(n.clone()),
         None if a.header.is_none() => crate::control::client::serving(&a.device),
@@ -303,6 +324,15 @@ fn encryption_in_progress(header: &str) -> bool {
     Luks::load(&*meta.device, false).ok().and_then(|l| reencrypt::status(&l).ok().flatten()).is_some()
 }
 
+/// `true` when `device` holds an encryption with data shift in progress.
+fn shift_encryption_in_progress(device: &str) -> bool {
+    let Ok(meta) = open_meta(device, true) else { return false };
+    Luks::load(&*meta.device, false)
+        .ok()
+        .and_then(|l| reencrypt::status(&l).ok().flatten())
+        .is_some_and(|st| st.keyslot.mode.as_str() == "encrypt" && st.keyslot.resilience.shift() != 0)
+}
+
 /// The start-state parameters the command line asks for (resilience `checksum` unless told).
 fn params(a: &ReencryptArgs) -> Result<ReencryptParams> {
     Ok(ReencryptParams {
@@ -322,9 +352,7 @@ fn params(a: &ReencryptArgs) -> Result<ReencryptParams> {
 /// `--init-only`.
 fn encrypt(a: ReencryptArgs) -> Result<()> {
     let header = a.header.clone().unwrap_or_default();
-    if a.key_size.is_some_and(|b| b % 8 != 0) {
-        bail!(UsageError("Key size must be a multiple of 8 bits".into()));
-    }
+    check_key_size(&a)?;
     let data = open_meta(&a.device, false)?;
     let params = params(&a)?;
     // Refuse a LUKS data device before the header file is created or touched.
@@ -348,6 +376,45 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
         return Ok(());
     }
     run_to_end(&a, &meta, &*data.device, &mut luks, &pass, &header)
+}
+
+/// `reencrypt --encrypt --reduce-device-size R DEVICE`: encrypts the plaintext DEVICE in
+/// place, its header in the first R/2 bytes and the data moved up by as much (see
+/// `reencrypt::init_encrypt_shift`), then runs it unless `--init-only`.
+fn encrypt_shift(a: ReencryptArgs, reduce: u64) -> Result<()> {
+    check_key_size(&a)?;
+    let dev = open_meta(&a.device, false)?;
+    let size = dev.device.geometry().size;
+    if reduce > size {
+        bail!(UsageError(format!(
+            "Device {} is too small.\nFailed to initialize LUKS2 reencryption in metadata.",
+            a.device
+        )));
+    }
+    let mut params = params(&a)?;
+    params.resilience = "datashift".into();
+    let mut made = None;
+    with_passphrase(&a.key, "Enter passphrase: ", |p| {
+        let (luks, slot) = reencrypt::init_encrypt_shift(&*dev.device, p, &params, reduce)
+            .map_err(luks_err(&a.device))
+            .context("initializing LUKS2 encryption")?;
+        log::info!("encrypt: volume key in keyslot {slot}");
+        made = Some((luks, p.clone()));
+        Ok(())
+    })?;
+    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
+    if a.init_only {
+        return Ok(());
+    }
+    run_to_end(&a, &dev, &*dev.device, &mut luks, &pass, &a.device)
+}
+
+/// `--key-size` in whole bytes.
+fn check_key_size(a: &ReencryptArgs) -> Result<()> {
+    if a.key_size.is_some_and(|b| b % 8 != 0) {
+        bail!(UsageError("Key size must be a multiple of 8 bits".into()));
+    }
+    Ok(())
 }
 
 fn data_dev_meta(s: &volume::Storage) -> &dyn blockdev::BlockDevice {

@@ -918,6 +918,14 @@ impl Live {
             Ok(k) => k,
             Err(e) => return fail(e),
         };
+        if re::is_data_shift(&luks) {
+            // Served as cryptsetup maps it, but its run rewrites the served data offline only.
+            return fail(volume::luks::LuksError::Unsupported(
+                "an encryption with data shift (--reduce-device-size) runs offline only: close the \
+                 device and run `sealdisk reencrypt` on it"
+                    .into(),
+            ));
+        }
         // The device for both segments replaces the served one between requests.
         let Some(old) = self.gate.hold() else {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));

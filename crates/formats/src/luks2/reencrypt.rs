@@ -839,6 +839,161 @@ pub fn set_requirement(m: &mut Luks2Metadata, version: Option<u8>) {
     }
 }
 
+/// Where the data of an encryption with data shift (cryptsetup `reencrypt --encrypt
+/// --reduce-device-size`, no detached header) lives. Positions `L` are in the plaintext's
+/// own coordinates, `[0, data_size)`: the old copy of `L` is at `old_offset + L`, except for
+/// `L < moved_size`, whose copy was moved to `moved_offset + L` before the header took its
+/// place; the new (encrypted) copy goes to `new_offset + L` (`iv_tweak` `L / 512`).
+///
+/// ```text
+///  device  [header (shift) | old L≥moved ... | gap (shift) | moved first segment (shift)]
+///  after   [header (shift) | new, whole data (dynamic)                                 ]
+///  hotzones go backward from data_size in shift-long steps, the one that reaches
+///  moved_size stops there; the last hotzone is [0, moved_size), read from the moved copy
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShiftGeometry {
+    /// `shift_size`, also the new data offset.
+    pub shift: u64,
+    /// Bytes of plaintext (the size of backup-previous).
+    pub data_size: u64,
+    /// backup-previous's offset (0).
+    pub old_offset: u64,
+    /// backup-final's offset.
+    pub new_offset: u64,
+    /// The moved first segment's offset.
+    pub moved_offset: u64,
+    /// The moved first segment's size (the shift, or the whole data when smaller).
+    pub moved_size: u64,
+}
+
+impl ShiftGeometry {
+    /// The geometry of a data-shift encryption, from its backup segments.
+    pub fn of(st: &ReencryptState, m: &Luks2Metadata) -> Result<Self, ReencryptMetaError> {
+        let shift = st.keyslot.resilience.shift();
+        let lay = ReencryptMetaError::Layout;
+        if st.keyslot.mode != ReencryptMode::Encrypt
+            || st.keyslot.direction != Direction::Backward
+            || shift == 0
+        {
+            return Err(lay("not an encryption with data shift"));
+        }
+        let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+        let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
+        let moved = st
+            .moved
+            .and_then(|i| m.segments.get(&i))
+            .ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_MOVED))?;
+        let data_size = prev.fixed_size().ok_or(lay("backup-previous of a data shift is dynamic"))?;
+        let moved_size = moved.fixed_size().ok_or(lay("moved segment is dynamic"))?;
+        if prev.type_name != "linear" || moved.type_name != "linear" || fin.type_name != "crypt" {
+            return Err(lay("data shift segments of the wrong type"));
+        }
+        if fin.offset != shift || moved_size == 0 || moved_size > shift || moved_size > data_size {
+            return Err(lay("data shift segments do not match the shift"));
+        }
+        if fin.crypt.as_ref().is_none_or(|c| c.iv_tweak != 0) {
+            return Err(lay("backup-final has an IV tweak"));
+        }
+        Ok(Self {
+            shift,
+            data_size,
+            old_offset: prev.offset,
+            new_offset: fin.offset,
+            moved_offset: moved.offset,
+            moved_size,
+        })
+    }
+
+    /// The hotzone below `boundary` (everything at and above it is new): `(start, len)`.
+    pub fn next_hotzone(&self, boundary: u64) -> Option<(u64, u64)> {
+        if boundary == 0 {
+            None
+        } else if boundary <= self.moved_size {
+            Some((0, boundary))
+        } else {
+            let start = boundary.saturating_sub(self.shift).max(self.moved_size);
+            Some((start, boundary - start))
+        }
+    }
+
+    /// Where the old copy of `[start, start + len)` is on the device (a hotzone never
+    /// straddles `moved_size`).
+    pub fn source(&self, start: u64) -> u64 {
+        if start < self.moved_size {
+            self.moved_offset + start
+        } else {
+            self.old_offset + start
+        }
+    }
+
+    /// The regular segments with everything from `boundary` up new and, with `hot_len`, the
+    /// hotzone `[boundary - hot_len, boundary)` in reencryption (cryptsetup's
+    /// `reencrypt_make_hot_segments_encrypt_shift` / `_post_segments_`): the moved first
+    /// segment and the old part still in place (linear, no digest), the hotzone and the
+    /// new part (crypt, fixed sizes); once all is new, one dynamic crypt segment.
+    pub fn layout(
+        &self,
+        m: &Luks2Metadata,
+        st: &ReencryptState,
+        boundary: u64,
+        hot_len: Option<u64>,
+    ) -> Result<Vec<(Part, Segment)>, ReencryptMetaError> {
+        let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
+        let c =
+            fin.crypt.as_ref().ok_or(ReencryptMetaError::Layout("backup-final is not a crypt segment"))?;
+        let new_seg = |l: u64, size: Option<u64>, hot: bool| {
+            crypt_segment(self.new_offset + l, l >> 9, size, &c.encryption, c.sector_size, hot)
+        };
+        if boundary > self.data_size || hot_len.is_some_and(|h| h == 0 || h > boundary) {
+            return Err(ReencryptMetaError::Layout("data shift boundary outside the data"));
+        }
+        let low = boundary - hot_len.unwrap_or(0);
+        if low == 0 && hot_len.is_none() {
+            return Ok(vec![(Part::New, new_seg(0, None, false))]);
+        }
+        let mut out = Vec::new();
+        if low > 0 {
+            out.push((Part::Old, linear_segment(self.moved_offset, Some(low.min(self.moved_size)), false)));
+        }
+        if low > self.moved_size {
+            out.push((
+                Part::Old,
+                linear_segment(self.old_offset + self.moved_size, Some(low - self.moved_size), false),
+            ));
+        }
+        if let Some(h) = hot_len {
+            out.push((Part::Hot, new_seg(low, Some(h), true)));
+        }
+        if boundary < self.data_size {
+            out.push((Part::New, new_seg(boundary, Some(self.data_size - boundary), false)));
+        }
+        Ok(out)
+    }
+
+    /// The boundary the metadata records: the start of the lowest crypt segment (of the
+    /// hotzone's end when one is in reencryption), `data_size` when none is new yet.
+    pub fn boundary(&self, m: &Luks2Metadata, st: &ReencryptState) -> Result<u64, ReencryptMetaError> {
+        let rel = |s: &Segment| {
+            s.offset
+                .checked_sub(self.new_offset)
+                .filter(|l| *l <= self.data_size)
+                .ok_or(ReencryptMetaError::Layout("crypt segment outside the shifted data"))
+        };
+        if let Some(h) = st.hot {
+            let s = &m.segments[&h];
+            let len = s.fixed_size().ok_or(ReencryptMetaError::Layout("dynamic hotzone"))?;
+            let end = rel(s)?.checked_add(len).filter(|e| *e <= self.data_size);
+            return end.ok_or(ReencryptMetaError::Layout("hotzone outside the shifted data"));
+        }
+        let regular = ReencryptState::regular_segments(m);
+        match regular.iter().find(|(_, s)| s.type_name == "crypt") {
+            Some((_, s)) => rel(s),
+            None => Ok(self.data_size),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

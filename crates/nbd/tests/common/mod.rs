@@ -586,6 +586,8 @@ pub struct TestDevice {
     pub caps: Caps,
     /// Reads starting at this offset sleep this long first.
     pub slow_read: Option<(u64, Duration)>,
+    /// Writes starting at this offset sleep this long first.
+    pub slow_write: Option<(u64, Duration)>,
     /// Reads overlapping `[off, off+len)` fail with an integrity mismatch.
     pub corrupt: Option<(u64, u64)>,
     /// Reads starting at this offset panic.
@@ -602,6 +604,7 @@ impl TestDevice {
             mem: MemDevice::new(size, block),
             caps: Caps::FLUSH | Caps::FUA | Caps::DISCARD | Caps::WRITE_ZEROES,
             slow_read: None,
+            slow_write: None,
             corrupt: None,
             panic_at: None,
             log: Mutex::new(Vec::new()),
@@ -649,6 +652,11 @@ impl BlockDevice for TestDevice {
 
     fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
         self.record(Call::Write(off, buf.len(), flags));
+        if let Some((o, d)) = self.slow_write {
+            if o == off {
+                std::thread::sleep(d);
+            }
+        }
         self.mem.write_at(off, buf, flags)
     }
 

@@ -28,8 +28,11 @@
 //! Done here: modes `reencrypt` (key and/or cipher change, forward), `encrypt` (detached
 //! header, forward, from a linear segment: [`init_encrypt`]) and `decrypt` (detached header,
 //! backward, to a linear segment: [`init_decrypt`]), in either direction for a run cryptsetup
-//! started; resilience `checksum`, `journal` and `none`. Refused with a clear error: data
-//! shift (`--reduce-device-size`, and the datashift decryption of a header on the device).
+//! started; resilience `checksum`, `journal` and `none`; and the encryption in place with
+//! data shift (`--reduce-device-size`, header on the device: [`init_encrypt_shift`],
+//! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says). Refused
+//! with a clear error: the datashift decryption of a header on the device, and running a
+//! data shift online (under a served device).
 
 use std::collections::BTreeMap;
 
@@ -338,6 +341,7 @@ fn add_reencrypt_metadata(
         None
     };
     let first = m.segments.keys().max().map_or(0, |k| k + 1);
+    let final_offset = final_.offset;
     m.segments.insert(first, previous);
     m.segments.insert(first + 1, final_);
     for (d, sg) in [(digest_old, first), (digest_new, first + 1)] {
@@ -349,10 +353,18 @@ fn add_reencrypt_metadata(
         "checksum" => Resilience::Checksum { hash: rhash.name().into(), block_size: alignment },
         "journal" => Resilience::Journal,
         "none" => Resilience::None,
+        // The data shift is the backup-final's offset (the header's size).
+        "datashift" => Resilience::Datashift { shift: final_offset },
         other => return Err(LuksError::Params(format!("Unsupported resilience mode {other}"))),
     };
     let rslot = first_free_keyslot(m)?;
-    let (area_offset, area_size) = max_gap(m).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?;
+    let (area_offset, area_size) = if matches!(resilience, Resilience::Datashift { .. }) {
+        // cryptsetup gives a data shift's keyslot one 4 KiB block (it keeps nothing there).
+        let o = luks2::find_area(m, 4096, None).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?;
+        (o, 4096)
+    } else {
+        max_gap(m).ok_or(LuksError::NoKeyslotSpace { need: 4096 })?
+    };
     let rks = ReencryptKeyslot { id: rslot, mode, direction, resilience, area_offset, area_size };
     m.keyslots.insert(rslot, rks.to_keyslot());
     re::set_requirement(m, Some(2));
@@ -465,6 +477,276 @@ pub fn init_encrypt(
     io::write_bytes(header, 0, &bytes[..md2 as usize], "LUKS2 header")?;
     io::flush(header, "LUKS2 header")?;
     Ok((luks, slot))
+}
+
+/// Starts the encryption of a plaintext device in place with its header on the device
+/// (cryptsetup `reencrypt --encrypt --reduce-device-size R`, data shift): the last `R`
+/// bytes of `dev` are given up; the header takes the first `R / 2`, the data moves up by as
+/// much. The first segment (`min(R / 2, data)` bytes) is copied to the end of the device
+/// first, then the header, whose segments are cryptsetup 2.6's start state (resilience
+/// `datashift`, direction backward, `backup-moved-segment`, see
+/// [`formats::luks2::reencrypt::ShiftGeometry`]), is written over the first `R / 2` bytes,
+/// keyslots area first. No other data is touched.
+///
+/// Like cryptsetup's, the header write is not atomic: power lost after the keyslots area
+/// is partly written and before the header itself leaves a device that is not LUKS and
+/// whose first `R / 2` bytes (minus the first 32 KiB) are only in the moved copy at
+/// `size - R / 2`. Every later crash point resumes.
+pub fn init_encrypt_shift(
+    dev: &dyn BlockDevice,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+    reduce: u64,
+) -> Result<(Luks, u32), LuksError> {
+    const MD: u64 = 16 << 10;
+    if super::probe(dev)?.is_some() {
+        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+    }
+    if reduce == 0 || !reduce.is_multiple_of(512) {
+        return Err(LuksError::Params("Reduce size must be multiple of 512 bytes sector.".into()));
+    }
+    let g = dev.geometry();
+    if reduce > g.size {
+        return Err(LuksError::DeviceTooSmall { need: reduce, have: g.size });
+    }
+    if reduce == g.size {
+        return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+    }
+    let shift = reduce / 2;
+    if !shift.is_multiple_of(4096) {
+        return Err(LuksError::Params(format!(
+            "The header takes half of --reduce-device-size ({shift} bytes), which must be a multiple of 4096."
+        )));
+    }
+    let cipher_name = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher_name) / 8);
+    let ss = p.sector_size.unwrap_or(512);
+    if ![512, 1024, 2048, 4096].contains(&ss) {
+        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
+    }
+    let data_size = g.size - reduce;
+    let alignment = u64::from(ss.max(g.logical_block).max(512));
+    if !data_size.is_multiple_of(alignment) || !g.size.is_multiple_of(alignment) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({alignment} bytes)."
+        )));
+    }
+    // The keyslot and the data shift's 4 KiB block must fit beside the metadata.
+    if shift < 2 * MD + luks2::area_size(key_bytes) + 4096 {
+        return Err(LuksError::Params("No space for new keyslot.".into()));
+    }
+    let fp = super::FormatParams {
+        cipher: cipher_name,
+        key_bytes,
+        pbkdf: p.pbkdf,
+        sector_size: ss,
+        detached: true,
+        offset: Some(shift / 512),
+        metadata_size: Some(MD),
+        keyslots_size: Some(shift - 2 * MD),
+        data_size: Some(data_size),
+        ..super::FormatParams::default()
+    };
+    let image = blockdev::MemDevice::new(shift, 512);
+    let (mut luks, vk) = super::format(&image, &fp, passphrase)?;
+    let moved_size = shift.min(data_size);
+    let moved_offset = g.size - shift;
+    let s = v2(&mut luks)?;
+    let mut next = s.clone();
+    let m = &mut next.header.metadata;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let digest_new = m.segment_digest(0);
+    let slot =
+        digest_new.and_then(|d| m.digests.get(&d)).and_then(|d| d.keyslots.first().copied()).unwrap_or(0);
+    for d in m.digests.values_mut() {
+        d.segments.clear();
+    }
+    m.segments.clear();
+    let moved = re::linear_segment(moved_offset, Some(moved_size), false);
+    m.segments.insert(0, moved.clone());
+    if data_size > moved_size {
+        m.segments.insert(1, re::linear_segment(moved_size, Some(data_size - moved_size), false));
+    }
+    let id = m.segments.len() as u32;
+    m.segments.insert(id, backup_of(&moved, re::FLAG_BACKUP_MOVED));
+    add_reencrypt_metadata(
+        m,
+        backup_of(&re::linear_segment(0, Some(data_size), false), re::FLAG_BACKUP_PREVIOUS),
+        backup_of(&seg0, re::FLAG_BACKUP_FINAL),
+        digest_new,
+        ReencryptMode::Encrypt,
+        Direction::Backward,
+        "datashift",
+        HashAlg::Sha256,
+        alignment as u32,
+        (None, Some(vk.as_bytes())),
+        &p.pbkdf,
+    )?;
+    luks2::write_header(&mut next, &image)?;
+    *s = next;
+    // The first segment goes to the end of the device (in the given-up space) first.
+    copy_range(dev, 0, moved_offset, moved_size, "moving the first data segment")?;
+    io::flush(dev, "moved data segment")?;
+    let md2 = 2 * MD;
+    let bytes = zeroize::Zeroizing::new(image.to_vec());
+    io::write_bytes(dev, md2, &bytes[md2 as usize..], "keyslots area")?;
+    io::flush(dev, "keyslots area")?;
+    io::write_bytes(dev, 0, &bytes[..md2 as usize], "LUKS2 header")?;
+    io::flush(dev, "LUKS2 header")?;
+    Ok((luks, slot))
+}
+
+/// Copies `len` bytes from `from` to `to` on `dev` (ranges that do not overlap), 8 MiB at
+/// a time.
+fn copy_range(
+    dev: &dyn BlockDevice,
+    from: u64,
+    to: u64,
+    len: u64,
+    what: &'static str,
+) -> Result<(), LuksError> {
+    let mut buf = SecretBuf::zeroed(len.min(8 << 20) as usize);
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        dev.read_at(from + done, &mut buf[..n]).map_err(io_err(what))?;
+        dev.write_at(to + done, &buf[..n], blockdev::WriteFlags::empty()).map_err(io_err(what))?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// The state, geometry and final crypt parameters of a data-shift encryption in progress
+/// on a device of `size` bytes, its segments checked to lie on it, sector-aligned.
+fn shift_geometry(
+    luks: &Luks,
+    size: u64,
+) -> Result<(ReencryptState, re::ShiftGeometry, formats::luks2::CryptParams), LuksError> {
+    let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+    };
+    let g = re::ShiftGeometry::of(&st, &s.header.metadata).map_err(meta_err)?;
+    let fin = &s.header.metadata.segments[&st.final_];
+    let c = fin.crypt.clone().ok_or(meta_err(re::ReencryptMetaError::Layout("backup-final")))?;
+    let align = u64::from(c.sector_size.max(512));
+    if g.new_offset.checked_add(g.data_size).is_none_or(|e| e > size)
+        || g.moved_offset.checked_add(g.moved_size).is_none_or(|e| e > size)
+        || g.old_offset.checked_add(g.data_size).is_none_or(|e| e > size)
+        || !g.data_size.is_multiple_of(align)
+        || !g.moved_size.is_multiple_of(align)
+        || !g.shift.is_multiple_of(align)
+        || !g.old_offset.is_multiple_of(align)
+        || !g.moved_offset.is_multiple_of(align)
+    {
+        return Err(meta_err(re::ReencryptMetaError::Layout("data shift segments outside the device")));
+    }
+    Ok((st, g, c))
+}
+
+/// Where a volume mid data-shift encryption stands, for its activation (cryptsetup maps
+/// it from the regular segments): below the boundary the old plaintext, its first
+/// `moved_size` bytes from the moved copy and the rest in place; from the boundary up the
+/// new crypt segment, `shift` bytes up the device. A hotzone left in reencryption counts
+/// as old: its source is intact and any run redoes it from there.
+#[derive(Debug, Clone)]
+pub struct ShiftActivation {
+    /// The geometry (offsets and sizes in bytes).
+    pub geometry: re::ShiftGeometry,
+    /// Bytes of data below which it is still plaintext.
+    pub boundary: u64,
+    /// The new segment's cipher spec and sector size.
+    pub new: (String, u32),
+}
+
+/// `Some` for a volume mid data-shift encryption (`--reduce-device-size`) on a device of
+/// `size` bytes, which activates as [`ShiftActivation`] says; nothing is written.
+pub fn shift_activation(luks: &Luks, size: u64) -> Result<Option<ShiftActivation>, LuksError> {
+    match status(luks)? {
+        Some(st) if is_shift_encryption(&st) => {}
+        _ => return Ok(None),
+    }
+    let (st, g, c) = shift_geometry(luks, size)?;
+    let LuksHeader::V2(s) = &luks.header else {
+        return Ok(None);
+    };
+    let boundary = g.boundary(&s.header.metadata, &st).map_err(meta_err)?;
+    Ok(Some(ShiftActivation { geometry: g, boundary, new: (c.encryption, c.sector_size) }))
+}
+
+/// `true` for a LUKS2 header mid data-shift encryption (`--reduce-device-size`).
+pub fn is_data_shift(luks: &Luks) -> bool {
+    matches!(status(luks), Ok(Some(st)) if is_shift_encryption(&st))
+}
+
+/// Runs an encryption with data shift ([`init_encrypt_shift`], or cryptsetup's
+/// `--reduce-device-size`) on `dev` (header and data on one device): per hotzone
+/// (backward, at most the shift long, so it never overlaps its own source), the hotzone
+/// segment flagged in-reencryption is written, its plaintext is read from its old place
+/// (or the moved copy), encrypted and written `shift` bytes up, flushed, and the header
+/// moves past it. A hotzone left in reencryption is simply done again: its source is
+/// intact. At the end the moved copy (plaintext) is wiped with random bytes before the
+/// header is finished.
+fn run_datashift(
+    dev: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+    progress: &mut dyn FnMut(u64, u64) -> bool,
+) -> Result<RunEnd, LuksError> {
+    let (mut st, g, c) = shift_geometry(luks, dev.geometry().size)?;
+    let s = v2(luks)?;
+    let vk = keys.new.as_ref().ok_or(LuksError::WrongPassphrase)?;
+    let new = cipher(&c.encryption, vk, c.sector_size)?;
+    let mut b = g.boundary(&s.header.metadata, &st).map_err(meta_err)?;
+    let mut recovering = st.hot.is_some();
+    let mut buf = SecretBuf::zeroed(g.shift.min(8 << 20) as usize);
+    if !progress(g.data_size - b, g.data_size) && !recovering {
+        return Ok(RunEnd::Interrupted);
+    }
+    while let Some((start, len)) = g.next_hotzone(b) {
+        if recovering {
+            // The header already says this hotzone is in reencryption.
+            log::warn!(
+                "reencrypt: redoing the data shift hotzone at {start} ({len} bytes) after an interrupted run"
+            );
+            recovering = false;
+        } else {
+            let mut next = s.clone();
+            let layout = g.layout(&next.header.metadata, &st, b, Some(len)).map_err(meta_err)?;
+            re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
+            luks2::write_header(&mut next, dev)?;
+            *s = next;
+        }
+        let src = g.source(start);
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(buf.len() as u64) as usize;
+            let chunk = &mut buf[..n];
+            dev.read_at(src + done, chunk).map_err(io_err("data shift hotzone"))?;
+            new.encrypt((start + done) / 512, chunk).map_err(crypto_err(&c.encryption))?;
+            dev.write_at(g.new_offset + start + done, chunk, blockdev::WriteFlags::empty())
+                .map_err(io_err("data shift hotzone"))?;
+            done += n as u64;
+        }
+        dev.flush().map_err(io_err("data device"))?;
+        b = start;
+        let mut next = s.clone();
+        let layout = g.layout(&next.header.metadata, &st, b, None).map_err(meta_err)?;
+        re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
+        luks2::write_header(&mut next, dev)?;
+        *s = next;
+        if b > 0 && !progress(g.data_size - b, g.data_size) {
+            return Ok(RunEnd::Interrupted);
+        }
+    }
+    progress(g.data_size, g.data_size);
+    // The moved copy holds plaintext: wiped (random, as cryptsetup) before the header
+    // forgets it. A crash here resumes to the same point.
+    io::wipe(dev, g.moved_offset, g.moved_size, true, "moved data segment")?;
+    io::flush(dev, "moved data segment")?;
+    let d_new = st.digest_new;
+    finish(s, dev, &st, None, d_new)?;
+    Ok(RunEnd::Finished)
 }
 
 /// Starts the decryption of a LUKS2 volume with a detached header (cryptsetup
@@ -604,7 +886,7 @@ impl std::fmt::Debug for ReencryptKeys {
 /// Refuses a reencryption this implementation cannot run or activate (data shift), and
 /// backup-segment digests that do not match the mode.
 fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
-    if st.moved.is_some() || st.keyslot.resilience.shift() != 0 {
+    if (st.moved.is_some() || st.keyslot.resilience.shift() != 0) && !is_shift_encryption(st) {
         return Err(LuksError::Unsupported(format!(
             "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
             st.keyslot.mode.as_str(),
@@ -622,6 +904,15 @@ fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
         return Err(meta_err(re::ReencryptMetaError::Layout("backup segment digests do not match the mode")));
     }
     Ok(())
+}
+
+/// `true` for an encryption with data shift in place (`--reduce-device-size`): mode
+/// encrypt, backward, resilience `datashift`, a moved first segment.
+fn is_shift_encryption(st: &ReencryptState) -> bool {
+    st.keyslot.mode == ReencryptMode::Encrypt
+        && st.keyslot.direction == Direction::Backward
+        && matches!(st.keyslot.resilience, Resilience::Datashift { .. })
+        && st.moved.is_some()
 }
 
 /// `true` in cryptsetup's teardown state: its teardown wipes the old keyslots (a header
@@ -655,6 +946,10 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
     }
     let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
     check_mode(&st)?;
+    if is_shift_encryption(&st) {
+        // Its segments are checked against the device by [`shift_activation`].
+        return Ok(st);
+    }
     for (id, linear_ok) in [
         (st.previous, st.keyslot.mode == ReencryptMode::Encrypt),
         (st.final_, st.keyslot.mode == ReencryptMode::Decrypt),
@@ -831,6 +1126,13 @@ fn plan(
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
     check_mode(&st)?;
+    if is_shift_encryption(&st) {
+        return Err(LuksError::Unsupported(
+            "activating a LUKS2 device in the middle of an encryption with data shift (--reduce-device-size) \
+             is not supported: finish it with `sealdisk reencrypt` first"
+                .into(),
+        ));
+    }
     let LuksHeader::V2(s) = &luks.header else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
@@ -1028,6 +1330,22 @@ pub fn run_unlocked(
             log::warn!("reencrypt: every hotzone was written and the old keyslots are gone; finishing");
             finish(s, meta, &st, st.digest_old, st.digest_new)?;
             return Ok(RunEnd::Finished);
+        }
+        if is_shift_encryption(&st) {
+            if online.is_some() {
+                return Err(LuksError::Unsupported(
+                    "an encryption with data shift (--reduce-device-size) runs offline only".into(),
+                ));
+            }
+            // Its header is on the data device, and the run rewrites it there.
+            if !std::ptr::addr_eq(meta as *const dyn BlockDevice, data as *const dyn BlockDevice) {
+                return Err(LuksError::Unsupported(
+                    "an encryption with data shift runs with its header on the data device, not a \
+                     detached copy"
+                        .into(),
+                ));
+            }
+            return run_datashift(data, luks, keys, progress);
         }
     }
     let mut p = plan(data, luks, keys, opts.hotzone_size)?;

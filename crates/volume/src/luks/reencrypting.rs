@@ -30,7 +30,7 @@ use blockdev::{
 use formats::dm::{CryptOptions, CryptTable};
 use sector_crypto::VolumeKey;
 
-use super::reencrypt::{prepare_activation, ReencryptKeys};
+use super::reencrypt::{prepare_activation, shift_activation, ReencryptKeys, ShiftActivation};
 use super::{Luks, LuksError};
 use crate::{crypt_over, OpenOptions, Storage, VolumeError};
 
@@ -61,7 +61,9 @@ impl SegmentTable {
 /// Activates the LUKS2 volume `luks` (header on `meta`, data on `storage`) whose
 /// reencryption is in progress: recovers a hotzone a crash left half rewritten (not when
 /// read-only), then builds the device. Returns it with the new segment's table and the old
-/// one's (they hold the keys; linear for a plaintext side). `flags` are the activation
+/// side's (they hold the keys; linear for a plaintext side: two for a data shift, the moved
+/// copy then the data in place). A data-shift encryption is mapped as cryptsetup maps it
+/// (no recovery: see `activate_shift`). `flags` are the activation
 /// flags from the command line.
 pub fn activate(
     storage: &Storage,
@@ -70,8 +72,11 @@ pub fn activate(
     keys: &ReencryptKeys,
     opts: &OpenOptions,
     flags: &CryptOptions,
-) -> Result<(Arc<ReencryptingDevice>, SegmentTable, SegmentTable), VolumeError> {
+) -> Result<(Arc<ReencryptingDevice>, SegmentTable, Vec<SegmentTable>), VolumeError> {
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
+    if let Some(sa) = shift_activation(luks, storage.size()).map_err(wrap)? {
+        return activate_shift(storage, &sa, keys, opts, flags);
+    }
     let act = prepare_activation(meta, &*storage.device, luks, keys, opts.read_only).map_err(wrap)?;
     if act.boundary > 0 && act.boundary < act.size {
         log::info!(
@@ -115,7 +120,129 @@ pub fn activate(
     let (new, old) = (layer(&tn)?, layer(&to)?);
     let (below, above) = if act.backward { (old, new) } else { (new, old) };
     let device = ReencryptingDevice::from_layers(below, above, act.boundary).map_err(VolumeError::Stack)?;
-    Ok((Arc::new(device), tn, to))
+    Ok((Arc::new(device), tn, vec![to]))
+}
+
+/// The device of a volume mid data-shift encryption, as cryptsetup maps its segments: the
+/// old (plaintext) side is the moved copy of the first `moved_size` bytes, then the data in
+/// place; the new side is the crypt segment `shift` bytes up (IVs from 0 at its start).
+/// Nothing is written: a hotzone left in reencryption is still old (its source is intact;
+/// the run redoes it from there), so a write into it lands where the run reads it.
+fn activate_shift(
+    storage: &Storage,
+    sa: &ShiftActivation,
+    keys: &ReencryptKeys,
+    opts: &OpenOptions,
+    flags: &CryptOptions,
+) -> Result<(Arc<ReencryptingDevice>, SegmentTable, Vec<SegmentTable>), VolumeError> {
+    let g = &sa.geometry;
+    let vk = keys.new.as_ref().ok_or_else(|| VolumeError::Luks {
+        path: storage.name.clone(),
+        source: LuksError::Params("internal: no key for the new segment".into()),
+    })?;
+    log::info!(
+        "{}: encryption with data shift in progress: {} of {} bytes still plaintext",
+        storage.name,
+        sa.boundary,
+        g.data_size
+    );
+    let (cipher, ss) = &sa.new;
+    let tn = CryptTable {
+        len: g.data_size / 512,
+        cipher: cipher.clone(),
+        key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
+        iv_offset: 0,
+        device: storage.name.clone(),
+        offset: g.new_offset / 512,
+        options: CryptOptions { sector_size: (*ss != 512).then_some(*ss), integrity_aead: None, ..*flags },
+    };
+    let slice = |off: u64, len: u64| {
+        Slice::new(storage.device.clone(), off, len)
+            .map_err(|_| VolumeError::Stack("the data shift segments do not fit the device"))
+    };
+    let moved = slice(g.moved_offset, g.moved_size)?;
+    let old: Box<dyn BlockDevice> = if g.moved_size < g.data_size {
+        let rest = slice(g.old_offset + g.moved_size, g.data_size - g.moved_size)?;
+        Box::new(Joined { first: Box::new(moved), rest: Box::new(rest), cut: g.moved_size })
+    } else {
+        Box::new(moved)
+    };
+    let new = Box::new(crypt_over(storage.device.clone(), &tn, opts)?);
+    let mut to = vec![SegmentTable::Linear { offset: g.moved_offset / 512, len: g.moved_size / 512 }];
+    if g.moved_size < g.data_size {
+        to.push(SegmentTable::Linear {
+            offset: (g.old_offset + g.moved_size) / 512,
+            len: (g.data_size - g.moved_size) / 512,
+        });
+    }
+    // A backward run: the old side below the boundary.
+    let device = ReencryptingDevice::from_layers(old, new, sa.boundary).map_err(VolumeError::Stack)?;
+    Ok((Arc::new(device), SegmentTable::Crypt(tn), to))
+}
+
+/// Two devices one after the other (`first` is `cut` bytes long): the plaintext side of a
+/// data shift, whose first part is the moved copy.
+#[derive(Debug)]
+struct Joined {
+    first: Box<dyn BlockDevice>,
+    rest: Box<dyn BlockDevice>,
+    cut: u64,
+}
+
+impl Joined {
+    fn split(
+        &self,
+        off: u64,
+        len: u64,
+        mut f: impl FnMut(&dyn BlockDevice, u64, usize, usize) -> BlockResult<()>,
+    ) -> BlockResult<()> {
+        self.geometry().check_range(off, len)?;
+        let end = off + len;
+        let mid = self.cut.clamp(off, end);
+        if mid > off {
+            f(&*self.first, off, 0, (mid - off) as usize)?;
+        }
+        if end > mid {
+            f(&*self.rest, mid - self.cut, (mid - off) as usize, (end - mid) as usize)?;
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for Joined {
+    fn geometry(&self) -> Geometry {
+        let (a, b) = (self.first.geometry(), self.rest.geometry());
+        Geometry {
+            size: a.size + b.size,
+            logical_block: a.logical_block.max(b.logical_block),
+            physical_block: a.physical_block.max(b.physical_block),
+        }
+    }
+
+    fn caps(&self) -> Caps {
+        self.first.caps() & self.rest.caps()
+    }
+
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |d, o, s, l| d.read_at(o, &mut buf[s..s + l]))
+    }
+
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> BlockResult<()> {
+        self.split(off, buf.len() as u64, |d, o, s, l| d.write_at(o, &buf[s..s + l], flags))
+    }
+
+    fn flush(&self) -> BlockResult<()> {
+        // Both parts sit on the same storage.
+        self.first.flush()
+    }
+
+    fn discard(&self, off: u64, len: u64) -> BlockResult<()> {
+        self.split(off, len, |d, o, _, l| d.discard(o, l as u64))
+    }
+
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> BlockResult<()> {
+        self.split(off, len, |d, o, _, l| d.write_zeroes(o, l as u64, flags))
+    }
 }
 
 /// A LUKS2 volume mid-reencryption (see the module docs).
