@@ -32,7 +32,7 @@
 //! that finds a block in `index` copies it from the journal; a block not in `index` is not
 //! being copied out (the index forgets a copy only after its write).
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use blockdev::{AlignedBuf, BlockDevice, BlockError, BlockErrorKind, BlockResult, WriteFlags};
 use formats::integrity::journal::{
@@ -102,54 +102,54 @@ pub(crate) struct JournalState {
 const IO_PIECE: usize = 256 << 10;
 const IO_THREADS: usize = 4;
 
-/// Runs `f` on every item, spread over up to [`IO_THREADS`] threads (serially for one item):
-/// the calling thread takes one share and scoped threads named `{name}-N` the others, spawned
-/// for this call and joined before it returns; the first error. Not a rayon pool: its idle
-/// workers spin in `sched_yield` after every job, and two such pools per journal took a fifth
-/// of the CPU samples of a 1 MiB write job on two cores (BENCHMARKS.md, the fourth pass). A
-/// spawn costs tens of microseconds, next to a commit or copy-out of at least two sections or
-/// pieces (a commit of one section writes it from the calling thread).
+/// I/O threads (`dm-integrity-io-N` for commits, `dm-integrity-co-N` for copy-outs), one
+/// pool per kind and journal, started on first use: a thread spawned per commit cost more
+/// than a small commit itself, and separate pools keep a slow copy-out from holding up a
+/// commit (one commit and one copy-out run at a time per journal).
+#[derive(Debug, Default)]
+struct IoPool(OnceLock<Option<rayon::ThreadPool>>);
+
+impl IoPool {
+    fn get(&self, prefix: &'static str) -> Option<&rayon::ThreadPool> {
+        self.0
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(IO_THREADS)
+                    .thread_name(move |i| format!("{prefix}-{i}"))
+                    .build()
+                    .map_err(|e| log::warn!("dm-integrity: no journal I/O threads ({e}); writing serially"))
+                    .ok()
+            })
+            .as_ref()
+    }
+}
+
+/// Runs `f` on every item, spread over `pool` (serially for one item, or without a pool); the
+/// first error.
 fn parallel<T: Sync>(
-    name: &'static str,
+    pool: Option<&rayon::ThreadPool>,
     items: &[T],
     f: impl Fn(&T) -> BlockResult<()> + Sync,
 ) -> BlockResult<()> {
-    if items.len() <= 1 {
-        return items.iter().try_for_each(&f);
-    }
+    let pool = match pool {
+        Some(p) if items.len() > 1 => p,
+        _ => return items.iter().try_for_each(&f),
+    };
     let n = items.len().min(IO_THREADS);
     let first: Mutex<Option<BlockError>> = Mutex::new(None);
-    let share = |t: usize| {
-        if let Err(e) = items.iter().skip(t).step_by(n).try_for_each(&f) {
-            first.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-        }
-    };
-    let mut panicked = false;
-    // A panic (a device below that panics) must not leave the commit or copy-out running.
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        std::thread::scope(|s| {
-            let share = &share;
-            let spawned: Vec<_> = (1..n)
-                .map(|t| {
-                    (
-                        t,
-                        std::thread::Builder::new()
-                            .name(format!("{name}-{t}"))
-                            .spawn_scoped(s, move || share(t)),
-                    )
-                })
-                .collect();
-            share(0);
-            for (t, h) in spawned {
-                match h {
-                    Ok(h) => panicked |= h.join().is_err(),
-                    // No thread: this share runs here.
-                    Err(_) => share(t),
-                }
+        pool.scope(|s| {
+            for t in 0..n {
+                let (f, first) = (&f, &first);
+                s.spawn(move |_| {
+                    if let Err(e) = items.iter().skip(t).step_by(n).try_for_each(f) {
+                        first.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    }
+                });
             }
         })
     }));
-    if panicked || run.is_err() {
+    if run.is_err() {
         return Err(BlockError::new(BlockErrorKind::Io, "a journal I/O thread panicked"));
     }
     match first.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -525,6 +525,8 @@ impl JournalState {
 pub(crate) struct Journal {
     state: Mutex<JournalState>,
     cv: Condvar,
+    commit_io: IoPool,
+    copy_io: IoPool,
 }
 
 fn lock(m: &Mutex<JournalState>) -> MutexGuard<'_, JournalState> {
@@ -535,7 +537,12 @@ type Guard<'a> = MutexGuard<'a, JournalState>;
 
 impl Journal {
     pub(crate) fn new(state: JournalState) -> Self {
-        Journal { state: Mutex::new(state), cv: Condvar::new() }
+        Journal {
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            commit_io: IoPool::default(),
+            copy_io: IoPool::default(),
+        }
     }
 
     /// The state (counters, reads).
@@ -629,7 +636,8 @@ impl Journal {
             drop(j);
             // One write per section, straight from its buffer (a torn commit is caught by
             // the replay's commit-id check whatever the pieces are).
-            let r = parallel("dm-integrity-io", &images, |(off, s)| {
+            let pool = self.commit_io.get("dm-integrity-io");
+            let r = parallel(pool, &images, |(off, s)| {
                 sink.dev().write_at(*off, rd(s).as_slice(), WriteFlags::empty())
             })
             .and_then(|_| sink.dev().flush());
@@ -677,7 +685,8 @@ impl Journal {
         }
         drop(j);
         let pieces = copy_pieces(&runs, geom.sectors_per_block() as usize * 512);
-        let r = parallel("dm-integrity-co", &pieces, |&(sec, from)| {
+        let pool = self.copy_io.get("dm-integrity-co");
+        let r = parallel(pool, &pieces, |&(sec, from)| {
             let (data, tags) = fill_piece(&geom, &secs, from)?;
             sink.write_blocks(sec, data.as_slice(), &tags)
         })
