@@ -72,8 +72,8 @@ pub(super) fn writer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
     }
 }
 
-/// The journal committer: commits the full sections while a copy-out runs or at the
-/// watermark (journal.rs), until the target closes or fails.
+/// The journal committer: commits each section once it is full (journal.rs), until the target
+/// closes or fails.
 pub(super) fn committer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
     let Some(i) = weak.upgrade() else { return };
     if let Some(j) = &i.journal {

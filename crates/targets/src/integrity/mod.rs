@@ -7,9 +7,8 @@
 //!                                     │
 //!     ┌───────────── mode J ──────────┼──────── modes D, B ──────────────────────┐
 //!     │ journal entries (memory) ─────┤  B: set bitmap bits, write+flush them     │
-//!     │ commit: flush, FUA, timer, or │     first (bitmap.rs)                     │
-//!     │   full ones at watermark or   │                                           │
-//!     │   in a copy-out; one          │                                           │
+//!     │ commit: full section, flush,  │     first (bitmap.rs)                     │
+//!     │   FUA, timer; one             │                                           │
 //!     │   leader, grouped (journal.rs)│  data → data area (split per interleave   │
 //!     │ writer thread: copy out at ───┼──►  area), tags → metadata buffers       │
 //!     │   the watermark               │                                           │
