@@ -10,8 +10,7 @@
 //!  │ copied: free │ durable, being copied out │ stamped, commit in flight │ full │ head (partly) │ free │
 //!  write:    entries allocated at head in ring order; data, last_bytes and tag copied in
 //!            (memory); a full journal makes the writer commit and copy out itself
-//!  commit:   by the committer thread, full sections (no padding) while a copy-out runs or at
-//!            the watermark, or by a
+//!  commit:   by the committer thread as soon as a section is full (no padding), or by a
 //!            FUA/FLUSH request, the timer or a full journal (these pad the head section);
 //!            one leader at a time (group commit): pads the head section if a waiter needs it,
 //!            stamps [stamped, head) with commit_ids[commit_seq] (seq advances on wrap) and
@@ -322,14 +321,6 @@ impl JournalState {
         self.free_entries() <= self.threshold && self.filled() > self.copied
     }
 
-    /// Whether the committer should commit the full sections now: while a copy-out runs (the
-    /// commit overlaps it, and those sections are ready when it ends) or once the writer wants
-    /// to copy out. Below the watermark with no copy-out running there is nothing to overlap,
-    /// and one commit (one flush) later covers more sections.
-    pub(crate) fn wants_commit(&self) -> bool {
-        self.head > self.stamped && !self.committing && (self.copying || self.wants_copy_out())
-    }
-
     fn alloc(&mut self) -> Option<(u64, u32)> {
         if self.head - self.copied >= self.sections as u64 {
             return None;
@@ -592,8 +583,8 @@ impl Journal {
             let target = j.filled();
             j = self.commit_upto(sink, j, target)?;
         }
-        if j.wants_copy_out() || j.wants_commit() {
-            // Work for the writer, or full sections for the committer.
+        if j.wants_copy_out() || (j.head > j.stamped && !j.committing) {
+            // Work for the writer, or a full section for the committer.
             self.cv.notify_all();
         }
         Ok(j.pending_entries())
@@ -679,10 +670,6 @@ impl Journal {
         let (runs, upto) = j.plan_copy_out()?;
         let (geom, secs) = (j.geom, j.secs.clone());
         j.copying = true;
-        if j.head > j.stamped {
-            // Full sections for the committer, to commit during this copy-out.
-            self.cv.notify_all();
-        }
         drop(j);
         let pieces = copy_pieces(&runs, geom.sectors_per_block() as usize * 512);
         let pool = self.copy_io.get("dm-integrity-co");
@@ -754,18 +741,17 @@ impl Journal {
         }
     }
 
-    /// The committer thread's loop: commits the full sections (no padding; FUA, FLUSH and the
-    /// timer commit partly filled ones) while a copy-out runs or once the watermark is reached
-    /// ([`JournalState::wants_commit`]), so that the commit of the next sections overlaps the
-    /// copy-out of the ones before and they are durable when it ends. Until
-    /// [`stop`](Self::stop).
+    /// The committer thread's loop: commits every full section as soon as it is full (no
+    /// padding; FUA, FLUSH and the timer commit partly filled sections), so that a section is
+    /// durable by the time the writer can copy it out, and the commit of one section overlaps
+    /// the copy-out of the one before. Until [`stop`](Self::stop).
     pub(crate) fn committer_loop<S: JournalSink>(&self, sink: &S) {
         let mut j = self.lock();
         loop {
             if j.stop || sink.failed().is_some() {
                 return;
             }
-            if !j.wants_commit() {
+            if j.head <= j.stamped || j.committing {
                 j = self.wait(j);
                 continue;
             }
