@@ -1,7 +1,6 @@
 //! Mode J with the background writer: commits are durable before copy-out, copy-out runs on
 //! its own thread without the journal lock, group commit serves concurrent FUA writes.
 //!
-//! - A full section is committed at once (the committer thread), with no flush.
 //! - A crash while a copy-out is stuck (its data-area writes held back by a gate) replays the
 //!   committed journal, and reads during the stuck copy-out return the journal's newest copy.
 //! - Concurrent writers with FUA and FLUSH, crashing at the n-th flush below: every write
@@ -123,9 +122,8 @@ fn crash_during_copy_out(s: Shape) {
     gate.close(l.journal_byte_offset() + l.journal_bytes());
     let (e, sections) = (l.journal.section_entries as u64, l.journal_sections as u64);
     assert!(sections >= 4, "journal too small for the test ({sections} sections)");
-    // Just past the watermark (50%): the full sections are committed (by the committer
-    // thread) and the writer starts copying them out; a free section is left for the FUA
-    // write below.
+    // Just past the watermark (50%): the writer commits (padding the head section) and
+    // starts copying out; a free section is left for the FUA write below.
     let n = e * sections - l.free_sectors_threshold(50);
     assert!(n.div_ceil(e) < sections);
     for b in 0..n {
@@ -173,43 +171,6 @@ fn crash_during_copy_out(s: Shape) {
 fn a_crash_between_commit_and_copy_out_replays_and_reads_see_the_journal() {
     crash_during_copy_out(shape("crc32c", 4096));
     crash_during_copy_out(shape("hmac-sha256", 512));
-}
-
-/// A section is committed as soon as it is full, below the watermark and with no FLUSH, FUA
-/// or timer (commit_time 0): a crash then replays it. The partly filled section after it is
-/// not committed (no padding) and is lost, as the kernel loses unflushed writes.
-#[test]
-fn a_full_section_is_committed_at_once_without_a_flush() {
-    let s = shape("crc32c", 4096);
-    let bs = s.block as usize;
-    let dev = Arc::new(CrashDevice::from_vec(s.mem(4 << 20).to_vec(), 512));
-    let t = IntegrityTarget::open(dev.clone(), s.config(Mode::Journal)).unwrap();
-    let l = *t.layout();
-    let (e, sections) = (l.journal.section_entries as u64, l.journal_sections as u64);
-    assert!(sections >= 4 && e + 3 < e * sections - l.free_sectors_threshold(50), "{sections} sections");
-    // One full section and three blocks of the next: below the watermark.
-    let n = e + 3;
-    for b in 0..n {
-        t.write_at(b * bs as u64, &block(b, bs), WriteFlags::empty()).unwrap();
-    }
-    wait_until("the committer to commit the full section", || t.status().journal_commits >= 1);
-    let st = t.status();
-    assert_eq!(st.journal_copyouts, 0, "below the watermark nothing is copied out: {st:?}");
-    let image = dev.crash();
-    t.close().unwrap();
-    let t = IntegrityTarget::open(MemDevice::from_vec(image.to_vec(), 512), s.config(Mode::Journal)).unwrap();
-    let mut buf = vec![0u8; bs];
-    for b in 0..e {
-        t.read_at(b * bs as u64, &mut buf).unwrap();
-        assert!(buf == block(b, bs), "block {b} of the committed section after the crash");
-    }
-    assert_eq!(t.status().mismatches, 0);
-    for b in e..n {
-        // (Unwritten blocks may read as integrity errors: the volume was not wiped.)
-        if t.read_at(b * bs as u64, &mut buf).is_ok() {
-            assert!(buf != block(b, bs), "block {b} (never flushed, section not full) came back");
-        }
-    }
 }
 
 const THREADS: u64 = 4;

@@ -72,15 +72,6 @@ pub(super) fn writer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
     }
 }
 
-/// The journal committer: commits each section once it is full (journal.rs), until the target
-/// closes or fails.
-pub(super) fn committer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
-    let Some(i) = weak.upgrade() else { return };
-    if let Some(j) = &i.journal {
-        j.committer_loop(&*i);
-    }
-}
-
 pub(super) fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) {
     let mut chunks = 0u32;
     loop {

@@ -10,15 +10,12 @@
 //!  │ copied: free │ durable, being copied out │ stamped, commit in flight │ full │ head (partly) │ free │
 //!  write:    entries allocated at head in ring order; data, last_bytes and tag copied in
 //!            (memory); a full journal makes the writer commit and copy out itself
-//!  commit:   by the committer thread as soon as a section is full (no padding), or by a
-//!            FUA/FLUSH request, the timer or a full journal (these pad the head section);
-//!            one leader at a time (group commit): pads the head section if a waiter needs it,
+//!  commit:   one leader at a time (group commit): pads the head section if a waiter needs it,
 //!            stamps [stamped, head) with commit_ids[commit_seq] (seq advances on wrap) and
 //!            section MACs, then writes them and flushes WITHOUT the lock; every request
 //!            waiting for a position below the new `durable` is released at once
 //!  copy-out: one at a time (the writer thread at the watermark, or a writer finding the
-//!            journal full, or drain), while later sections are committed: for durable
-//!            sections, every entry whose block has no
+//!            journal full, or drain): for durable sections, every entry whose block has no
 //!            newer *durable* copy is written to data + tag areas (merged runs), flush, then
 //!            the index forgets the copies still newest, and the sections are free
 //!  reads:    blocks with an entry in `index` are served from the journal
@@ -583,8 +580,7 @@ impl Journal {
             let target = j.filled();
             j = self.commit_upto(sink, j, target)?;
         }
-        if j.wants_copy_out() || (j.head > j.stamped && !j.committing) {
-            // Work for the writer, or a full section for the committer.
+        if j.wants_copy_out() {
             self.cv.notify_all();
         }
         Ok(j.pending_entries())
@@ -709,11 +705,8 @@ impl Journal {
         Ok(j.pending_entries())
     }
 
-    /// The writer thread's loop (`integrity_writer`): at the watermark, copies the durable
-    /// sections out, until [`stop`](Self::stop). Full sections are committed by the committer
-    /// thread ([`committer_loop`](Self::committer_loop)) meanwhile, so that the commit of the
-    /// next sections overlaps this copy-out. Only when nothing but a partly filled head section
-    /// is waiting (a journal of one section) does the writer pad and commit it itself.
+    /// The writer thread's loop: at the watermark, commit everything and copy it out, until
+    /// [`stop`](Self::stop).
     pub(crate) fn writer_loop<S: JournalSink>(&self, sink: &S) {
         let mut j = self.lock();
         loop {
@@ -724,39 +717,8 @@ impl Journal {
                 j = self.wait(j);
                 continue;
             }
-            let r = if j.durable > j.copied {
-                self.copy_out(sink, j)
-            } else if j.committing || j.head > j.stamped {
-                // The committer (or a FUA/FLUSH leader) is at it; woken when it is durable.
-                j = self.wait(j);
-                continue;
-            } else {
-                let target = j.filled();
-                self.commit_upto(sink, j, target).and_then(|j| self.copy_out(sink, j))
-            };
-            j = match r {
-                Ok(j) => j,
-                Err(_) => return,
-            };
-        }
-    }
-
-    /// The committer thread's loop: commits every full section as soon as it is full (no
-    /// padding; FUA, FLUSH and the timer commit partly filled sections), so that a section is
-    /// durable by the time the writer can copy it out, and the commit of one section overlaps
-    /// the copy-out of the one before. Until [`stop`](Self::stop).
-    pub(crate) fn committer_loop<S: JournalSink>(&self, sink: &S) {
-        let mut j = self.lock();
-        loop {
-            if j.stop || sink.failed().is_some() {
-                return;
-            }
-            if j.head <= j.stamped || j.committing {
-                j = self.wait(j);
-                continue;
-            }
-            let target = j.head;
-            j = match self.commit_upto(sink, j, target) {
+            let target = j.filled();
+            j = match self.commit_upto(sink, j, target).and_then(|j| self.copy_out(sink, j)) {
                 Ok(j) => j,
                 Err(_) => return,
             };

@@ -7,8 +7,7 @@
 //!                                     │
 //!     ┌───────────── mode J ──────────┼──────── modes D, B ──────────────────────┐
 //!     │ journal entries (memory) ─────┤  B: set bitmap bits, write+flush them     │
-//!     │ commit: full section, flush,  │     first (bitmap.rs)                     │
-//!     │   FUA, timer; one             │                                           │
+//!     │ commit: flush/FUA/timer, one  │     first (bitmap.rs)                     │
 //!     │   leader, grouped (journal.rs)│  data → data area (split per interleave   │
 //!     │ writer thread: copy out at ───┼──►  area), tags → metadata buffers       │
 //!     │   the watermark               │                                           │
