@@ -348,12 +348,13 @@ impl StackSpec {
             StackKind::CryptIntegrity => format!("{} over {}", crypt(), integ()),
             StackKind::Luks2 => format!("luks2 {} [pbkdf2, {LUKS2_PBKDF2_ITERATIONS} iterations]", crypt()),
             StackKind::Luks2Integrity => format!(
-                "luks2 aead({} + {}, {}-bit key, {}-byte sectors) over integrity(external tags, {}) [pbkdf2, {LUKS2_PBKDF2_ITERATIONS} iterations]",
+                "luks2 aead({} + {}, {}-bit key, {}-byte sectors) over integrity(external tags, {}{}) [pbkdf2, {LUKS2_PBKDF2_ITERATIONS} iterations]",
                 self.cipher,
                 self.luks_integrity,
                 self.key_bits,
                 self.sector_size,
-                i.mode.letter()
+                i.mode.letter(),
+                i.journal_size.map(|j| format!(", journal {}", crate::spec::format_size(j))).unwrap_or_default()
             ),
         };
         let reopen = if self.reopen { ", reopened before each job" } else { "" };
@@ -495,7 +496,7 @@ impl StackSpec {
                 // The LUKS2 header, then dm-integrity (journal, tags) in the data area.
                 let tuple = self.aead_spec().map_or(64, |s| s.tuple_size() as u64);
                 let tags = size / u64::from(self.sector_size) * tuple;
-                let journal = (size >> 7).min(64 << 20);
+                let journal = self.integrity.journal_size.unwrap_or((size >> 7).min(64 << 20));
                 (LUKS2_DATA_OFFSET + size + journal + tags + slack).div_ceil(1 << 20) << 20
             }
         }
@@ -552,6 +553,7 @@ impl StackSpec {
                         spec: self.aead_spec()?,
                         no_wipe: true,
                         no_journal: self.integrity.mode == Mode::Direct,
+                        journal_size: self.integrity.journal_size,
                     }),
                     _ => None,
                 };
@@ -982,7 +984,24 @@ mod tests {
         {
             gcm.set(k, v).unwrap();
         }
-        round_trip(&gcm, dir);
+        let b = round_trip(&gcm, dir);
+        // journal-size reaches the dm-integrity superblock (journal_sections, le32 at byte 12,
+        // after the 16 MiB LUKS2 header): more sections than the default 1/128 of the device.
+        let sections = |b: &BuiltStack| {
+            let raw = std::fs::read(b.path()).unwrap();
+            let sb = &raw[LUKS2_DATA_OFFSET as usize..];
+            assert_eq!(&sb[..8], b"integrt\0");
+            u32::from_le_bytes(sb[12..16].try_into().unwrap())
+        };
+        let default = sections(&b);
+        gcm.set("journal-size", "1M").unwrap();
+        let b = round_trip(&gcm, dir);
+        assert!(b.description.contains("journal 1"), "{}", b.description);
+        let big = sections(&b);
+        assert!(
+            big > default.max(1) * 4,
+            "journal sections: {big} with journal-size=1M, {default} by default"
+        );
     }
 
     #[test]

@@ -86,7 +86,7 @@ fn luks_volumes_open_through_one_call_with_retried_passphrases() {
 fn authenticated_luks2_formats_in_one_call_and_opens_as_two_layers() {
     let s = mem(24 << 20);
     let spec = sector_crypto::AeadSpec::from_luks2("aes-xts-plain64", "hmac-sha256").unwrap();
-    let i = LuksIntegrity { spec, no_wipe: false, no_journal: true };
+    let i = LuksIntegrity { spec, no_wipe: false, no_journal: true, journal_size: None };
     let p = FormatParams::for_cipher(LuksVersion::V2, "aes-xts-plain64", None, Some(i)).unwrap();
     assert_eq!(p.key_bytes, 64 + 32, "the HMAC key is added to the volume key");
     format_luks(&s, p);
@@ -180,7 +180,7 @@ fn authenticated_luks2_takes_the_journal_commit_time_and_watermark() {
     let dev = Arc::new(MemDevice::new(24 << 20, 512));
     let s = Storage::new(dev.clone(), "mem0");
     let spec = sector_crypto::AeadSpec::from_luks2("aes-xts-plain64", "hmac-sha256").unwrap();
-    let i = LuksIntegrity { spec, no_wipe: false, no_journal: true };
+    let i = LuksIntegrity { spec, no_wipe: false, no_journal: true, journal_size: None };
     format_luks(&s, FormatParams::for_cipher(LuksVersion::V2, "aes-xts-plain64", None, Some(i)).unwrap());
     let pass = Passphrase::new(b"right".to_vec());
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();

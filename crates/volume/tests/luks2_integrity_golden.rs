@@ -211,7 +211,7 @@ fn format_like_the_kernel(path: &Path, name: &str, ss: u32, no_wipe: bool) -> se
     let spec = sector_crypto::AeadSpec::from_luks2(cipher, integrity).unwrap();
     let vk = std::fs::read(dir().join(vk)).unwrap();
     std::fs::write(path, vec![0u8; 4 << 20]).unwrap();
-    let li = LuksIntegrity { spec, no_wipe, no_journal: name.contains("nojournal") };
+    let li = LuksIntegrity { spec, no_wipe, no_journal: name.contains("nojournal"), journal_size: None };
     let p = FormatParams {
         cipher: cipher.into(),
         key_bytes: vk.len(),
@@ -283,7 +283,7 @@ fn bad_integrity_format_requests_are_refused_before_writing() {
     let path = tmp.path().join("refused.img");
     std::fs::write(&path, vec![0x5au8; 4 << 20]).unwrap();
     let gcm = sector_crypto::AeadSpec::from_luks2("aes-gcm-random", "aead").unwrap();
-    let li = LuksIntegrity { spec: gcm, no_wipe: true, no_journal: false };
+    let li = LuksIntegrity { spec: gcm, no_wipe: true, no_journal: false, journal_size: None };
     let cases = [
         (
             "luks1",

@@ -182,7 +182,7 @@ fn no_debug_output_shows_key_bytes() {
     // the opened stack is an AeadCryptTarget over an IntegrityTarget.
     let img = dir.path().join("aead.img");
     let spec = AeadSpec::from_luks2("aes-xts-plain64", "hmac-sha256").unwrap();
-    let i = LuksIntegrity { spec, no_wipe: true, no_journal: true };
+    let i = LuksIntegrity { spec, no_wipe: true, no_journal: true, journal_size: None };
     let mut vk_aead = k.clone();
     vk_aead.extend_from_slice(&k[..32]);
     let fp = FormatParams {

@@ -99,7 +99,12 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
             }
             let spec = sector_crypto::AeadSpec::from_luks2(&a.cipher, alg)
                 .with_context(|| format!("--cipher {} --integrity {alg}", a.cipher))?;
-            Some(LuksIntegrity { spec, no_wipe: a.integrity_no_wipe, no_journal: a.integrity_no_journal })
+            Some(LuksIntegrity {
+                spec,
+                no_wipe: a.integrity_no_wipe,
+                no_journal: a.integrity_no_journal,
+                journal_size: None,
+            })
         }
         None if a.integrity_no_wipe || a.integrity_no_journal => {
             bail!(UsageError("--integrity-no-wipe and --integrity-no-journal need --integrity".into()))

@@ -44,6 +44,11 @@ pub struct LuksIntegrity {
     pub no_wipe: bool,
     /// `--integrity-no-journal`: wipe in direct mode (no journal double write).
     pub no_journal: bool,
+    /// Journal size in bytes (`None`: the kernel's default, 1/128 of the device, at most
+    /// 64 MiB; cryptsetup's `luksFormat --integrity` always leaves it to that default, the
+    /// golden images in testdata/luks-integrity show it). Rounded down to 512-byte sectors;
+    /// the bench's `journal-size` knob.
+    pub journal_size: Option<u64>,
 }
 
 /// The stack's built type over data device `D`.
@@ -273,6 +278,12 @@ pub fn format_integrity_until<D: BlockDevice + 'static>(
     // cryptsetup passes fix_padding; fix_hmac only matters with a keyed internal hash or a
     // journal MAC, neither of which authenticated encryption uses.
     params.fix_hmac = false;
+    if let Some(b) = i.journal_size {
+        params.journal_sectors = Some(
+            u32::try_from(b / 512)
+                .map_err(|_| LuksError::Params(format!("a journal of {b} bytes is too large")))?,
+        );
+    }
     let opts = FormatOptions {
         params,
         start: seg.offset / 512,
