@@ -362,16 +362,13 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
     let fp = volume::luks::FormatParams { detached: true, ..Default::default() };
     let so = volume::OpenOptions { lock: true, ..Default::default() }.storage();
     let meta = volume::luks::open_header_for_format(&header, &fp, &so)?;
-    let mut made = None;
-    with_passphrase(&a.key, "Enter passphrase: ", |p| {
+    let (mut luks, pass) = with_passphrase(&a.key, "Enter passphrase: ", |p| {
         let (luks, slot) = reencrypt::init_encrypt(&*meta.device, &*data.device, p, &params)
             .map_err(luks_err(&header))
             .context("initializing LUKS2 encryption")?;
         log::info!("encrypt: volume key in keyslot {slot}");
-        made = Some((luks, p.clone()));
-        Ok(())
+        Ok((luks, p.clone()))
     })?;
-    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
     if a.init_only {
         return Ok(());
     }
@@ -393,16 +390,13 @@ fn encrypt_shift(a: ReencryptArgs, reduce: u64) -> Result<()> {
     }
     let mut params = params(&a)?;
     params.resilience = "datashift".into();
-    let mut made = None;
-    with_passphrase(&a.key, "Enter passphrase: ", |p| {
+    let (mut luks, pass) = with_passphrase(&a.key, "Enter passphrase: ", |p| {
         let (luks, slot) = reencrypt::init_encrypt_shift(&*dev.device, p, &params, reduce)
             .map_err(luks_err(&a.device))
             .context("initializing LUKS2 encryption")?;
         log::info!("encrypt: volume key in keyslot {slot}");
-        made = Some((luks, p.clone()));
-        Ok(())
+        Ok((luks, p.clone()))
     })?;
-    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
     if a.init_only {
         return Ok(());
     }
@@ -439,23 +433,23 @@ fn decrypt_shift(a: ReencryptArgs, header: String) -> Result<()> {
             return Err(e);
         }
     };
-    let mut made = None;
     let r = with_passphrase(&a.key, "Enter passphrase for key slot: ", |p| {
         let luks = reencrypt::init_decrypt_shift(&*meta.device, &*dev.device, p, &params)
             .map_err(luks_err(&a.device))
             .context("initializing LUKS2 decryption")?;
-        made = Some((luks, p.clone()));
-        Ok(())
+        Ok((luks, p.clone()))
     });
-    if let Err(e) = r {
-        // Nothing reached DEVICE unless its header is gone (the copy in NEW is then the
-        // only one: keep it).
-        if is_luks(&a.device).unwrap_or(false) {
-            let _ = std::fs::remove_file(&header);
+    let (mut luks, pass) = match r {
+        Ok(made) => made,
+        Err(e) => {
+            // Nothing reached DEVICE unless its header is gone (the copy in NEW is then the
+            // only one: keep it).
+            if is_luks(&a.device).unwrap_or(false) {
+                let _ = std::fs::remove_file(&header);
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
-    let Some((mut luks, pass)) = made else { bail!("no passphrase") };
+    };
     if a.init_only {
         return Ok(());
     }

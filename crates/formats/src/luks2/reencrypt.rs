@@ -353,6 +353,21 @@ pub struct ReencryptState {
 }
 
 impl ReencryptState {
+    /// The `backup-previous` segment in `m`.
+    pub fn backup_previous<'m>(&self, m: &'m Luks2Metadata) -> Result<&'m Segment, ReencryptMetaError> {
+        m.segments.get(&self.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))
+    }
+
+    /// The `backup-final` segment in `m`.
+    pub fn backup_final<'m>(&self, m: &'m Luks2Metadata) -> Result<&'m Segment, ReencryptMetaError> {
+        m.segments.get(&self.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))
+    }
+
+    /// The `backup-moved-segment` segment in `m` (data shift).
+    pub fn backup_moved<'m>(&self, m: &'m Luks2Metadata) -> Result<&'m Segment, ReencryptMetaError> {
+        self.moved.and_then(|i| m.segments.get(&i)).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_MOVED))
+    }
+
     /// Reads the reencryption state: `Ok(None)` without an online reencryption requirement.
     pub fn from_metadata(m: &Luks2Metadata) -> Result<Option<Self>, ReencryptMetaError> {
         let mut version = None;
@@ -676,8 +691,8 @@ fn layout_makers<'a>(
     st: &'a ReencryptState,
     m: &'a Luks2Metadata,
 ) -> Result<(Maker<'a>, OldMaker<'a>), ReencryptMetaError> {
-    let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
-    let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+    let fin = st.backup_final(m)?;
+    let prev = st.backup_previous(m)?;
     let data_offset = fin.offset;
     let mode = st.keyslot.mode;
     let new_seg = move |off: u64, size: Option<u64>, hot: bool| match (mode, &fin.crypt) {
@@ -878,12 +893,9 @@ impl ShiftGeometry {
         {
             return Err(lay("not an encryption with data shift"));
         }
-        let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
-        let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
-        let moved = st
-            .moved
-            .and_then(|i| m.segments.get(&i))
-            .ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_MOVED))?;
+        let prev = st.backup_previous(m)?;
+        let fin = st.backup_final(m)?;
+        let moved = st.backup_moved(m)?;
         let data_size = prev.fixed_size().ok_or(lay("backup-previous of a data shift is dynamic"))?;
         let moved_size = moved.fixed_size().ok_or(lay("moved segment is dynamic"))?;
         if prev.type_name != "linear" || moved.type_name != "linear" || fin.type_name != "crypt" {
@@ -939,7 +951,7 @@ impl ShiftGeometry {
         boundary: u64,
         hot_len: Option<u64>,
     ) -> Result<Vec<(Part, Segment)>, ReencryptMetaError> {
-        let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
+        let fin = st.backup_final(m)?;
         let c =
             fin.crypt.as_ref().ok_or(ReencryptMetaError::Layout("backup-final is not a crypt segment"))?;
         let new_seg = |l: u64, size: Option<u64>, hot: bool| {
@@ -1034,12 +1046,9 @@ impl DecryptShiftGeometry {
         {
             return Err(lay("not a decryption with data shift"));
         }
-        let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
-        let fin = m.segments.get(&st.final_).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_FINAL))?;
-        let moved = st
-            .moved
-            .and_then(|i| m.segments.get(&i))
-            .ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_MOVED))?;
+        let prev = st.backup_previous(m)?;
+        let fin = st.backup_final(m)?;
+        let moved = st.backup_moved(m)?;
         let (Some(pc), Some(mc)) = (&prev.crypt, &moved.crypt) else {
             return Err(lay("data shift decryption segments of the wrong type"));
         };
@@ -1109,7 +1118,7 @@ impl DecryptShiftGeometry {
         p: u64,
         hot: bool,
     ) -> Result<Vec<(Part, Segment)>, ReencryptMetaError> {
-        let prev = m.segments.get(&st.previous).ok_or(ReencryptMetaError::NoBackup(FLAG_BACKUP_PREVIOUS))?;
+        let prev = st.backup_previous(m)?;
         let c = prev.crypt.as_ref().ok_or(ReencryptMetaError::Layout("backup-previous is not crypt"))?;
         let fwd = self.data_size - self.moved_size;
         if p > self.data_size || (p > fwd && p < self.data_size) || (hot && p == self.data_size) {

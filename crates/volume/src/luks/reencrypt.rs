@@ -596,7 +596,7 @@ pub fn init_encrypt_shift(
     luks2::write_header(&mut next, &image)?;
     *s = next;
     // The first segment goes to the end of the device (in the given-up space) first.
-    copy_range(dev, 0, moved_offset, moved_size, "moving the first data segment")?;
+    copy_range(dev, 0, dev, moved_offset, moved_size, "moving the first data segment")?;
     io::flush(dev, "moved data segment")?;
     let md2 = 2 * MD;
     let bytes = zeroize::Zeroizing::new(image.to_vec());
@@ -607,11 +607,12 @@ pub fn init_encrypt_shift(
     Ok((luks, slot))
 }
 
-/// Copies `len` bytes from `from` to `to` on `dev` (ranges that do not overlap), 8 MiB at
-/// a time.
+/// Copies `len` bytes from `from` on `src` to `to` on `dst` (ranges that do not overlap
+/// when both are one device), 8 MiB at a time, through a buffer wiped after use.
 fn copy_range(
-    dev: &dyn BlockDevice,
+    src: &dyn BlockDevice,
     from: u64,
+    dst: &dyn BlockDevice,
     to: u64,
     len: u64,
     what: &'static str,
@@ -620,8 +621,8 @@ fn copy_range(
     let mut done = 0;
     while done < len {
         let n = (len - done).min(buf.len() as u64) as usize;
-        dev.read_at(from + done, &mut buf[..n]).map_err(io_err(what))?;
-        dev.write_at(to + done, &buf[..n], blockdev::WriteFlags::empty()).map_err(io_err(what))?;
+        src.read_at(from + done, &mut buf[..n]).map_err(io_err(what))?;
+        dst.write_at(to + done, &buf[..n], blockdev::WriteFlags::empty()).map_err(io_err(what))?;
         done += n as u64;
     }
     Ok(())
@@ -885,37 +886,18 @@ pub fn init_decrypt_shift(
     let st =
         ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
     re::DecryptShiftGeometry::of(&st, m, size).map_err(meta_err)?;
-    copy_between(dev, new_hdr, 0, hdr_len, "copying the LUKS2 header")?;
+    copy_range(dev, 0, new_hdr, 0, hdr_len, "copying the LUKS2 header")?;
     io::flush(new_hdr, "new LUKS2 header")?;
     let md = s.header.metadata.metadata_size();
     for off in [0, md] {
         io::write_bytes(dev, off, &[0u8; 6], "LUKS2 header magic")?;
         io::flush(dev, "LUKS2 header magic")?;
     }
-    copy_range(dev, shift, 0, moved_size, "moving the first data segment")?;
+    copy_range(dev, shift, dev, 0, moved_size, "moving the first data segment")?;
     io::flush(dev, "moved data segment")?;
     luks2::write_header(&mut next, new_hdr)?;
     *s = next;
     Ok(luks)
-}
-
-/// Copies `len` bytes at 0 from `from` to `to`, 8 MiB at a time.
-fn copy_between(
-    from: &dyn BlockDevice,
-    to: &dyn BlockDevice,
-    off: u64,
-    len: u64,
-    what: &'static str,
-) -> Result<(), LuksError> {
-    let mut buf = SecretBuf::zeroed(len.min(8 << 20) as usize);
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        from.read_at(off + done, &mut buf[..n]).map_err(io_err(what))?;
-        to.write_at(off + done, &buf[..n], blockdev::WriteFlags::empty()).map_err(io_err(what))?;
-        done += n as u64;
-    }
-    Ok(())
 }
 
 /// `true` for a decryption with data shift (cryptsetup 2.6's `--decrypt --header NEW` of a
