@@ -12,7 +12,9 @@
 //!   in-memory device and answered (structured reply), by the real server code on one
 //!   connection (a Unix socket pair, one worker); the script counts the serving thread only.
 //! * `journal-commit-4k`: one 4096-byte write through an `IntegrityTarget` in journal mode
-//!   (crc32c, 4096-byte blocks) on a memory device, then a flush, which commits it.
+//!   (crc32c, 4096-byte blocks) on a memory device, then a flush, which commits it; the
+//!   journal holds every commit of the run, and the close copies all of them out (counted
+//!   per write): no copy-out depends on when the writer thread runs.
 //!
 //! Not a wall-clock benchmark: the figure of interest is the instruction count.
 
@@ -165,12 +167,20 @@ fn nbd(typ: u16, n: u64) -> Result<()> {
 }
 
 fn journal(n: u64) -> Result<()> {
-    const SIZE: u64 = 64 << 20;
-    let dev = Arc::new(MemDevice::new(SIZE, 512));
-    let hash = || TagHash::new("crc32c", None);
+    // Room for every commit of the run without a copy-out before the close (each flush
+    // commits one section): a copy-out by the writer thread would start whenever that thread
+    // got scheduled and take whatever was durable by then, so the work per commit would
+    // depend on timing. The close copies out all `n` blocks (merged and parallel in the same
+    // way for every run), so that cost is counted per write too. The geometry does not
+    // depend on `n`: the setup cancels between the two runs.
+    const SECTIONS: u32 = 40;
+    if n + 2 > u64::from(SECTIONS) {
+        return Err(format!("journal-commit-4k runs at most {} writes", SECTIONS - 2).into());
+    }
+    const DATA: u64 = 16 << 20;
     let mut p = FormatParams::new(4, 4096);
     p.salt = [0x5a; 16];
-    let opts = FormatOptions {
+    let opts = |p: FormatParams| FormatOptions {
         params: p,
         start: 0,
         buffer_sectors: 128,
@@ -178,11 +188,27 @@ fn journal(n: u64) -> Result<()> {
         journal_mac: None,
         journal_crypt: None,
     };
-    format(&*dev, &opts)?;
+    // The section size for this tag and block size, from a throwaway format.
+    let (_, probe) = format(&MemDevice::new(DATA, 512), &opts(p.clone()))?;
+    let section_sectors = probe.journal.section_sectors;
+    p.journal_sectors = Some(section_sectors * SECTIONS);
+    let size = DATA + u64::from(section_sectors * SECTIONS) * 512 + (4 << 20);
+    let dev = Arc::new(MemDevice::new(size, 512));
+    let (_, layout) = format(&*dev, &opts(p))?;
+    if layout.journal_sections < SECTIONS {
+        return Err(format!(
+            "journal-commit-4k: {} journal sections, not {SECTIONS}",
+            layout.journal_sections
+        )
+        .into());
+    }
+    let hash = || TagHash::new("crc32c", None);
     let mut cfg = IntegrityConfig::new(Mode::Journal, Some(hash()?));
     cfg.block_size = 4096;
-    // No commit timer: every commit is the flush below.
+    // No commit timer: every commit is the flush below; the writer thread copies out only a
+    // full journal, which this run never fills.
     cfg.commit_time_ms = 0;
+    cfg.journal_watermark = 100;
     cfg.bitmap_flush_interval_ms = 0;
     let t = IntegrityTarget::open(dev, cfg)?;
     let blocks = t.geometry().size / SECTOR as u64;
