@@ -4,7 +4,9 @@
 //! recomputed from `recalc_sector` on, its position saved in the superblock every 64
 //! chunks and at the end), and the bitmap recalculation thread (mode B after an unclean stop:
 //! the dirty regions, one bitmap bit at a time; a read of a region not done yet does it
-//! first, [`Inner::settle`]). All hold only a `Weak` to the target and stop when it closes.
+//! first, [`Inner::settle`]). Each is given a `Weak` to the target and stops when it closes;
+//! the journal writer upgrades it once and holds it while it waits, so the target's close
+//! and drop stop it explicitly ([`super::journal::Journal::stop`]) before they join it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

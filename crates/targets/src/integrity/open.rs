@@ -142,13 +142,17 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         inner.resume(&cfg)?;
         let inner = Arc::new(inner);
         let stop = Arc::new(Stop::default());
-        let mut workers = Vec::new();
+        // The target owns its threads from the first one on: if a later one cannot start, its
+        // drop stops and joins those already running (the journal writer would otherwise
+        // wait for a stop that never comes) and closes the volume as a close would.
+        let mut t = IntegrityTarget { inner, stop, workers: Vec::new() };
+        let (inner, stop) = (t.inner.clone(), t.stop.clone());
         if !inner.read_only
             && ((inner.journal.is_some() && inner.commit_time.is_some())
                 || (inner.bitmap.is_some() && inner.bitmap_flush_interval.is_some()))
         {
             let (w, s) = (Arc::downgrade(&inner), stop.clone());
-            workers.push(
+            t.workers.push(
                 std::thread::Builder::new()
                     .name("dm-integrity-timer".into())
                     .spawn(move || timer_loop(w, s))
@@ -157,7 +161,7 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         }
         if !inner.read_only && inner.journal.is_some() {
             let w = Arc::downgrade(&inner);
-            workers.push(
+            t.workers.push(
                 std::thread::Builder::new()
                     .name("dm-integrity-writer".into())
                     .spawn(move || writer_loop(w))
@@ -166,7 +170,7 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         }
         if !inner.read_only && inner.bitmap_pending.load(Ordering::Relaxed) > 0 {
             let (w, s) = (Arc::downgrade(&inner), stop.clone());
-            workers.push(
+            t.workers.push(
                 std::thread::Builder::new()
                     .name("dm-integrity-bitmap-recalc".into())
                     .spawn(move || bitmap_recalc_loop(w, s))
@@ -178,14 +182,14 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
             && inner.recalc_sector.load(Ordering::Relaxed) < inner.layout.provided_data_sectors
         {
             let (w, s) = (Arc::downgrade(&inner), stop.clone());
-            workers.push(
+            t.workers.push(
                 std::thread::Builder::new()
                     .name("dm-integrity-recalc".into())
                     .spawn(move || recalc_loop(w, s))
                     .map_err(|source| IntegrityError::Thread { thread: "recalc", source })?,
             );
         }
-        Ok(IntegrityTarget { inner, stop, workers })
+        Ok(t)
     }
 }
 
