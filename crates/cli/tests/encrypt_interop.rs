@@ -693,8 +693,100 @@ fn assert_shift_decrypted(d: &Disk, reduce: u64) {
         "{dump}"
     );
     let n = d.len() - reduce as usize;
+    assert_shift_decrypted_to(d, &plaintext(d.len(), 0)[..n]);
+}
+
+/// [`assert_shift_decrypted`] with the data `want` (the plaintext and what clients wrote).
+fn assert_shift_decrypted_to(d: &Disk, want: &[u8]) {
+    assert!(!d.dump().contains("online-reencrypt"), "still in reencryption");
     let data = std::fs::read(&d.data).unwrap();
-    assert!(data[..n] == plaintext(d.len(), 0)[..n], "decryption with data shift lost data");
+    assert!(data[..want.len()] == *want, "decryption with data shift lost data");
+}
+
+/// Serves `d` mid data-shift decryption, checks that it starts with `want` and that client
+/// writes land (in the moved ciphertext, across its end, and further up), and that an
+/// online run of it is refused while it keeps serving; returns the data with the writes.
+/// `None` when sealdisk refuses to open it because its last hotzone needs recovery.
+fn serve_mid_shift_decryption(d: &Disk, want: &[u8], reduce: u64) -> Option<Vec<u8>> {
+    let dir = d._dir.path();
+    let before = std::fs::read(&d.data).unwrap();
+    let args = ["--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol"];
+    let probe = Command::new("timeout")
+        .arg("60")
+        .arg(bin())
+        .args(["open", "--test-passphrase"])
+        .args(&args[..5])
+        .output()
+        .unwrap();
+    ok(&probe, "open --test-passphrase mid data shift decryption");
+    let served =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| common::serve(dir, "vol", &args, None)));
+    let srv = match served {
+        Ok(s) => s,
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(msg.contains("last hotzone"), "open mid data shift decryption: {msg}");
+            assert!(std::fs::read(&d.data).unwrap() == before, "the refused open wrote");
+            return None;
+        }
+    };
+    let mut st = Command::new(bin());
+    st.args(["status", "vol"]).env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir));
+    let text = ok(&st.output().unwrap(), "sealdisk status");
+    assert!(text.contains("is active") && text.contains("LUKS2"), "{text}");
+    let uri = srv.uri();
+    let read_all = || {
+        let back = dir.join("read.raw");
+        common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
+        std::fs::read(&back).unwrap()
+    };
+    // The data is the device less the shift (the old header, `reduce / 2`); its first
+    // `want.len()` bytes are known, the rest is whatever the tail held before encryption.
+    let got = read_all();
+    let shift = reduce as usize / 2;
+    assert_eq!(got.len(), before.len() - shift, "the served size");
+    assert!(
+        got[..want.len()] == *want,
+        "the served volume mid data shift decryption reads wrong: first difference at {:?}",
+        got.iter().zip(want).position(|(a, b)| a != b)
+    );
+    assert!(std::fs::read(&d.data).unwrap() == before, "serving it wrote before any client write");
+    let mut model = got;
+    let n = model.len();
+    // Into the moved ciphertext, across its end, across the first hotzone's end, further up.
+    let offs = [4096, shift - 8192, shift + 4096 * 7, 2 * shift - 4096, n / 2 + 4096, n - 65536];
+    let cmds: Vec<String> =
+        offs.iter().enumerate().map(|(i, o)| format!("write -P {} {o} 65536", i + 1)).collect();
+    let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    common::qemu_io(&uri, &refs);
+    for (i, &o) in offs.iter().enumerate() {
+        model[o..o + 65536].fill((i + 1) as u8);
+    }
+    assert!(read_all() == model, "writes through the volume mid data shift decryption");
+    // Running it under the served device is refused; it keeps serving.
+    let mut c = Command::new(bin());
+    c.args([
+        "reencrypt",
+        "--resume-only",
+        "--active-name",
+        "vol",
+        "--header",
+        d.hdr(),
+        "--key-file",
+        d.pass(),
+    ])
+    .arg(d.data())
+    .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
+    .stdin(Stdio::null());
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("runs offline only"),
+        "online data shift decryption: {err}"
+    );
+    assert!(read_all() == model, "the served volume after the refused online run");
+    srv.stop_ok();
+    Some(model)
 }
 
 #[test]
@@ -743,27 +835,19 @@ fn data_shift_decryption_in_one_tool_runs_in_the_other() {
         std::fs::read(&d.data).unwrap() == std::fs::read(&theirs.data).unwrap(),
         "init moved data differently"
     );
-    // Mid-run the passphrase tests as in cryptsetup; activating it is refused, clearly and
-    // before any write.
+    // Mid-run the passphrase tests as in cryptsetup, and the volume is served as cryptsetup
+    // maps it: the plaintext reads back, client writes land, and cryptsetup finishes the
+    // run with them.
     let tp = ["open", "--test-passphrase", "--header", d.hdr(), "--key-file", d.pass(), d.data()];
     ok(&sealdisk(&tp), "sealdisk open --test-passphrase");
     ok(&cs(&tp), "cryptsetup open --test-passphrase");
-    let dir = d._dir.path();
-    let before = std::fs::read(&d.data).unwrap();
-    let out = Command::new("timeout")
-        .arg("60")
-        .arg(bin())
-        .args(["open", "--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol", "--listen"])
-        .arg(format!("unix:{}", dir.join("vol.sock").display()))
-        .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("decryption with data shift"), "open mid-run: {err}");
-    assert!(std::fs::read(&d.data).unwrap() == before, "the refused open wrote");
+    let n = (size - reduce) as usize;
+    let mut want = plaintext(d.len(), 0)[..n].to_vec();
+    if have("qemu-io") && have("nbdcopy") {
+        want = serve_mid_shift_decryption(&d, &want, reduce).expect("the start state is refused");
+    }
     ok(&csr(&d, &["--resume-only"]), "cryptsetup --resume-only");
-    assert_shift_decrypted(&d, reduce);
+    assert_shift_decrypted_to(&d, &want);
     // cryptsetup's start state, sealdisk runs it.
     ok(&sd(&theirs, &["--resume-only"]), "sealdisk --resume-only");
     assert_shift_decrypted(&theirs, reduce);
@@ -787,6 +871,19 @@ fn data_shift_decryption_killed_mid_run_resumes_in_the_other_tool() {
         c
     })
     .expect("cryptsetup --decrypt --header NEW was never caught mid-run");
+    // The state cryptsetup left, served by sealdisk (a copy), then finished by cryptsetup
+    // with the clients' writes.
+    if have("qemu-io") && have("nbdcopy") {
+        let copy = clone_disk(&d);
+        let n = (size - reduce) as usize;
+        match serve_mid_shift_decryption(&copy, &plaintext(size as usize, 0)[..n], reduce) {
+            Some(model) => {
+                ok(&csr(&copy, &["--resume-only"]), "cryptsetup resume after sealdisk's writes");
+                assert_shift_decrypted_to(&copy, &model);
+            }
+            None => eprintln!("cryptsetup was killed in the last hotzone: sealdisk refused to serve it"),
+        }
+    }
     ok(&sd(&d, &["--resume-only"]), "sealdisk resume");
     assert_shift_decrypted(&d, reduce);
     // sealdisk killed, cryptsetup resumes.

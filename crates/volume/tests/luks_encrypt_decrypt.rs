@@ -787,6 +787,100 @@ fn decrypt_shift(img: &dyn BlockDevice) -> Result<RunEnd, LuksError> {
     reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true)
 }
 
+/// What a client of the volume mid data-shift decryption (header `hdr`, device bytes
+/// `dev`) reads, activated as the server activates it; `Err` with the refusal. Checks that
+/// the activation wrote nothing.
+fn served_ds(hdr: &dyn BlockDevice, dev: Vec<u8>) -> Result<Vec<u8>, String> {
+    let dev = Arc::new(MemDevice::from_vec(dev, 4096));
+    let before = (dev.to_vec(), read_all(hdr));
+    let mut l = Luks::load(hdr, true).unwrap();
+    let keys = reencrypt::unlock_keys(hdr, &l, &pass(), &Default::default()).unwrap();
+    let storage = Storage::new(dev.clone(), "data");
+    let act = volume::luks::reencrypting::activate(
+        &storage,
+        hdr,
+        &mut l,
+        &keys,
+        &OpenOptions::default(),
+        &Default::default(),
+    );
+    assert!((dev.to_vec(), read_all(hdr)) == before, "the activation wrote");
+    let (vol, _, _) = act.map_err(|e| {
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg = format!("{msg}: {s}");
+            src = s.source();
+        }
+        msg
+    })?;
+    assert_eq!(vol.geometry().size, DS_DATA);
+    let mut got = vec![0u8; DS_DATA as usize];
+    vol.read_at(0, &mut got).unwrap();
+    Ok(got)
+}
+
+fn read_all(d: &dyn BlockDevice) -> Vec<u8> {
+    let mut v = vec![0u8; d.geometry().size as usize];
+    d.read_at(0, &mut v).unwrap();
+    v
+}
+
+/// A volume mid data-shift decryption is served as cryptsetup maps it (the moved
+/// ciphertext, the plaintext done, the ciphertext `shift` bytes up), in each state a run
+/// stops in: it reads as the plaintext, a write into each region and across each boundary
+/// lands, and the run finished afterwards keeps every write.
+#[test]
+fn a_volume_mid_data_shift_decryption_serves_its_data_and_keeps_writes() {
+    for hotzones in 0..=4u32 {
+        let what = format!("stopped after {hotzones} hotzones");
+        let img = ds_image();
+        let dev = Arc::new(MemDevice::from_vec(img[..DS_DEV as usize].to_vec(), 512));
+        let hdr = MemDevice::from_vec(img[DS_DEV as usize..].to_vec(), 512);
+        let mut l = reencrypt::init_decrypt_shift(&hdr, &*dev, &pass(), &params("checksum")).unwrap();
+        let mut n = 0;
+        let end = reencrypt::run(&hdr, &*dev, &mut l, &pass(), &opts(), &mut |_, _| {
+            n += 1;
+            n <= hotzones
+        })
+        .unwrap();
+        assert_eq!(end, RunEnd::Interrupted, "{what}");
+        let mut want = plaintext(DS_DATA as usize);
+        assert!(served_ds(&hdr, dev.to_vec()).unwrap() == want, "{what}: reads");
+        let mut l = Luks::load(&hdr, true).unwrap();
+        let keys = reencrypt::unlock_keys(&hdr, &l, &pass(), &Default::default()).unwrap();
+        let storage = Storage::new(dev.clone(), "data");
+        let (vol, new, old) = volume::luks::reencrypting::activate(
+            &storage,
+            &hdr,
+            &mut l,
+            &keys,
+            &OpenOptions::default(),
+            &Default::default(),
+        )
+        .unwrap();
+        assert!(new.crypt().is_none(), "{what}: the new side is plaintext");
+        assert_eq!(old.len(), 2, "{what}: the moved and the shifted ciphertext");
+        // The moved ciphertext, the cut at its end, both boundaries a run stops at (the
+        // plaintext done / the ciphertext not reached), the ciphertext not reached, the end.
+        let offs = [4096, DS_SHIFT - 8192, 2 * DS_SHIFT - 4096, 3 * DS_SHIFT - 12288, 3 * DS_SHIFT + 4096];
+        for (i, &off) in offs.iter().chain([DS_DATA - 16384].iter()).enumerate() {
+            let patch = vec![0xa0 + i as u8; 16384];
+            vol.write_at(off, &patch, WriteFlags::empty()).unwrap();
+            want[off as usize..off as usize + patch.len()].copy_from_slice(&patch);
+        }
+        vol.flush().unwrap();
+        let mut got = vec![0u8; DS_DATA as usize];
+        vol.read_at(0, &mut got).unwrap();
+        assert!(got == want, "{what}: reads after the writes");
+        drop(vol);
+        let mut l = Luks::load(&hdr, true).unwrap();
+        let end = reencrypt::run(&hdr, &*dev, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+        assert_eq!(end, RunEnd::Finished, "{what}");
+        assert!(dev.to_vec()[..DS_DATA as usize] == want[..], "{what}: the finished run lost writes");
+    }
+}
+
 /// The data as a reader of the finished volume sees it: the plaintext at 0 with the new
 /// header (`linear @0`), or decrypted at the shift with a plain LUKS2 header (in the new
 /// file, or still on the device).
@@ -891,10 +985,20 @@ fn crash_at_every_flush_of_data_shift_decryption_resumes_without_loss() {
     // What the CLI does next: resume a run in progress; with a plain header in the new file
     // (init cut short after the device lost its magic) decrypt in place with it, as
     // cryptsetup would; with the device still LUKS, start again (the new file is redone).
+    let refused = std::cell::Cell::new(0);
     let check = |img: MemDevice, when: &str| {
         let (dev, hdr) = ds_split(&img);
         match Luks::load(&hdr, true) {
             Ok(mut l) if reencrypt::status(&l).unwrap().is_some() => {
+                // Served as it is: the plaintext, or refused only while the last hotzone
+                // (decrypted in place) needs its recovery.
+                match served_ds(&hdr, read_all(&dev)) {
+                    Ok(got) => assert!(got == want, "{when}: the served volume reads wrong"),
+                    Err(e) => {
+                        assert!(e.contains("last hotzone"), "{when}: activation refused: {e}");
+                        refused.set(refused.get() + 1);
+                    }
+                }
                 let end = reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true)
                     .unwrap_or_else(|e| panic!("{when}: resume failed: {e:?}"));
                 assert_eq!(end, RunEnd::Finished, "{when}");
@@ -925,6 +1029,7 @@ fn crash_at_every_flush_of_data_shift_decryption_resumes_without_loss() {
         check(d.crash(), &format!("data shift decryption: crash at flush {n}"));
         check(d.crash_keeping_some(n), &format!("data shift decryption: crash at flush {n}, cache seed {n}"));
     }
+    assert!(refused.get() > 0, "no crash left the last hotzone in reencryption");
 }
 
 #[test]
@@ -944,7 +1049,8 @@ fn data_shift_decryption_bad_input_is_refused_before_any_write() {
     let m = MemDevice::from_vec(ds_image(), 512);
     decrypt_shift(&m).unwrap();
     try_(m.to_vec(), b"pw", params("checksum"), "not a valid LUKS");
-    // The volume opens mid-run only with a clear refusal.
+    // Mid-run it opens (see a_volume_mid_data_shift_decryption_serves_its_data_and_keeps_writes),
+    // but not as a two-segment reencryption (what an online run would need).
     let m = MemDevice::from_vec(ds_image(), 512);
     let (dev, hdr) = ds_split(&m);
     reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &params("checksum")).unwrap();

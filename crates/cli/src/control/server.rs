@@ -926,6 +926,13 @@ impl Live {
                     .into(),
             ));
         }
+        if re::is_shift_decrypting(&luks) {
+            return fail(volume::luks::LuksError::Unsupported(
+                "a decryption with data shift runs offline only: close the device and run \
+                 `sealdisk reencrypt --resume-only --header FILE` on it"
+                    .into(),
+            ));
+        }
         // The device for both segments replaces the served one between requests.
         let Some(old) = self.gate.hold() else {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));

@@ -32,9 +32,10 @@
 //! data shift (`--reduce-device-size`, header on the device: [`init_encrypt_shift`],
 //! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says) and the
 //! decryption of a header on the device into a new header file ([`init_decrypt_shift`],
-//! resilience `datashift-checksum`, forward). Refused with a clear error: activating a
-//! volume mid data-shift decryption, and running a data shift online (under a served
-//! device).
+//! resilience `datashift-checksum`, forward; activated mid-run as
+//! [`DecryptShiftActivation`] says). Refused with a clear error: running a data shift
+//! online (under a served device), and activating a decryption with data shift
+//! interrupted in its last hotzone (decrypted in place; a run recovers it).
 
 use std::collections::BTreeMap;
 
@@ -684,6 +685,69 @@ pub fn shift_activation(luks: &Luks, size: u64) -> Result<Option<ShiftActivation
     };
     let boundary = g.boundary(&s.header.metadata, &st).map_err(meta_err)?;
     Ok(Some(ShiftActivation { geometry: g, boundary, new: (c.encryption, c.sector_size) }))
+}
+
+/// Where a volume mid data-shift decryption stands, for its activation, in the data's
+/// coordinates `[0, data_size)` (cryptsetup maps it from the regular segments): the first
+/// `moved_size` bytes are the moved ciphertext at the start of the device, then the
+/// plaintext already written in its final place up to the boundary, then the ciphertext
+/// not reached yet, `shift` bytes up the device. All ciphertext keeps its IVs (sector `L`
+/// of the data has IV `L`). A forward hotzone left in reencryption counts as ciphertext
+/// not reached: its source is intact and any run redoes it from there, so nothing is
+/// written.
+#[derive(Debug, Clone)]
+pub struct DecryptShiftActivation {
+    /// The geometry (offsets and sizes in bytes).
+    pub geometry: re::DecryptShiftGeometry,
+    /// Bytes of data below which it is plaintext or the moved ciphertext.
+    pub boundary: u64,
+    /// Every hotzone is written, the moved part too (the run stopped before its end): the
+    /// whole data is plaintext in place.
+    pub moved_plain: bool,
+    /// The old (crypt) segment's cipher spec and sector size.
+    pub old: (String, u32),
+}
+
+/// `Some` for a volume mid data-shift decryption whose data device is `size` bytes long,
+/// which activates as [`DecryptShiftActivation`] says; nothing is written. Refused while
+/// the last hotzone (the moved ciphertext, decrypted in place) is flagged in reencryption:
+/// its blocks are part old, part new until a run recovers them.
+pub fn decrypt_shift_activation(luks: &Luks, size: u64) -> Result<Option<DecryptShiftActivation>, LuksError> {
+    let st = match status(luks)? {
+        Some(st) if is_shift_decryption(&st) => st,
+        _ => return Ok(None),
+    };
+    let LuksHeader::V2(s) = &luks.header else {
+        return Ok(None);
+    };
+    let m = &s.header.metadata;
+    let g = re::DecryptShiftGeometry::of(&st, m, size).map_err(meta_err)?;
+    let c = st.backup_previous(m).map_err(meta_err)?.crypt.clone();
+    let c = c.ok_or(meta_err(re::ReencryptMetaError::Layout("backup-previous is not crypt")))?;
+    let align = u64::from(c.sector_size.max(512));
+    if !g.shift.is_multiple_of(align)
+        || !g.data_size.is_multiple_of(align)
+        || !g.moved_size.is_multiple_of(align)
+    {
+        return Err(meta_err(re::ReencryptMetaError::Layout("data shift not aligned to its blocks")));
+    }
+    let p = g.progress(m, &st).map_err(meta_err)?;
+    let fwd = g.data_size - g.moved_size;
+    if p >= fwd && st.hot.is_some() {
+        return Err(LuksError::Params(
+            "The decryption with data shift was interrupted while it decrypted its last hotzone in place: \
+             finish it with `sealdisk reencrypt --resume-only --header FILE DEVICE` first."
+                .into(),
+        ));
+    }
+    let boundary = if p >= fwd { g.data_size } else { g.moved_size + p };
+    let moved_plain = p == g.total();
+    Ok(Some(DecryptShiftActivation {
+        geometry: g,
+        boundary,
+        moved_plain,
+        old: (c.encryption, c.sector_size),
+    }))
 }
 
 /// `true` for a LUKS2 header mid data-shift encryption (`--reduce-device-size`).

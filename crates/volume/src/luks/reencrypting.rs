@@ -30,7 +30,10 @@ use blockdev::{
 use formats::dm::{CryptOptions, CryptTable};
 use sector_crypto::VolumeKey;
 
-use super::reencrypt::{prepare_activation, shift_activation, ReencryptKeys, ShiftActivation};
+use super::reencrypt::{
+    decrypt_shift_activation, prepare_activation, shift_activation, DecryptShiftActivation, ReencryptKeys,
+    ShiftActivation,
+};
 use super::{Luks, LuksError};
 use crate::{crypt_over, OpenOptions, Storage, VolumeError};
 
@@ -76,6 +79,9 @@ pub fn activate(
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
     if let Some(sa) = shift_activation(luks, storage.size()).map_err(wrap)? {
         return activate_shift(storage, &sa, keys, opts, flags);
+    }
+    if let Some(da) = decrypt_shift_activation(luks, storage.size()).map_err(wrap)? {
+        return activate_decrypt_shift(storage, &da, keys, opts, flags);
     }
     let act = prepare_activation(meta, &*storage.device, luks, keys, opts.read_only).map_err(wrap)?;
     if act.boundary > 0 && act.boundary < act.size {
@@ -178,6 +184,69 @@ fn activate_shift(
     // A backward run: the old side below the boundary.
     let device = ReencryptingDevice::from_layers(old, new, sa.boundary).map_err(VolumeError::Stack)?;
     Ok((Arc::new(device), SegmentTable::Crypt(tn), to))
+}
+
+/// The device of a volume mid data-shift decryption (header moved to a file), as cryptsetup
+/// maps its segments: below the boundary the moved ciphertext at the start of the device
+/// (its first `moved_size` bytes, IVs from 0) and then the plaintext in place; from the
+/// boundary up the ciphertext not reached yet, `shift` bytes up the device (IVs from 0 at
+/// the data's start). Nothing is written: a forward hotzone left in reencryption is still
+/// ciphertext there (its source is intact; the run redoes it from there), so a write into
+/// it lands where the run reads it, as a write to the moved ciphertext does for the last
+/// hotzone.
+fn activate_decrypt_shift(
+    storage: &Storage,
+    da: &DecryptShiftActivation,
+    keys: &ReencryptKeys,
+    opts: &OpenOptions,
+    flags: &CryptOptions,
+) -> Result<(Arc<ReencryptingDevice>, SegmentTable, Vec<SegmentTable>), VolumeError> {
+    let g = &da.geometry;
+    let vk = keys.old.as_ref().ok_or_else(|| VolumeError::Luks {
+        path: storage.name.clone(),
+        source: LuksError::Params("internal: no key for the old segment".into()),
+    })?;
+    log::info!(
+        "{}: decryption with data shift in progress: {} of {} bytes of data decrypted or moved",
+        storage.name,
+        da.boundary,
+        g.data_size
+    );
+    let (cipher, ss) = &da.old;
+    let crypt = |offset: u64, len: u64| CryptTable {
+        len: len / 512,
+        cipher: cipher.clone(),
+        key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
+        iv_offset: 0,
+        device: storage.name.clone(),
+        offset: offset / 512,
+        options: CryptOptions { sector_size: (*ss != 512).then_some(*ss), integrity_aead: None, ..*flags },
+    };
+    let slice = |off: u64, len: u64| {
+        Slice::new(storage.device.clone(), off, len)
+            .map_err(|_| VolumeError::Stack("the data shift segments do not fit the device"))
+    };
+    let new = SegmentTable::Linear { offset: 0, len: g.data_size / 512 };
+    let (shifted, moved) = (crypt(g.shift, g.data_size), crypt(0, g.moved_size));
+    let above = Box::new(crypt_over(storage.device.clone(), &shifted, opts)?);
+    let below: Box<dyn BlockDevice> = if da.moved_plain {
+        Box::new(slice(0, g.data_size)?)
+    } else {
+        let first = Box::new(crypt_over(storage.device.clone(), &moved, opts)?);
+        if g.moved_size < g.data_size {
+            let rest = slice(g.moved_size, g.data_size - g.moved_size)?;
+            Box::new(Joined { first, rest: Box::new(rest), cut: g.moved_size })
+        } else {
+            first
+        }
+    };
+    let mut old = vec![SegmentTable::Crypt(shifted)];
+    if !da.moved_plain {
+        old.insert(0, SegmentTable::Crypt(moved));
+    }
+    // A forward run: the decrypted data below the boundary.
+    let device = ReencryptingDevice::from_layers(below, above, da.boundary).map_err(VolumeError::Stack)?;
+    Ok((Arc::new(device), new, old))
 }
 
 /// Two devices one after the other (`first` is `cut` bytes long): the plaintext side of a
