@@ -1,12 +1,28 @@
 //! Sequential 1M write/read through the object-storage device next to uploading and
 //! downloading the same bytes with OpenDAL directly, and 4k random I/O with a warm cache,
-//! against a local moto server this program starts (BENCHMARKS.md, "Object storage").
+//! against a local S3 server this program starts and stops (BENCHMARKS.md, "Object storage").
 //!
 //! ```text
-//! cargo run --release -p objstore --example s3bench -- [MiB] [object sizes, e.g. 1M,4M,16M] [rounds]
+//! cargo build --profile test -p objstore --example s3bench
+//! target/debug/examples/s3bench [MiB] [object sizes, e.g. 1M,4M,16M] [rounds]
 //! ```
+//!
+//! The server is moto's server mode by default (`moto_server`, PyPI `moto[server]`, what the
+//! tests use): single-process Python, so on a small machine it sets the pace. With
+//! `S3BENCH_SERVER=s3s-fs` the bench runs the Rust `s3s-fs` server instead (objects in files
+//! on the tmpfs `/dev/shm`), found on `PATH`, or at the path `S3BENCH_SERVER` names when it
+//! ends in `s3s-fs`. Install it once with
+//!
+//! ```text
+//! cargo install --locked s3s-fs@0.14.1 --features binary    # 0.15+ need rustc 1.96
+//! ```
+//!
+//! Nothing else (no test, no CI step) uses s3s-fs.
 
-use std::time::Instant;
+use std::future::IntoFuture;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use blockdev::{BlockDevice, WriteFlags};
 use futures::StreamExt;
@@ -15,6 +31,86 @@ use objstore::parse_size;
 use testkit::s3server::{S3Server, ACCESS_KEY, SECRET_KEY};
 
 const CONC: usize = 8;
+
+/// The bench's S3 server, with a bucket `bench`.
+enum Server {
+    Moto(S3Server),
+    /// `s3s-fs` (a child process serving `root`, the objects' directory on tmpfs).
+    S3sFs {
+        child: Child,
+        port: u16,
+        _root: tempfile::TempDir,
+    },
+}
+
+impl Server {
+    /// Starts the server `S3BENCH_SERVER` names (moto when unset).
+    fn start(dir: &Path) -> Server {
+        let which = std::env::var("S3BENCH_SERVER").unwrap_or_default();
+        if which.is_empty() || which == "moto" {
+            let s = S3Server::start(dir).expect("moto_server (pip install 'moto[server]')");
+            s.create_bucket("bench");
+            return Server::Moto(s);
+        }
+        if !which.ends_with("s3s-fs") {
+            panic!("S3BENCH_SERVER={which:?}: expected moto, s3s-fs or a path to an s3s-fs binary");
+        }
+        let root = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("tempdir");
+        // s3s-fs serves each directory under its root as a bucket.
+        std::fs::create_dir(root.path().join("bench")).expect("bucket directory");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let child = Command::new(PathBuf::from(&which))
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(root.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("starting {which}: {e} (cargo install --locked s3s-fs@0.14.1 --features binary)")
+            });
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "{which} did not come up on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server::S3sFs { child, port, _root: root }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Server::Moto(_) => "moto_server",
+            Server::S3sFs { .. } => "s3s-fs (objects on tmpfs)",
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        match self {
+            Server::Moto(s) => s.endpoint(),
+            Server::S3sFs { port, .. } => format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Server::Moto(s) => s.pid(),
+            Server::S3sFs { child, .. } => Some(child.id()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Server::S3sFs { child, .. } = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
 
 /// CPU seconds (user + system, all threads) process `pid` has used: what each side costs,
 /// which wall-clock figures on a loaded machine blur.
@@ -38,8 +134,7 @@ fn main() {
     std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
     std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
     let dir = tempfile::tempdir().expect("tempdir");
-    let s = S3Server::start(dir.path()).expect("moto_server (pip install 'moto[server]')");
-    s.create_bucket("bench");
+    let s = Server::start(dir.path());
     let server = s.pid().map(|p| p.to_string()).unwrap_or_else(|| "self".into());
     // CPU seconds of (server, this process) since `from`.
     let cpu_since = |from: (f64, f64)| (cpu(&server) - from.0, cpu("self") - from.1);
@@ -51,7 +146,10 @@ fn main() {
             .expect("op");
     let total = mib << 20;
     let data: Vec<u8> = (0..total).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    println!("volume {mib} MiB, {CONC} requests in flight, cache 64 MiB (a quarter of the data) for the sequential runs");
+    println!(
+        "server {}, volume {mib} MiB, {CONC} requests in flight, cache 64 MiB (a quarter of the data) for the sequential runs",
+        s.name()
+    );
     println!("{:>8} {:>5} {:>28} {:>10}", "object", "round", "run", "MiB/s");
     let mut n = 0;
     for &osz in &sizes {
@@ -195,6 +293,12 @@ fn main() {
                     dev_read / direct_copy
                 )
             );
+            // The round's objects go (untimed): the server's memory or tmpfs stays small.
+            for prefix in [format!("direct{n}/"), format!("dev{n}/")] {
+                if let Err(e) = rt.block_on(op.delete_with(&prefix).recursive(true).into_future()) {
+                    eprintln!("removing {prefix}: {e} (left on the server)");
+                }
+            }
         }
     }
     // 4k random I/O with a warm cache (the whole volume cached): what the cache costs.
