@@ -17,7 +17,8 @@
 //! cargo install --locked s3s-fs@0.14.1 --features binary    # 0.15+ need rustc 1.96
 //! ```
 //!
-//! Nothing else (no test, no CI step) uses s3s-fs.
+//! Nothing else (no test, no CI step) uses s3s-fs. `S3BENCH_PARAMS=concurrency=4` (any
+//! locator parameters, `&`-separated) is appended to the device's locator in the sequential runs.
 
 use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
@@ -156,6 +157,8 @@ fn main() {
     let op =
         Operator::new(S3::default().bucket("bench").root("/").endpoint(&s.endpoint()).region("us-east-1"))
             .expect("op");
+    // More locator parameters for the device's sequential runs (e.g. `concurrency=4`).
+    let extra = std::env::var("S3BENCH_PARAMS").map(|p| format!("&{p}")).unwrap_or_default();
     let total = mib << 20;
     let data: Vec<u8> = (0..total).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     println!(
@@ -184,7 +187,7 @@ fn main() {
             let direct_up = mibs(total, t.elapsed().as_secs_f64());
             // Through the device: 1M sequential writes, then flush.
             let uri = format!(
-                "s3://bench/dev{n}?endpoint={}&size={total}&object_size={osz}&cache=64M",
+                "s3://bench/dev{n}?endpoint={}&size={total}&object_size={osz}&cache=64M{extra}",
                 s.endpoint()
             );
             let t = Instant::now();
