@@ -194,11 +194,14 @@ impl Prefetch {
     }
 }
 
-/// Read-ahead downloads waiting to start, in order, and how many run.
+/// Read-ahead downloads waiting to start, in order, how many run, and their tasks.
 #[derive(Default)]
 struct AheadQueue {
     waiting: std::collections::VecDeque<(String, Arc<Prefetch>)>,
     running: usize,
+    /// The tasks started (finished ones are pruned at the next start), aborted when the
+    /// device is dropped: the runtime outlives devices.
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 /// The read-ahead pipeline: at most `limit` downloads at once, started in queue order, each
@@ -224,13 +227,24 @@ impl Ahead {
             }
             q.running += 1;
             let me = Arc::clone(self);
-            rt.spawn(async move {
+            let task = rt.spawn(async move {
                 let r = retry(me.timeout, "reading ahead", || p.stream(&me.op, &key)).await;
                 lock(&p.st).done = Some(r);
                 p.cv.notify_all();
                 lock(&me.queue).running -= 1;
                 me.pump(&tokio::runtime::Handle::current());
             });
+            q.tasks.retain(|t| !t.is_finished());
+            q.tasks.push(task.abort_handle());
+        }
+    }
+
+    /// Drops the queued downloads and aborts the running ones (the device is closing).
+    fn stop(&self) {
+        let mut q = lock(&self.queue);
+        q.waiting.clear();
+        for t in q.tasks.drain(..) {
+            t.abort();
         }
     }
 }
@@ -242,7 +256,7 @@ struct Lease {
 
 struct Inner {
     loc: Locator,
-    rt: tokio::runtime::Runtime,
+    rt: &'static tokio::runtime::Runtime,
     op: Operator,
     size: u64,
     object_size: u64,
@@ -318,6 +332,29 @@ pub fn open(locator: &str, o: OpenOptions) -> BlockResult<ObjectDevice> {
     Ok(ObjectDevice { inner, read_only: o.read_only })
 }
 
+/// The two-thread tokio runtime every object-backed device of this process runs its requests
+/// on, started by the first open and kept for the process's life. One per process rather than
+/// per device: its threads' memory stays theirs, so the buffers a download receives into
+/// reuse what earlier downloads freed instead of faulting in fresh pages (a runtime per open
+/// took a page fault for nearly every 4 KiB read; BENCHMARKS.md, object storage, seventh
+/// pass), and several open volumes share two threads.
+fn runtime() -> BlockResult<&'static tokio::runtime::Runtime> {
+    static RT: Mutex<Option<&'static tokio::runtime::Runtime>> = Mutex::new(None);
+    let mut rt = lock(&RT);
+    if let Some(r) = *rt {
+        return Ok(r);
+    }
+    let r = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sealdisk-objstore")
+        .enable_all()
+        .build()
+        .map_err(|e| BlockError::io("starting the object-storage runtime", e))?;
+    let r: &'static tokio::runtime::Runtime = Box::leak(Box::new(r));
+    *rt = Some(r);
+    Ok(r)
+}
+
 fn dal_kind(e: &opendal::Error) -> BlockErrorKind {
     match e.kind() {
         DalKind::PermissionDenied => BlockErrorKind::Io,
@@ -339,16 +376,11 @@ impl Inner {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, opendal::Error>>,
     {
-        run_on(&self.rt, self.timeout, what, f)
+        run_on(self.rt, self.timeout, what, f)
     }
 
     fn open(loc: Locator, create: bool) -> BlockResult<Inner> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sealdisk-objstore")
-            .enable_all()
-            .build()
-            .map_err(|e| BlockError::io("starting the object-storage runtime", e))?;
+        let rt = runtime()?;
         let op = operator(&loc)?;
         let timeout = Duration::from_secs(loc.timeout.unwrap_or(60));
         let shown = loc.display();
@@ -423,7 +455,7 @@ impl Inner {
             None => {
                 // No manifest: only an empty prefix may become a volume.
                 let dir = if loc.prefix.is_empty() { "/".to_owned() } else { format!("{}/", loc.prefix) };
-                let first = run_on(&rt, timeout, "listing the prefix", || async {
+                let first = run_on(rt, timeout, "listing the prefix", || async {
                     let mut l = op.lister_with(&dir).recursive(true).await?;
                     while let Some(e) = l.next().await {
                         let e = e?;
@@ -454,7 +486,7 @@ impl Inner {
                 };
                 let osz = loc.object_size.unwrap_or(crate::DEFAULT_OBJECT_SIZE);
                 let body = manifest_json(size, osz);
-                run_on(&rt, timeout, "creating the manifest", || {
+                run_on(rt, timeout, "creating the manifest", || {
                     op.write_with(&manifest_key, body.clone()).if_not_exists(true).into_future()
                 })
                 .map_err(|e| {
@@ -940,6 +972,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.ahead.stop();
         if !self.latch.is_latched() {
             if let Err(e) = self.flush() {
                 log::error!("{}: write-back at close failed: {e}", self.loc.display());

@@ -6,7 +6,7 @@
 //!        │ read_at / write_at / flush
 //!        ▼
 //!   ObjectDevice ── per-object slots (write-back cache, size limit, LRU)
-//!        │ block_on: a small tokio runtime owned by the device
+//!        │ block_on: a small tokio runtime the process's devices share
 //!        ▼
 //!   OpenDAL Operator ──HTTP──► bucket/prefix/
 //!                                  sealdisk-volume.json   manifest: size, object size
@@ -31,8 +31,9 @@
 //!   manifest, a manifest that does not parse, a data object with a foreign name or the wrong
 //!   size are refused at open.
 //!
-//! Async stays inside this crate: the device owns a two-thread tokio runtime and blocks on
-//! it; callers see only the synchronous [`BlockDevice`] trait.
+//! Async stays inside this crate: the devices of a process share one two-thread tokio runtime
+//! (started by the first open) and block on it; callers see only the synchronous
+//! [`BlockDevice`] trait.
 #![warn(missing_docs)]
 
 mod device;

@@ -142,6 +142,37 @@ fn a_sequential_reader_gets_streamed_objects_byte_exact_and_caches_them_whole() 
 }
 
 #[test]
+fn devices_share_the_runtime_and_one_dropped_mid_read_ahead_leaves_the_other_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = env();
+    let Some(s) = server(dir.path()) else { return };
+    let (a, b) = (fresh(&s, "size=8M&object_size=1M&cache=8M"), fresh(&s, "size=8M&object_size=1M&cache=8M"));
+    for (uri, seed) in [(&a, 3), (&b, 4)] {
+        let d = objstore::open(uri, RW).unwrap();
+        d.write_at(0, &pattern(seed, 0, 8 << 20), WriteFlags::empty()).unwrap();
+        d.flush().unwrap();
+    }
+    let db = objstore::open(&b, RO).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    db.read_at(0, &mut buf).unwrap();
+    // A reads one block (its read-ahead of the next objects starts) and is dropped with those
+    // downloads in flight: they are aborted, B's are not.
+    {
+        let da = objstore::open(&a, RO).unwrap();
+        da.read_at(0, &mut buf).unwrap();
+        assert!(buf == pattern(3, 0, 64 << 10));
+    }
+    let mut all = vec![0u8; 8 << 20];
+    db.read_at(0, &mut all).unwrap();
+    assert!(all == pattern(4, 0, 8 << 20), "B reads on after A was dropped");
+    drop(db);
+    // A device opened after both were dropped runs on the same runtime.
+    let da = objstore::open(&a, RO).unwrap();
+    da.read_at(0, &mut all).unwrap();
+    assert!(all == pattern(3, 0, 8 << 20), "A reopened");
+}
+
+#[test]
 fn zeroed_objects_are_deleted_and_read_back_zero() {
     let dir = tempfile::tempdir().unwrap();
     let _e = env();
