@@ -1056,3 +1056,45 @@ fn detached_data_shift_and_layout_options_get_cryptsetups_results() {
     same(&["--reduce-device-size", "8M", "--luks2-metadata-size", "64k"]);
     same(&["--reduce-device-size", "8M", "--luks2-keyslots-size", "1M"]);
 }
+
+/// `--hotzone-size` at the start of a data-shift decryption (`--decrypt --header NEW` of a
+/// header on the device) sizes the moved first segment, as in cryptsetup 2.6.1: the same
+/// start state, the same bytes at the end; larger than the shift refused.
+#[test]
+fn data_shift_decryption_hotzone_size_as_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let luks = |d: &Disk| {
+        let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", d.pass()];
+        args.extend(FAST_PBKDF2);
+        args.push(d.data());
+        ok(&cs(&args), "luksFormat");
+    };
+    let (ours, theirs) = (Disk::new(40 * MIB), Disk::new(40 * MIB));
+    luks(&ours);
+    std::fs::copy(&ours.data, &theirs.data).unwrap();
+    let a = ["--decrypt", "--hotzone-size", "1M", "--init-only"];
+    ok(&sd(&ours, &a), "sealdisk --decrypt --hotzone-size");
+    ok(&csr(&theirs, &a), "cryptsetup --decrypt --hotzone-size");
+    assert_eq!(layout_lines(&ours), layout_lines(&theirs), "the start states differ");
+    assert!(std::fs::read(&ours.data).unwrap() == std::fs::read(&theirs.data).unwrap(), "the moves differ");
+    ok(&csr(&ours, &["--resume-only"]), "cryptsetup runs sealdisk's");
+    ok(&sd(&theirs, &["--resume-only"]), "sealdisk runs cryptsetup's");
+    assert!(
+        std::fs::read(&ours.data).unwrap()[..24 << 20] == std::fs::read(&theirs.data).unwrap()[..24 << 20],
+        "the decryptions differ"
+    );
+    // Larger than the shift (the 16 MiB header): refused, nothing written, no header file.
+    let (ours, theirs) = (Disk::new(40 * MIB), Disk::new(40 * MIB));
+    luks(&ours);
+    std::fs::copy(&ours.data, &theirs.data).unwrap();
+    let before = std::fs::read(&ours.data).unwrap();
+    let a = ["--decrypt", "--hotzone-size", "17M"];
+    let (o, t) = (sd(&ours, &a), csr(&theirs, &a));
+    assert_eq!(o.status.code(), t.status.code());
+    let msg = "Moved segment size can not be greater than data shift value.";
+    assert!(String::from_utf8_lossy(&o.stderr).contains(msg), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&t.stderr).contains(msg));
+    assert!(std::fs::read(&ours.data).unwrap() == before && !ours.hdr.exists());
+}

@@ -1132,6 +1132,63 @@ fn detached_data_shift_bad_input_is_refused_before_any_write() {
     try_(p, "Data shift value is not aligned to encryption sector size (4096 bytes).");
 }
 
+/// `--hotzone-size` at the start of a data-shift decryption is the moved segment's size
+/// (cryptsetup 2.6.1: `crypt @0 (H)`, then `crypt @S+H iv H/512`), at most the shift.
+#[test]
+fn data_shift_decryption_hotzone_size_is_the_moved_segment() {
+    let mut p = params("checksum");
+    p.layout.hotzone_size = Some(256 << 10);
+    let img = MemDevice::from_vec(ds_image(), 512);
+    let (dev, hdr) = ds_split(&img);
+    let mut l = reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &p).unwrap();
+    let k = 1024;
+    let cr = |o: u64, s: Option<u64>| ("crypt".to_owned(), o * k, s.map(|s| s * k));
+    assert_eq!(regular(&hdr), vec![cr(0, Some(256)), cr(768 + 256, None)]);
+    let m = Luks::load(&hdr, false).unwrap();
+    let seg1 = metadata(&m).segments[&1].clone();
+    assert_eq!(seg1.crypt.unwrap().iv_tweak, 512, "iv tweak of the second segment");
+    assert_eq!(
+        reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap(),
+        RunEnd::Finished
+    );
+    assert!(visible_ds(&img) == plaintext(DS_DATA as usize), "data lost");
+    // Crashes at every flush of that run resume without loss.
+    let probe = CrashDevice::from_vec(ds_image(), 4096);
+    let run = |d: &dyn BlockDevice| -> Result<RunEnd, LuksError> {
+        let (dev, hdr) = ds_split(d);
+        let mut l = reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &p)?;
+        reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true)
+    };
+    run(&probe).unwrap();
+    for n in 1..=probe.flushes() {
+        let d = CrashDevice::from_vec(ds_image(), 4096).crash_at_flush(n);
+        let _ = run(&d);
+        let img = d.crash();
+        let (dev, hdr) = ds_split(&img);
+        if let Ok(mut l) = Luks::load(&hdr, true) {
+            if reencrypt::status(&l).unwrap().is_some() {
+                reencrypt::run(&hdr, &dev, &mut l, &pass(), &opts(), &mut |_, _| true)
+                    .unwrap_or_else(|e| panic!("crash at flush {n}: {e}"));
+                assert!(visible_ds(&img) == plaintext(DS_DATA as usize), "crash at flush {n}: data lost");
+            }
+        }
+    }
+    // Larger than the shift, or not a multiple of the checksum block: refused, unwritten.
+    for (h, msg) in [
+        (DS_SHIFT + 4096, "Moved segment size can not be greater than data shift value."),
+        (6000, "Failed to initialize LUKS2 reencryption in metadata."),
+    ] {
+        let mut p = params("checksum");
+        p.layout.hotzone_size = Some(h);
+        let img = MemDevice::from_vec(ds_image(), 512);
+        let before = img.to_vec();
+        let (dev, hdr) = ds_split(&img);
+        let e = reencrypt::init_decrypt_shift(&hdr, &dev, &pass(), &p).unwrap_err();
+        assert!(e.to_string().contains(msg), "{h}: {e}");
+        assert!(img.to_vec() == before, "{h}: wrote");
+    }
+}
+
 /// A volume stopped mid detached data-shift encryption opens (old plaintext below the
 /// boundary, the new crypt segment above, both in place): reads are the plaintext, writes
 /// on both sides are kept by the rest of the run.

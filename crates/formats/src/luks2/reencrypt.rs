@@ -1029,7 +1029,8 @@ pub struct DecryptShiftGeometry {
     pub shift: u64,
     /// Bytes of data (the device size less the shift).
     pub data_size: u64,
-    /// The moved first segment's size (the shift, or the whole data when shorter).
+    /// The moved first segment's size (at most the shift and the data; cryptsetup's
+    /// `--hotzone-size` at the start).
     pub moved_size: u64,
 }
 
@@ -1074,8 +1075,8 @@ impl DecryptShiftGeometry {
             .checked_sub(shift)
             .filter(|n| *n > 0)
             .ok_or(lay("device too small for its data shift"))?;
-        if moved_size != shift.min(data_size) {
-            return Err(lay("moved segment is not the shift long (or the whole data when shorter)"));
+        if moved_size == 0 || moved_size > shift.min(data_size) {
+            return Err(lay("moved segment longer than the shift (or the data)"));
         }
         Ok(Self { shift, data_size, moved_size })
     }

@@ -883,12 +883,13 @@ fn run_datashift(
 ///    copied to `new_hdr` (already at least that long), flushed;
 /// 2. the magic of both header copies on `dev` is wiped (zeroes), flushed: `dev` is no
 ///    longer LUKS, so two headers never hold the key at once;
-/// 3. the first data segment's ciphertext (`M` bytes from `S`, `M` the shift or the whole
-///    data when it is shorter) is copied to offset 0, flushed;
+/// 3. the first data segment's ciphertext (`M` bytes from `S`: `--hotzone-size`, by
+///    default the shift up to 20 MiB, and the whole data when it is shorter) is copied to
+///    offset 0, flushed;
 /// 4. the new header gets the start state: requirement `online-reencrypt-v3`, reencrypt
 ///    keyslot mode `decrypt`, direction forward, area `datashift-checksum` (the largest
 ///    free gap of the keyslots area, checksums of 4096-byte blocks, `shift_size` S);
-///    segments `crypt @0 (M)` (the moved one), `crypt @2S iv S/512 dynamic` (when the
+///    segments `crypt @0 (M)` (the moved one), `crypt @S+M iv M/512 dynamic` (when the
 ///    data is longer than `S`), backup-moved `crypt @0 (M)`, backup-previous `crypt @S dynamic`, backup-final
 ///    `linear @0 dynamic` (see [`formats::luks2::reencrypt::DecryptShiftGeometry`]).
 ///
@@ -940,8 +941,23 @@ pub fn init_decrypt_shift(
     if size <= shift {
         return Err(LuksError::Params("Device is too small.".into()));
     }
-    // The moved first segment: the shift, or the whole data when it is shorter.
-    let moved_size = shift.min(size - shift);
+    // The moved first segment: --hotzone-size (at most the shift, a multiple of the
+    // checksum block), by default the shift up to 20 MiB; the whole data when shorter.
+    let moved_size = match p.layout.hotzone_size.map(|h| h - h % 512).filter(|h| *h != 0) {
+        Some(h) if h > shift => {
+            return Err(LuksError::Params(
+                "Moved segment size can not be greater than data shift value.\n\
+                 Failed to initialize LUKS2 reencryption in metadata."
+                    .into(),
+            ))
+        }
+        Some(h) => h,
+        None => shift.min(re::DEFAULT_NONE_HOTZONE_LENGTH),
+    }
+    .min(size - shift);
+    if !moved_size.is_multiple_of(4096u64.max(ss)) && moved_size != size - shift {
+        return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+    }
     if !size.is_multiple_of(ss) {
         return Err(LuksError::Params(format!(
             "Data device is not aligned to encryption sector size ({ss} bytes)."
@@ -972,7 +988,10 @@ pub fn init_decrypt_shift(
     m.segments.clear();
     m.segments.insert(0, moved.clone());
     if size - shift > moved_size {
-        m.segments.insert(1, crypt_segment(2 * shift, shift >> 9, None, &c.encryption, c.sector_size, false));
+        m.segments.insert(
+            1,
+            crypt_segment(shift + moved_size, moved_size >> 9, None, &c.encryption, c.sector_size, false),
+        );
     }
     let id = m.segments.len() as u32;
     m.segments.insert(id, backup_of(&moved, re::FLAG_BACKUP_MOVED));
