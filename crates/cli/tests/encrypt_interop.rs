@@ -1098,3 +1098,50 @@ fn data_shift_decryption_hotzone_size_as_cryptsetup() {
     assert!(String::from_utf8_lossy(&t.stderr).contains(msg));
     assert!(std::fs::read(&ours.data).unwrap() == before && !ours.hdr.exists());
 }
+
+/// `open --test-passphrase --key-slot N` mid-reencryption: the exit codes of cryptsetup
+/// 2.6.1 (a keyslot of one of the two keys: 1; a wrong passphrase: 2; the reencrypt or an
+/// empty keyslot: 1; no --key-slot: 0).
+#[test]
+fn test_passphrase_with_key_slot_mid_reencryption_as_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let d = Disk::new(20 * MIB);
+    let other = d._dir.path().join("other");
+    std::fs::write(&other, "battery staple").unwrap();
+    let other = other.to_str().unwrap();
+    let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.push(d.data());
+    ok(&cs(&args), "luksFormat");
+    let mut args = vec!["luksAddKey", "--batch-mode", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.extend([d.data(), other]);
+    ok(&cs(&args), "luksAddKey");
+    let mut args =
+        vec!["reencrypt", "--init-only", "--batch-mode", "--key-slot", "0", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.push(d.data());
+    ok(&cs(&args), "reencrypt --init-only");
+    let both = |slot: Option<&str>, key: &str| {
+        let mut a = vec!["open", "--test-passphrase", "--key-file", key];
+        if let Some(s) = slot {
+            a.extend(["--key-slot", s]);
+        }
+        a.push(d.data());
+        let (o, t) = (sealdisk(&a), cs(&a));
+        assert_eq!(
+            o.status.code(),
+            t.status.code(),
+            "{slot:?} {key}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    both(None, d.pass());
+    both(None, other);
+    for s in ["0", "1", "2", "3", "4"] {
+        both(Some(s), d.pass());
+        both(Some(s), other);
+    }
+}

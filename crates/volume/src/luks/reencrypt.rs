@@ -1267,6 +1267,7 @@ fn unlock_digest(
     meta: &dyn BlockDevice,
     pass: &[u8],
     digest: u32,
+    only: Option<u32>,
     limits: &KdfLimits,
 ) -> Result<(u32, VolumeKey), LuksError> {
     let h = &s.header;
@@ -1279,6 +1280,7 @@ fn unlock_digest(
                 .iter()
                 .copied()
                 .filter(|k| h.metadata.keyslots.get(k).is_some_and(|ks| ks.is_luks2()))
+                .filter(|k| only.is_none_or(|n| n == *k))
                 .collect()
         })
         .unwrap_or_default();
@@ -1443,6 +1445,22 @@ pub fn unlock_keys(
     passphrase: &Passphrase,
     limits: &KdfLimits,
 ) -> Result<ReencryptKeys, LuksError> {
+    unlock_keys_with(meta, luks, passphrase, None, limits)
+}
+
+/// [`unlock_keys`] with `--key-slot`: with `Some(n)` only keyslot `n` is tried, as in
+/// cryptsetup, so it must open every key the reencryption needs. A keyslot of only the
+/// old (or only the new) key of a reencryption is refused once the passphrase has opened
+/// it, with cryptsetup's (debug) words and its exit code 1; a wrong passphrase for it is
+/// [`LuksError::WrongPassphrase`]; a keyslot that holds neither key (empty, the reencrypt
+/// keyslot, an unbound one) is "No usable keyslot is available."
+pub fn unlock_keys_with(
+    meta: &dyn BlockDevice,
+    luks: &Luks,
+    passphrase: &Passphrase,
+    only: Option<u32>,
+    limits: &KdfLimits,
+) -> Result<ReencryptKeys, LuksError> {
     let Some(st) = status(luks)? else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
@@ -1452,10 +1470,29 @@ pub fn unlock_keys(
     };
     let pass = passphrase.as_bytes();
     let (d_old, d_new) = (st.digest_old, st.digest_new);
+    if let Some(n) = only {
+        let m = &s.header.metadata;
+        let d = m
+            .keyslot_digest(n)
+            .filter(|_| m.keyslots.get(&n).is_some_and(|ks| ks.is_luks2()))
+            .filter(|d| Some(*d) == d_old || Some(*d) == d_new)
+            .ok_or_else(|| LuksError::Params("No usable keyslot is available.".into()))?;
+        let needed = [d_new, d_old.filter(|_| !teardown_state(&st, m))];
+        if let Some(missing) = needed.into_iter().flatten().find(|x| *x != d) {
+            luks2::check_slot_costs(&s.header, n, limits)?;
+            return match luks2::try_slot(&s.header, meta, n, pass)? {
+                None => Err(LuksError::WrongPassphrase),
+                Some(_) => Err(LuksError::Params(format!(
+                    "Key (digest id {missing}) required but not unlocked: keyslot {n} opens only one of the \
+                     two volume keys of the reencryption in progress."
+                ))),
+            };
+        }
+    }
     let mut keyslot = None;
     let vk_new = match d_new {
         Some(d) => {
-            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            let (k, vk) = unlock_digest(s, meta, pass, d, only, limits)?;
             keyslot = Some(k);
             Some(vk)
         }
@@ -1469,7 +1506,7 @@ pub fn unlock_keys(
     let vk_old = match d_old {
         Some(_) if d_old == d_new => vk_new.clone(),
         Some(d) => {
-            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            let (k, vk) = unlock_digest(s, meta, pass, d, only, limits)?;
             keyslot.get_or_insert(k);
             Some(vk)
         }
