@@ -910,6 +910,12 @@ fn detached_data_shift_encryption_in_one_tool_runs_in_the_other() {
             assert_eq!(layout_lines(&d), layout_lines(&theirs), "the finished headers differ");
         }
     }
+    // An existing header file longer than R is kept as long (cryptsetup keeps it too).
+    let d = Disk::new(30 * MIB);
+    std::fs::write(&d.hdr, vec![0u8; 12 << 20]).unwrap();
+    ok(&sd(&d, &args), "sealdisk --encrypt into an existing header file");
+    assert_eq!(std::fs::metadata(&d.hdr).unwrap().len(), 12 * MIB, "header file length");
+    d.assert_encrypted();
     // --init-only in one tool, the run in the other; the start states the same.
     let d = Disk::new(30 * MIB);
     ok(&sd(&d, &[&args[..], &["--init-only"]].concat()), "sealdisk --init-only");
@@ -1074,7 +1080,17 @@ fn data_shift_decryption_hotzone_size_as_cryptsetup() {
     let (ours, theirs) = (Disk::new(40 * MIB), Disk::new(40 * MIB));
     luks(&ours);
     std::fs::copy(&ours.data, &theirs.data).unwrap();
-    let a = ["--decrypt", "--hotzone-size", "1M", "--init-only"];
+    // (--reduce-device-size and the layout options are ignored by cryptsetup here.)
+    let a = [
+        "--decrypt",
+        "--hotzone-size",
+        "1M",
+        "--init-only",
+        "--reduce-device-size",
+        "8M",
+        "--offset",
+        "8192",
+    ];
     ok(&sd(&ours, &a), "sealdisk --decrypt --hotzone-size");
     ok(&csr(&theirs, &a), "cryptsetup --decrypt --hotzone-size");
     assert_eq!(layout_lines(&ours), layout_lines(&theirs), "the start states differ");

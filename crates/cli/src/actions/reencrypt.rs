@@ -158,6 +158,10 @@ pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
         if a.encrypt && !a.decrypt && a.header.is_some() {
             // A detached header with a data shift: the encryption below, in place
             // (`encrypt`), or the resume of the one in progress.
+        } else if a.decrypt && !a.encrypt {
+            // cryptsetup 2.6.1 ignores it when decrypting (its data shift decryption takes
+            // the shift from the data offset).
+            a.reduce_device_size = None;
         } else if a.encrypt && !a.decrypt && a.header.is_none() {
             // An encryption with data shift already under way resumes; a device that is
             // LUKS otherwise is refused; a plaintext one is encrypted in place.
