@@ -1044,10 +1044,15 @@ fn detached_data_shift_and_layout_options_get_cryptsetups_results() {
         let (o, t) = (sd(&ours, &a), csr(&theirs, &a));
         ok(&o, &format!("sealdisk {extra:?}"));
         ok(&t, &format!("cryptsetup {extra:?}"));
-        let warn =
-            |s: &[u8]| String::from_utf8_lossy(s).lines().any(|l| l.contains("keyslots area size changed"));
-        // cryptsetup prints it on stdout (log_std).
-        assert_eq!(warn(&o.stdout), warn(&t.stdout), "{extra:?}: warning");
+        // cryptsetup prints its warnings on stdout (log_std).
+        let warn = |s: &[u8]| {
+            String::from_utf8_lossy(s)
+                .lines()
+                .filter(|l| l.starts_with("WARNING"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(warn(&o.stdout), warn(&t.stdout), "{extra:?}: warnings");
         assert_eq!(layout_lines(&ours), layout_lines(&theirs), "{extra:?}");
         let len = |d: &Disk| std::fs::metadata(&d.hdr).unwrap().len();
         assert_eq!(len(&ours), len(&theirs), "{extra:?}: header file length");
@@ -1159,5 +1164,55 @@ fn test_passphrase_with_key_slot_mid_reencryption_as_cryptsetup() {
     for s in ["0", "1", "2", "3", "4"] {
         both(Some(s), d.pass());
         both(Some(s), other);
+    }
+}
+
+/// `--offset`, `--luks2-metadata-size` and `--luks2-keyslots-size` on the encryption with
+/// data shift and the header on the device: cryptsetup 2.6.1's headers, messages (stdout)
+/// and refusals; cryptsetup runs sealdisk's start state to the end.
+#[test]
+fn data_shift_layout_options_as_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let lines = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("WARNING") || l.starts_with("Adjusting"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for (extra, reduce) in [
+        (&["--offset", "4096"][..], 4 * MIB),
+        (&["--offset", "8192"][..], 8 * MIB),
+        (&["--luks2-metadata-size", "64k"][..], 8 * MIB),
+        (&["--luks2-keyslots-size", "1M"][..], 8 * MIB),
+        (&["--luks2-keyslots-size", "4M"][..], 8 * MIB),
+        (&["--luks2-metadata-size", "64k", "--luks2-keyslots-size", "4M"][..], 8 * MIB),
+    ] {
+        let (ours, theirs) = (shift_disk(30 * MIB), shift_disk(30 * MIB));
+        let a = [&["--encrypt", "--init-only", "--reduce-device-size", "8M"][..], extra].concat();
+        let (o, t) = (sd_shift(&ours, &a), cs(&cs_shift_args(&theirs, &a)));
+        ok(&o, &format!("sealdisk {extra:?}"));
+        ok(&t, &format!("cryptsetup {extra:?}"));
+        assert_eq!(lines(&o), lines(&t), "{extra:?}: messages");
+        assert_eq!(layout_lines(&ours), layout_lines(&theirs), "{extra:?}");
+        ok(&cs(&cs_shift_args(&ours, &["--resume-only"])), "cryptsetup runs sealdisk's");
+        assert_shift_encrypted(&ours, reduce);
+    }
+    for (extra, msg) in [
+        (
+            &["--offset", "16384"][..],
+            "Requested data offset must be less than or equal to half of --reduce-device-size parameter.",
+        ),
+        (&["--luks2-metadata-size", "3k"][..], "Unsupported LUKS2 metadata size options."),
+    ] {
+        let (ours, theirs) = (shift_disk(30 * MIB), shift_disk(30 * MIB));
+        let a = [&["--encrypt", "--reduce-device-size", "8M"][..], extra].concat();
+        let (o, t) = (sd_shift(&ours, &a), cs(&cs_shift_args(&theirs, &a)));
+        assert_eq!(o.status.code(), t.status.code(), "{extra:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(msg), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&t.stderr).contains(msg));
+        assert!(std::fs::read(&ours.data).unwrap() == plaintext(ours.len(), 0), "{extra:?}: wrote");
     }
 }
