@@ -1216,3 +1216,60 @@ fn data_shift_layout_options_as_cryptsetup() {
         assert!(std::fs::read(&ours.data).unwrap() == plaintext(ours.len(), 0), "{extra:?}: wrote");
     }
 }
+
+/// cryptsetup's own detached data-shift encryption killed (SIGKILL, strace fault
+/// injection) at each of its fsync/fdatasync calls, then handed to sealdisk: before its
+/// start state the data is untouched; between hotzones sealdisk finishes the run; with a
+/// hotzone in flight (no copy of it anywhere) sealdisk refuses and writes nothing.
+#[test]
+fn cryptsetup_detached_data_shift_killed_at_every_sync_then_sealdisk() {
+    if !cryptsetup() || !have("strace") {
+        eprintln!("SKIPPED: needs cryptsetup and strace");
+        return;
+    }
+    let args = ["--encrypt", "--reduce-device-size", "8M"];
+    let (mut resumed, mut refused) = (0, 0);
+    for call in ["fsync", "fdatasync"] {
+        for n in 1.. {
+            let d = Disk::new(30 * MIB);
+            let mut c = Command::new("strace");
+            c.args(["-f", "-o", "/dev/null", "-e", &format!("trace={call}")])
+                .arg("-e")
+                .arg(format!("inject={call}:signal=KILL:when={n}"))
+                .arg("cryptsetup")
+                .args(cs_args(&d, &args))
+                .current_dir(std::env::temp_dir())
+                .stdin(Stdio::null());
+            let out = c.output().unwrap();
+            if out.status.success() {
+                d.assert_encrypted();
+                break;
+            }
+            let luks = d.hdr.exists() && cs(&["isLuks", d.hdr()]).status.success();
+            match luks.then(|| d.in_progress()).flatten() {
+                // Killed before its start state (a fresh header, perhaps claiming ciphertext:
+                // cryptsetup's start is not atomic) the data is untouched; after its end
+                // it is encrypted.
+                None => {
+                    if std::fs::read(&d.data).unwrap() != plaintext(d.len(), 0) {
+                        d.assert_encrypted();
+                    }
+                }
+                Some(true) => {
+                    let (h, data) = (std::fs::read(&d.hdr).unwrap(), std::fs::read(&d.data).unwrap());
+                    let o = sd(&d, &["--resume-only"]);
+                    assert!(!o.status.success(), "{call} {n}: resumed a hotzone cryptsetup left in flight");
+                    assert!(std::fs::read(&d.hdr).unwrap() == h && std::fs::read(&d.data).unwrap() == data);
+                    refused += 1;
+                }
+                Some(false) => {
+                    ok(&sd(&d, &["--resume-only"]), &format!("sealdisk resumes after {call} {n}"));
+                    d.assert_encrypted();
+                    resumed += 1;
+                }
+            }
+        }
+    }
+    eprintln!("cryptsetup killed at every sync: {resumed} resumed, {refused} refused (hotzone in flight)");
+    assert!(resumed >= 3 && refused >= 3, "{resumed} resumed, {refused} refused");
+}
