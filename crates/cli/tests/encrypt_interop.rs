@@ -96,10 +96,15 @@ impl Disk {
             SectorParams { sector_size: ss, iv_offset: 0, iv_large_sectors: false },
         )
         .unwrap();
+        // The data from the segment's offset (`--offset`); what is below it untouched.
+        let off: usize = field("offset").split_whitespace().next().unwrap().parse().unwrap();
         let mut data = std::fs::read(&self.data).unwrap();
-        assert!(data != plaintext(data.len(), 0), "the data is not encrypted");
-        c.decrypt(0, &mut data).unwrap();
-        assert!(data == plaintext(data.len(), 0), "encryption lost data");
+        let want = plaintext(data.len(), 0);
+        assert!(data[..off] == want[..off], "the data below the offset changed");
+        let data = &mut data[off..];
+        assert!(data != &want[off..], "the data is not encrypted");
+        c.decrypt(0, data).unwrap();
+        assert!(data == &want[off..], "encryption lost data");
     }
 }
 
@@ -954,4 +959,414 @@ fn data_shift_decryption_bad_input_gets_cryptsetup_errors() {
     both(&["--resilience", "none"], true, None, "Requested --resilience option cannot be applied");
     both(&["--resilience", "journal"], true, None, "Moved segment too large. Requested size 16777216");
     both(&["--resume-only"], true, None, "Device reencryption not in progress.");
+}
+
+// Encryption with data shift and a detached header (cryptsetup 2.6.1 `reencrypt --encrypt
+// --header FILE --reduce-device-size R`): the data is encrypted in place at offset 0 in
+// R-long hotzones; the header file is R long (keyslots area R less 32 KiB).
+
+/// The segment, metadata and keyslot lines of a luksDump (what both tools must agree on).
+fn layout_lines(d: &Disk) -> Vec<String> {
+    d.dump()
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            [
+                "Metadata area",
+                "Keyslots area",
+                "offset:",
+                "length:",
+                "Area offset",
+                "Area length",
+                "cipher:",
+                "sector:",
+            ]
+            .iter()
+            .any(|k| t.starts_with(k))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn detached_data_shift_encryption_in_one_tool_runs_in_the_other() {
+    if !cryptsetup() {
+        return;
+    }
+    let args = ["--encrypt", "--reduce-device-size", "8M"];
+    // Whole runs: data a multiple of the shift, not one, and between one and two shifts
+    // (cryptsetup 2.6.1 itself stops with "Failed to update reencryption context." there).
+    for size in [32 * MIB, 30 * MIB, 12 * MIB] {
+        let d = Disk::new(size);
+        ok(&sd(&d, &args), "sealdisk --encrypt --header --reduce-device-size");
+        assert_eq!(std::fs::metadata(&d.hdr).unwrap().len(), 8 * MIB, "header file length");
+        d.assert_encrypted();
+        if size != 12 * MIB {
+            let theirs = Disk::new(size);
+            ok(&csr(&theirs, &args), "cryptsetup --encrypt --header --reduce-device-size");
+            assert_eq!(layout_lines(&d), layout_lines(&theirs), "the finished headers differ");
+        }
+    }
+    // An existing header file longer than R is kept as long (cryptsetup keeps it too).
+    let d = Disk::new(30 * MIB);
+    std::fs::write(&d.hdr, vec![0u8; 12 << 20]).unwrap();
+    ok(&sd(&d, &args), "sealdisk --encrypt into an existing header file");
+    assert_eq!(std::fs::metadata(&d.hdr).unwrap().len(), 12 * MIB, "header file length");
+    d.assert_encrypted();
+    // --init-only in one tool, the run in the other; the start states the same.
+    let d = Disk::new(30 * MIB);
+    ok(&sd(&d, &[&args[..], &["--init-only"]].concat()), "sealdisk --init-only");
+    let theirs = Disk::new(30 * MIB);
+    ok(&csr(&theirs, &[&args[..], &["--init-only"]].concat()), "cryptsetup --init-only");
+    assert_eq!(layout_lines(&d), layout_lines(&theirs), "the start states differ");
+    assert!(std::fs::read(&d.data).unwrap() == plaintext(d.len(), 0), "--init-only wrote data");
+    ok(&csr(&d, &["--resume-only"]), "cryptsetup resumes sealdisk's");
+    d.assert_encrypted();
+    ok(&sd(&theirs, &["--resume-only"]), "sealdisk resumes cryptsetup's");
+    theirs.assert_encrypted();
+}
+
+#[test]
+fn detached_data_shift_encryption_killed_mid_run() {
+    if !cryptsetup() {
+        return;
+    }
+    let size = 128 * MIB;
+    // cryptsetup killed: between hotzones sealdisk finishes the run; with a hotzone in
+    // flight (cryptsetup's datashift keeps no copy of it, and its own repair would copy
+    // the data below over it) sealdisk refuses without writing.
+    let (d, hot) = killed_mid_run(
+        || Disk::new(size),
+        |d| {
+            let mut c = cs_command();
+            c.args(cs_args(d, &["--encrypt", "--reduce-device-size", "8M"]));
+            c
+        },
+    )
+    .expect("cryptsetup was never caught mid-run");
+    if hot {
+        let (h, data) = (std::fs::read(&d.hdr).unwrap(), std::fs::read(&d.data).unwrap());
+        let out = sd(&d, &["--resume-only"]);
+        assert!(!out.status.success(), "resumed a hotzone with no copy");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("Cannot recover the interrupted hotzone"), "{err}");
+        assert!(std::fs::read(&d.hdr).unwrap() == h && std::fs::read(&d.data).unwrap() == data, "wrote");
+    } else {
+        ok(&sd(&d, &["--resume-only"]), "sealdisk resumes cryptsetup's killed run");
+        d.assert_encrypted();
+    }
+    // sealdisk killed: it resumes without loss, a hotzone in flight included (its own
+    // checksums of the hotzone). cryptsetup 2.6.1 cannot resume such a run at all (its
+    // own either: "Device ... is too small." once a hotzone is done): it refuses unwritten.
+    for _ in 0..2 {
+        let (d, hot) = killed_mid_run(
+            || Disk::new(size),
+            |d| {
+                let mut c = Command::new(bin());
+                c.args(["reencrypt", "--encrypt", "--reduce-device-size", "8M", "--header", d.hdr()])
+                    .args(["--key-file", d.pass()])
+                    .args(FAST_PBKDF2)
+                    .arg(d.data());
+                c
+            },
+        )
+        .expect("sealdisk was never caught mid-run");
+        eprintln!("sealdisk killed mid-run, hotzone in flight: {hot}");
+        let (h, data) = (std::fs::read(&d.hdr).unwrap(), std::fs::read(&d.data).unwrap());
+        let out = csr(&d, &["--resume-only"]);
+        if !out.status.success() {
+            assert!(std::fs::read(&d.hdr).unwrap() == h && std::fs::read(&d.data).unwrap() == data);
+            ok(&sd(&d, &["--resume-only"]), "sealdisk resumes its killed run");
+        }
+        d.assert_encrypted();
+    }
+}
+
+#[test]
+fn detached_data_shift_and_layout_options_get_cryptsetups_results() {
+    if !cryptsetup() {
+        return;
+    }
+    // Refusals: the same words and exit code, no data written, no header file left by
+    // sealdisk (cryptsetup leaves its half-made one for some).
+    let refused = |extra: &[&str], msg: &str| {
+        let (ours, theirs) = (Disk::new(30 * MIB), Disk::new(30 * MIB));
+        let a = [&["--encrypt", "--init-only"][..], extra].concat();
+        let (o, t) = (sd(&ours, &a), csr(&theirs, &a));
+        assert_eq!(o.status.code(), t.status.code(), "{extra:?}: exit code");
+        let (oe, te) = (String::from_utf8_lossy(&o.stderr), String::from_utf8_lossy(&t.stderr));
+        assert!(oe.contains(msg), "{extra:?}: sealdisk said {oe}");
+        assert!(te.contains(msg), "{extra:?}: cryptsetup said {te}");
+        assert!(std::fs::read(&ours.data).unwrap() == plaintext(ours.len(), 0), "{extra:?}: wrote data");
+        assert!(!ours.hdr.exists(), "{extra:?}: sealdisk left a header file");
+    };
+    refused(&["--reduce-device-size", "2G"], "Maximum device reduce size is 1 GiB.");
+    refused(&["--reduce-device-size", "31M"], "Failed to initialize LUKS2 reencryption in metadata.");
+    refused(&["--reduce-device-size", "4196864"], "Unsupported LUKS2 metadata size options.");
+    refused(
+        &["--reduce-device-size", "8M", "--luks2-keyslots-size", "8M"],
+        "LUKS2 metadata size is larger than data shift value.",
+    );
+    refused(
+        &["--reduce-device-size", "8M", "--luks2-metadata-size", "3k"],
+        "Unsupported LUKS2 metadata size options.",
+    );
+    refused(&["--reduce-device-size", "64k"], "No space for new keyslot.");
+    // A header file that is already LUKS.
+    let d = Disk::new(30 * MIB);
+    ok(&csr(&d, &["--encrypt", "--init-only"]), "cryptsetup --encrypt");
+    ok(&csr(&d, &["--encrypt", "--resume-only"]), "cryptsetup --encrypt (run)");
+    let other = Disk::new(8 * MIB);
+    let hdr_before = std::fs::read(&d.hdr).unwrap();
+    let tail = ["--encrypt", "--reduce-device-size", "8M", "--header", d.hdr(), "--key-file", other.pass()];
+    let o = sealdisk(&[&["reencrypt"][..], &tail, &[other.data()]].concat());
+    let t =
+        cs(&[&["reencrypt", "--batch-mode", "--force-offline-reencrypt"][..], &tail, &[other.data()]]
+            .concat());
+    assert_eq!(o.status.code(), t.status.code());
+    let want = format!("Device {} is already LUKS device. Aborting operation.", d.hdr());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&want), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&t.stderr).contains(&want));
+    assert!(std::fs::read(&d.hdr).unwrap() == hdr_before, "the LUKS header file was changed");
+    assert!(std::fs::read(&other.data).unwrap() == plaintext(other.len(), 0));
+    // The layout options, on the detached encryption with and without a data shift, and on
+    // the header-on-device data shift: the same headers as cryptsetup's (luksDump lines
+    // of the areas, segments and keyslots; the header file's length).
+    let same = |extra: &[&str]| {
+        let (ours, theirs) = (Disk::new(30 * MIB), Disk::new(30 * MIB));
+        // An existing, shorter header file is grown; a longer one kept.
+        std::fs::write(&ours.hdr, vec![0u8; 4096]).unwrap();
+        std::fs::write(&theirs.hdr, vec![0u8; 4096]).unwrap();
+        let a = [&["--encrypt", "--init-only"][..], extra].concat();
+        let (o, t) = (sd(&ours, &a), csr(&theirs, &a));
+        ok(&o, &format!("sealdisk {extra:?}"));
+        ok(&t, &format!("cryptsetup {extra:?}"));
+        // cryptsetup prints its warnings on stdout (log_std).
+        let warn = |s: &[u8]| {
+            String::from_utf8_lossy(s)
+                .lines()
+                .filter(|l| l.starts_with("WARNING"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(warn(&o.stdout), warn(&t.stdout), "{extra:?}: warnings");
+        assert_eq!(layout_lines(&ours), layout_lines(&theirs), "{extra:?}");
+        let len = |d: &Disk| std::fs::metadata(&d.hdr).unwrap().len();
+        assert_eq!(len(&ours), len(&theirs), "{extra:?}: header file length");
+        ok(&csr(&ours, &["--resume-only"]), "cryptsetup runs sealdisk's");
+        ours.assert_encrypted();
+    };
+    same(&["--offset", "2048"]);
+    same(&["--luks2-metadata-size", "64k"]);
+    same(&["--luks2-keyslots-size", "1M"]);
+    same(&["--luks2-metadata-size", "64k", "--luks2-keyslots-size", "1M", "--offset", "4096"]);
+    same(&["--reduce-device-size", "8M", "--offset", "2048"]);
+    same(&["--reduce-device-size", "8M", "--luks2-metadata-size", "64k"]);
+    same(&["--reduce-device-size", "8M", "--luks2-keyslots-size", "1M"]);
+}
+
+/// `--hotzone-size` at the start of a data-shift decryption (`--decrypt --header NEW` of a
+/// header on the device) sizes the moved first segment, as in cryptsetup 2.6.1: the same
+/// start state, the same bytes at the end; larger than the shift refused.
+#[test]
+fn data_shift_decryption_hotzone_size_as_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let luks = |d: &Disk| {
+        let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", d.pass()];
+        args.extend(FAST_PBKDF2);
+        args.push(d.data());
+        ok(&cs(&args), "luksFormat");
+    };
+    let (ours, theirs) = (Disk::new(40 * MIB), Disk::new(40 * MIB));
+    luks(&ours);
+    std::fs::copy(&ours.data, &theirs.data).unwrap();
+    // (--reduce-device-size and the layout options are ignored by cryptsetup here.)
+    let a = [
+        "--decrypt",
+        "--hotzone-size",
+        "1M",
+        "--init-only",
+        "--reduce-device-size",
+        "8M",
+        "--offset",
+        "8192",
+    ];
+    ok(&sd(&ours, &a), "sealdisk --decrypt --hotzone-size");
+    ok(&csr(&theirs, &a), "cryptsetup --decrypt --hotzone-size");
+    assert_eq!(layout_lines(&ours), layout_lines(&theirs), "the start states differ");
+    assert!(std::fs::read(&ours.data).unwrap() == std::fs::read(&theirs.data).unwrap(), "the moves differ");
+    ok(&csr(&ours, &["--resume-only"]), "cryptsetup runs sealdisk's");
+    ok(&sd(&theirs, &["--resume-only"]), "sealdisk runs cryptsetup's");
+    assert!(
+        std::fs::read(&ours.data).unwrap()[..24 << 20] == std::fs::read(&theirs.data).unwrap()[..24 << 20],
+        "the decryptions differ"
+    );
+    // Larger than the shift (the 16 MiB header): refused, nothing written, no header file.
+    let (ours, theirs) = (Disk::new(40 * MIB), Disk::new(40 * MIB));
+    luks(&ours);
+    std::fs::copy(&ours.data, &theirs.data).unwrap();
+    let before = std::fs::read(&ours.data).unwrap();
+    let a = ["--decrypt", "--hotzone-size", "17M"];
+    let (o, t) = (sd(&ours, &a), csr(&theirs, &a));
+    assert_eq!(o.status.code(), t.status.code());
+    let msg = "Moved segment size can not be greater than data shift value.";
+    assert!(String::from_utf8_lossy(&o.stderr).contains(msg), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&t.stderr).contains(msg));
+    assert!(std::fs::read(&ours.data).unwrap() == before && !ours.hdr.exists());
+}
+
+/// `open --test-passphrase --key-slot N` mid-reencryption: the exit codes of cryptsetup
+/// 2.6.1 (a keyslot of one of the two keys: 1; a wrong passphrase: 2; the reencrypt or an
+/// empty keyslot: 1; no --key-slot: 0).
+#[test]
+fn test_passphrase_with_key_slot_mid_reencryption_as_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let d = Disk::new(20 * MIB);
+    let other = d._dir.path().join("other");
+    std::fs::write(&other, "battery staple").unwrap();
+    let other = other.to_str().unwrap();
+    let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.push(d.data());
+    ok(&cs(&args), "luksFormat");
+    let mut args = vec!["luksAddKey", "--batch-mode", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.extend([d.data(), other]);
+    ok(&cs(&args), "luksAddKey");
+    let mut args =
+        vec!["reencrypt", "--init-only", "--batch-mode", "--key-slot", "0", "--key-file", d.pass()];
+    args.extend(FAST_PBKDF2);
+    args.push(d.data());
+    ok(&cs(&args), "reencrypt --init-only");
+    let both = |slot: Option<&str>, key: &str| {
+        let mut a = vec!["open", "--test-passphrase", "--key-file", key];
+        if let Some(s) = slot {
+            a.extend(["--key-slot", s]);
+        }
+        a.push(d.data());
+        let (o, t) = (sealdisk(&a), cs(&a));
+        assert_eq!(
+            o.status.code(),
+            t.status.code(),
+            "{slot:?} {key}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    both(None, d.pass());
+    both(None, other);
+    for s in ["0", "1", "2", "3", "4"] {
+        both(Some(s), d.pass());
+        both(Some(s), other);
+    }
+}
+
+/// `--offset`, `--luks2-metadata-size` and `--luks2-keyslots-size` on the encryption with
+/// data shift and the header on the device: cryptsetup 2.6.1's headers, messages (stdout)
+/// and refusals; cryptsetup runs sealdisk's start state to the end.
+#[test]
+fn data_shift_layout_options_as_cryptsetup() {
+    if !cryptsetup() {
+        return;
+    }
+    let lines = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("WARNING") || l.starts_with("Adjusting"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for (extra, reduce) in [
+        (&["--offset", "4096"][..], 4 * MIB),
+        (&["--offset", "8192"][..], 8 * MIB),
+        (&["--luks2-metadata-size", "64k"][..], 8 * MIB),
+        (&["--luks2-keyslots-size", "1M"][..], 8 * MIB),
+        (&["--luks2-keyslots-size", "4M"][..], 8 * MIB),
+        (&["--luks2-metadata-size", "64k", "--luks2-keyslots-size", "4M"][..], 8 * MIB),
+    ] {
+        let (ours, theirs) = (shift_disk(30 * MIB), shift_disk(30 * MIB));
+        let a = [&["--encrypt", "--init-only", "--reduce-device-size", "8M"][..], extra].concat();
+        let (o, t) = (sd_shift(&ours, &a), cs(&cs_shift_args(&theirs, &a)));
+        ok(&o, &format!("sealdisk {extra:?}"));
+        ok(&t, &format!("cryptsetup {extra:?}"));
+        assert_eq!(lines(&o), lines(&t), "{extra:?}: messages");
+        assert_eq!(layout_lines(&ours), layout_lines(&theirs), "{extra:?}");
+        ok(&cs(&cs_shift_args(&ours, &["--resume-only"])), "cryptsetup runs sealdisk's");
+        assert_shift_encrypted(&ours, reduce);
+    }
+    for (extra, msg) in [
+        (
+            &["--offset", "16384"][..],
+            "Requested data offset must be less than or equal to half of --reduce-device-size parameter.",
+        ),
+        (&["--luks2-metadata-size", "3k"][..], "Unsupported LUKS2 metadata size options."),
+    ] {
+        let (ours, theirs) = (shift_disk(30 * MIB), shift_disk(30 * MIB));
+        let a = [&["--encrypt", "--reduce-device-size", "8M"][..], extra].concat();
+        let (o, t) = (sd_shift(&ours, &a), cs(&cs_shift_args(&theirs, &a)));
+        assert_eq!(o.status.code(), t.status.code(), "{extra:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(msg), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&t.stderr).contains(msg));
+        assert!(std::fs::read(&ours.data).unwrap() == plaintext(ours.len(), 0), "{extra:?}: wrote");
+    }
+}
+
+/// cryptsetup's own detached data-shift encryption killed (SIGKILL, strace fault
+/// injection) at each of its fsync/fdatasync calls, then handed to sealdisk: before its
+/// start state the data is untouched; between hotzones sealdisk finishes the run; with a
+/// hotzone in flight (no copy of it anywhere) sealdisk refuses and writes nothing.
+#[test]
+fn cryptsetup_detached_data_shift_killed_at_every_sync_then_sealdisk() {
+    if !cryptsetup() || !have("strace") {
+        eprintln!("SKIPPED: needs cryptsetup and strace");
+        return;
+    }
+    let args = ["--encrypt", "--reduce-device-size", "8M"];
+    let (mut resumed, mut refused) = (0, 0);
+    for call in ["fsync", "fdatasync"] {
+        for n in 1.. {
+            let d = Disk::new(30 * MIB);
+            let mut c = Command::new("strace");
+            c.args(["-f", "-o", "/dev/null", "-e", &format!("trace={call}")])
+                .arg("-e")
+                .arg(format!("inject={call}:signal=KILL:when={n}"))
+                .arg("cryptsetup")
+                .args(cs_args(&d, &args))
+                .current_dir(std::env::temp_dir())
+                .stdin(Stdio::null());
+            let out = c.output().unwrap();
+            if out.status.success() {
+                d.assert_encrypted();
+                break;
+            }
+            let luks = d.hdr.exists() && cs(&["isLuks", d.hdr()]).status.success();
+            match luks.then(|| d.in_progress()).flatten() {
+                // Killed before its start state (a fresh header, perhaps claiming ciphertext:
+                // cryptsetup's start is not atomic) the data is untouched; after its end
+                // it is encrypted.
+                None => {
+                    if std::fs::read(&d.data).unwrap() != plaintext(d.len(), 0) {
+                        d.assert_encrypted();
+                    }
+                }
+                Some(true) => {
+                    let (h, data) = (std::fs::read(&d.hdr).unwrap(), std::fs::read(&d.data).unwrap());
+                    let o = sd(&d, &["--resume-only"]);
+                    assert!(!o.status.success(), "{call} {n}: resumed a hotzone cryptsetup left in flight");
+                    assert!(std::fs::read(&d.hdr).unwrap() == h && std::fs::read(&d.data).unwrap() == data);
+                    refused += 1;
+                }
+                Some(false) => {
+                    ok(&sd(&d, &["--resume-only"]), &format!("sealdisk resumes after {call} {n}"));
+                    d.assert_encrypted();
+                    resumed += 1;
+                }
+            }
+        }
+    }
+    eprintln!("cryptsetup killed at every sync: {resumed} resumed, {refused} refused (hotzone in flight)");
+    assert!(resumed >= 3 && refused >= 3, "{resumed} resumed, {refused} refused");
 }

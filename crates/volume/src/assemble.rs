@@ -448,18 +448,19 @@ fn unlock_keys(
         let tried = if reencrypting {
             // Both keys open with the passphrase (cryptsetup unlocks all segments' keys).
             // The keyslot is the one that opened the volume's key (during an encryption it is
-            // bound to no regular segment yet); a --key-slot must open too.
-            luks::reencrypt::unlock_keys(&*meta.device, &header, &pass, &l.kdf_limits).and_then(|k| {
-                // A token names its keyslots; else a --key-slot must open too.
-                let slot = match (&slots, l.key_slot) {
-                    (Some(_), _) => unlock(&pass)?.0,
-                    (None, Some(s)) if s != k.keyslot => {
-                        header.unlock_with(&*meta.device, &pass, Some(s), &l.kdf_limits)?.0
-                    }
-                    _ => k.keyslot,
-                };
-                Ok((slot, Keys::Reencrypt(k)))
-            })
+            // bound to no regular segment yet). A --key-slot is the only keyslot tried, as in
+            // cryptsetup: it must open both keys.
+            let only = if slots.is_none() { l.key_slot } else { None };
+            luks::reencrypt::unlock_keys_with(&*meta.device, &header, &pass, only, &l.kdf_limits).and_then(
+                |k| {
+                    // A token names its keyslots.
+                    let slot = match &slots {
+                        Some(_) => unlock(&pass)?.0,
+                        None => k.keyslot,
+                    };
+                    Ok((slot, Keys::Reencrypt(k)))
+                },
+            )
         } else {
             unlock(&pass).map(|(k, vk)| (k, Keys::One(vk)))
         };

@@ -302,3 +302,46 @@ fn bad_input_gets_cryptsetup_errors_and_changes_nothing() {
     assert_eq!(e.to_string(), "Reencryption metadata is invalid.");
     assert!(dev.to_vec() == tampered);
 }
+
+/// `open --key-slot N` of a volume mid-reencryption tries keyslot N alone (cryptsetup
+/// 2.6.1): a keyslot of only the old or only the new key opens one of the two keys the
+/// segments need and is refused (exit code 1); a wrong passphrase for it is "No key
+/// available with this passphrase."; the reencrypt keyslot and an empty one are "No usable
+/// keyslot is available."; without --key-slot the passphrase opens both.
+#[test]
+fn a_key_slot_mid_reencryption_must_open_both_keys() {
+    let dev = MemDevice::from_vec(image(2 * MIB, 512, 512), 512);
+    let mut l = Luks::load(&dev, true).unwrap();
+    let vk = l.unlock(&dev, &pass("pw"), None).unwrap().1;
+    l.add_keyslot(&dev, &vk, &pass("other"), Some(1), &pbkdf()).unwrap();
+    let p = ReencryptParams { key_slot: Some(0), ..params("checksum") };
+    let new = reencrypt::init(&dev, dev.geometry().size, &mut l, &pass("pw"), &p).unwrap();
+    assert_eq!(new, 2);
+    let l = Luks::load(&dev, false).unwrap();
+    let lim = Default::default();
+    let with = |slot: Option<u32>, pw: &str| reencrypt::unlock_keys_with(&dev, &l, &pass(pw), slot, &lim);
+    let k = with(None, "pw").unwrap();
+    assert!(k.old.is_some() && k.new.is_some());
+    for (slot, pw) in [(0, "pw"), (2, "pw"), (1, "other")] {
+        let e = with(Some(slot), pw).unwrap_err();
+        assert!(matches!(e, LuksError::Params(_)), "slot {slot}: {e:?}");
+        assert!(e.to_string().contains("required but not unlocked"), "slot {slot}: {e}");
+    }
+    for slot in [0, 1, 2] {
+        assert!(matches!(with(Some(slot), "nope").unwrap_err(), LuksError::WrongPassphrase), "slot {slot}");
+    }
+    for slot in [3, 7] {
+        assert_eq!(
+            with(Some(slot), "pw").unwrap_err().to_string(),
+            "No usable keyslot is available.",
+            "{slot}"
+        );
+    }
+    assert!(matches!(with(None, "other").unwrap_err(), LuksError::WrongPassphrase));
+    // An encryption (one key): its keyslot opens all there is.
+    let hdr = MemDevice::new(16 * MIB, 512);
+    let data = MemDevice::from_vec(plaintext(MIB as usize), 512);
+    let (l, slot) = reencrypt::init_encrypt(&hdr, &data, &pass("pw"), &params("checksum")).unwrap();
+    let k = reencrypt::unlock_keys_with(&hdr, &l, &pass("pw"), Some(slot), &lim).unwrap();
+    assert_eq!(k.keyslot, slot);
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use volume::luks::reencrypt::{self, ReencryptParams, RunEnd, RunOptions};
+use volume::luks::reencrypt::{self, EncryptLayout, ReencryptParams, RunEnd, RunOptions};
 use volume::luks::Luks;
 
 use super::luks::{luks_err, open_meta, parse_size, with_passphrase, KdfLimitArgs, KeyArgs, PbkdfArgs};
@@ -63,9 +63,21 @@ pub struct ReencryptArgs {
     #[arg(long)]
     pub decrypt: bool,
     /// With --encrypt and no --header: give up this many bytes at the end of the device;
-    /// the header takes the first half, the data moves up by as much (data shift).
+    /// the header takes the first half, the data moves up by as much (data shift). With
+    /// --header: the data is encrypted in place in hotzones this long, and the header's
+    /// keyslots area is this less both metadata copies (cryptsetup 2.6.1).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub reduce_device_size: Option<u64>,
+    /// With --encrypt: where the data starts, in 512-byte sectors (with the header on the
+    /// device, at most half of --reduce-device-size). Ignored otherwise, as in cryptsetup.
+    #[arg(long, short = 'o', value_name = "SECTORS")]
+    pub offset: Option<u64>,
+    /// With --encrypt: the LUKS2 metadata size (16k, 32k, ..., 4m). Ignored otherwise.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub luks2_metadata_size: Option<u64>,
+    /// With --encrypt: the LUKS2 keyslots area size. Ignored otherwise.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub luks2_keyslots_size: Option<u64>,
     /// Do not ask for confirmation.
     #[arg(long = "batch-mode", short = 'q')]
     pub batch_mode: bool,
@@ -132,11 +144,25 @@ impl Progress {
 
 /// Runs `reencrypt`.
 pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
+    // cryptsetup: a zero reduction is no reduction.
+    if a.reduce_device_size == Some(0) {
+        a.reduce_device_size = None;
+    }
     if let Some(r) = a.reduce_device_size {
         if r % 512 != 0 {
             bail!(UsageError("Reduce size must be multiple of 512 bytes sector.".into()));
         }
-        if a.encrypt && !a.decrypt && a.header.is_none() {
+        if r > 1 << 30 {
+            bail!(UsageError("Maximum device reduce size is 1 GiB.".into()));
+        }
+        if a.encrypt && !a.decrypt && a.header.is_some() {
+            // A detached header with a data shift: the encryption below, in place
+            // (`encrypt`), or the resume of the one in progress.
+        } else if a.decrypt && !a.encrypt {
+            // cryptsetup 2.6.1 ignores it when decrypting (its data shift decryption takes
+            // the shift from the data offset).
+            a.reduce_device_size = None;
+        } else if a.encrypt && !a.decrypt && a.header.is_none() {
             // An encryption with data shift already under way resumes; a device that is
             // LUKS otherwise is refused; a plaintext one is encrypted in place.
             if !is_luks(&a.device)? {
@@ -160,8 +186,7 @@ pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
             bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
         } else {
             bail!(UsageError(
-                "reencrypt --reduce-device-size (data shift) is implemented in sealdisk only for --encrypt \
-                 with the header on the device"
+                "reencrypt --reduce-device-size (data shift) is implemented in sealdisk only for --encrypt"
                     .into()
             ));
         }
@@ -344,12 +369,22 @@ fn params(a: &ReencryptArgs) -> Result<ReencryptParams> {
         key_slot: a.key_slot,
         pbkdf: a.pbkdf.params()?,
         kdf_limits: a.kdf_limits.limits(),
+        layout: EncryptLayout {
+            metadata_size: a.luks2_metadata_size,
+            keyslots_size: a.luks2_keyslots_size,
+            offset: a.offset.map(|o| o.saturating_mul(512)),
+            reduce_device_size: a.reduce_device_size.filter(|_| a.header.is_some()),
+            hotzone_size: a.hotzone_size,
+        },
     })
 }
 
-/// `reencrypt --encrypt --header FILE DEVICE`: formats the detached header (created or
-/// grown to the LUKS2 header size) with the encryption start state, then runs it unless
-/// `--init-only`.
+/// `reencrypt --encrypt --header FILE DEVICE` (with `--reduce-device-size R`, cryptsetup
+/// 2.6.1's in-place encryption with `datashift` hotzones): checks the layout options
+/// against the device, refuses a data device or header file that is already LUKS, then
+/// formats the detached header (created, or grown to the header's length) with the
+/// encryption start state and runs it unless `--init-only`. A header file made here is
+/// removed again when the initialization fails.
 fn encrypt(a: ReencryptArgs) -> Result<()> {
     let header = a.header.clone().unwrap_or_default();
     check_key_size(&a)?;
@@ -359,16 +394,35 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
     if volume::luks::probe(&*data.device).map_err(luks_err(&a.device))?.is_some() {
         bail!(UsageError(format!("Device {} is already LUKS device. Aborting operation.", a.device)));
     }
-    let fp = volume::luks::FormatParams { detached: true, ..Default::default() };
+    let exists = std::path::Path::new(&header).exists();
+    if exists && std::fs::metadata(&header).is_ok_and(|m| m.len() > 0) && is_luks(&header)? {
+        bail!(UsageError(format!("Device {header} is already LUKS device. Aborting operation.")));
+    }
+    let (fp, _, _, _) = reencrypt::plan_encrypt(data.device.geometry().size, &params)
+        .map_err(|e| anyhow::Error::from(UsageError(e.to_string())))?;
+    let asked = params.layout.keyslots_size.or_else(|| {
+        params.layout.reduce_device_size.map(|r| r - 2 * params.layout.metadata_size.unwrap_or(16 << 10))
+    });
+    keyslots_warnings(volume::luks::header_size(&fp) - 2 * fp.metadata_size.unwrap_or(16 << 10), asked);
     let so = volume::OpenOptions { lock: true, ..Default::default() }.storage();
     let meta = volume::luks::open_header_for_format(&header, &fp, &so)?;
-    let (mut luks, pass) = with_passphrase(&a.key, "Enter passphrase: ", |p| {
+    let made = with_passphrase(&a.key, "Enter passphrase: ", |p| {
         let (luks, slot) = reencrypt::init_encrypt(&*meta.device, &*data.device, p, &params)
             .map_err(luks_err(&header))
             .context("initializing LUKS2 encryption")?;
         log::info!("encrypt: volume key in keyslot {slot}");
         Ok((luks, p.clone()))
-    })?;
+    });
+    let (mut luks, pass) = match made {
+        Ok(m) => m,
+        Err(e) => {
+            if !exists {
+                drop(meta);
+                let _ = std::fs::remove_file(&header);
+            }
+            return Err(e);
+        }
+    };
     if a.init_only {
         return Ok(());
     }
@@ -378,8 +432,22 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
 /// `reencrypt --encrypt --reduce-device-size R DEVICE`: encrypts the plaintext DEVICE in
 /// place, its header in the first R/2 bytes and the data moved up by as much (see
 /// `reencrypt::init_encrypt_shift`), then runs it unless `--init-only`.
-fn encrypt_shift(a: ReencryptArgs, reduce: u64) -> Result<()> {
+fn encrypt_shift(a: ReencryptArgs, mut reduce: u64) -> Result<()> {
     check_key_size(&a)?;
+    // cryptsetup: --offset is the header's size here, at most half the reduction; a
+    // smaller one makes the reduction twice it.
+    if let Some(o) = a.offset.filter(|o| *o != 0) {
+        if o > reduce / 1024 {
+            bail!(UsageError(
+                "Requested data offset must be less than or equal to half of --reduce-device-size parameter."
+                    .into()
+            ));
+        }
+        if o < reduce / 1024 {
+            reduce = o * 1024;
+            println!("Adjusting --reduce-device-size value to twice the --offset {} (sectors).", o * 2);
+        }
+    }
     let dev = open_meta(&a.device, false)?;
     let size = dev.device.geometry().size;
     if reduce > size {
@@ -390,6 +458,9 @@ fn encrypt_shift(a: ReencryptArgs, reduce: u64) -> Result<()> {
     }
     let mut params = params(&a)?;
     params.resilience = "datashift".into();
+    let (_, ks) = reencrypt::shift_header_layout(&params.layout, reduce / 2)
+        .map_err(|e| anyhow::Error::from(UsageError(e.to_string())))?;
+    keyslots_warnings(ks, a.luks2_keyslots_size);
     let (mut luks, pass) = with_passphrase(&a.key, "Enter passphrase: ", |p| {
         let (luks, slot) = reencrypt::init_encrypt_shift(&*dev.device, p, &params, reduce)
             .map_err(luks_err(&a.device))
@@ -454,6 +525,20 @@ fn decrypt_shift(a: ReencryptArgs, header: String) -> Result<()> {
         return Ok(());
     }
     run_to_end(&a, &meta, &*dev.device, &mut luks, &pass, &header)
+}
+
+/// cryptsetup's warnings (on stdout) about the keyslots area its luksFormat makes: `ks`
+/// bytes, `asked` for.
+fn keyslots_warnings(ks: u64, asked: Option<u64>) {
+    // LUKS2_HDR_OFFSET_MAX less two 16 KiB metadata copies.
+    if ks < 0x40_0000 - 0x8000 {
+        println!(
+            "WARNING: keyslots area ({ks} bytes) is very small, available LUKS2 keyslot count is very limited."
+        );
+    }
+    if asked.is_some_and(|k| k != ks) {
+        println!("WARNING: LUKS2 keyslots area size changed to {ks} bytes.");
+    }
 }
 
 /// `--key-size` in whole bytes.

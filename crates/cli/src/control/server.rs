@@ -896,6 +896,7 @@ impl Live {
                     parallel: q.pbkdf_parallel,
                 },
                 kdf_limits: l.kdf_limits,
+                layout: Default::default(),
             };
             match re::init(&*meta.device, r.storage.size(), &mut luks, &pass, &params) {
                 Ok(slot) => log::info!("{}: reencryption initialized, new key in keyslot {slot}", self.name),

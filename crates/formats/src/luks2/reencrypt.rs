@@ -1029,7 +1029,8 @@ pub struct DecryptShiftGeometry {
     pub shift: u64,
     /// Bytes of data (the device size less the shift).
     pub data_size: u64,
-    /// The moved first segment's size (the shift, or the whole data when shorter).
+    /// The moved first segment's size (at most the shift and the data; cryptsetup's
+    /// `--hotzone-size` at the start).
     pub moved_size: u64,
 }
 
@@ -1074,8 +1075,8 @@ impl DecryptShiftGeometry {
             .checked_sub(shift)
             .filter(|n| *n > 0)
             .ok_or(lay("device too small for its data shift"))?;
-        if moved_size != shift.min(data_size) {
-            return Err(lay("moved segment is not the shift long (or the whole data when shorter)"));
+        if moved_size == 0 || moved_size > shift.min(data_size) {
+            return Err(lay("moved segment longer than the shift (or the data)"));
         }
         Ok(Self { shift, data_size, moved_size })
     }
@@ -1199,9 +1200,160 @@ impl DecryptShiftGeometry {
     }
 }
 
+/// `true` for an encryption with data shift and a detached header (cryptsetup 2.6.1
+/// `reencrypt --encrypt --header FILE --reduce-device-size R`): mode encrypt, backward,
+/// resilience `datashift` (`shift_size` R), no moved segment. The data is encrypted in
+/// place, at its offset (`--offset`, 0 by default): backup-previous is `linear @off`
+/// (fixed, the data's size), backup-final `crypt @off dynamic`; `R` is only the length of
+/// cryptsetup's hotzones (its `datashift` protection keeps no copy of them: see
+/// [`HotzoneRecord`]).
+pub fn is_detached_shift_encryption(st: &ReencryptState) -> bool {
+    st.keyslot.mode == ReencryptMode::Encrypt
+        && st.keyslot.direction == Direction::Backward
+        && matches!(st.keyslot.resilience, Resilience::Datashift { .. })
+        && st.moved.is_none()
+}
+
+/// The next hotzone `(start, len)` below `boundary` of an encryption with data shift and a
+/// detached header whose hotzones are `len` long (`data_size` bytes of data), as
+/// cryptsetup 2.6.1 steps through it (`reencrypt_context_update`): the first is the top
+/// `len` bytes; then, going down, `[b - len, b)`, except that a boundary between `len` and
+/// `2 len` is followed by `[len, b)` so that the last hotzone is `[0, len)`.
+pub fn detached_shift_hotzone(boundary: u64, data_size: u64, len: u64) -> Option<(u64, u64)> {
+    if boundary == 0 || len == 0 {
+        None
+    } else if boundary <= len {
+        Some((0, boundary))
+    } else if boundary < 2 * len && boundary != data_size {
+        Some((len, boundary - len))
+    } else {
+        Some((boundary - len, len))
+    }
+}
+
+/// Magic of a [`HotzoneRecord`].
+pub const HOTZONE_RECORD_MAGIC: &[u8; 16] = b"sealdisk-hzsums\0";
+/// Bytes of a [`HotzoneRecord`] (its checksums follow it).
+pub const HOTZONE_RECORD_SIZE: u64 = 4096;
+/// Bytes of one checksum (SHA-256) in a [`HotzoneRecord`].
+pub const HOTZONE_SUM_LEN: u64 = 32;
+
+/// sealdisk's own protection of a hotzone that cryptsetup's metadata leaves unprotected
+/// (the in-place `datashift` hotzones of [`is_detached_shift_encryption`]: cryptsetup 2.6.1
+/// recovers such a hotzone by copying `shift_size` bytes below it over it, which destroys
+/// it). Before the header flags a hotzone in reencryption, the SHA-256 of each of its
+/// blocks (old content) is written to unused space of the keyslots area with this record
+/// in front; a recovery rewrites exactly the blocks that still hash to their checksum.
+/// The record names the volume (UUID) and the hotzone, and a SHA-256 over the record and
+/// the checksums makes a stale or overwritten one be refused, never trusted.
+///
+/// ```text
+///  0  magic "sealdisk-hzsums\0"    16  hotzone start (u64 BE, from the data offset)
+///  24 hotzone length (u64 BE)      32  block size (u32 BE)      36 UUID (40 bytes, NUL-padded)
+///  76 SHA-256 over bytes 0..76 and the checksums                108 zeroes to 4096
+///  4096.. one SHA-256 per block (the last block may be short)
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotzoneRecord {
+    /// Hotzone start, relative to the data offset.
+    pub start: u64,
+    /// Hotzone length.
+    pub len: u64,
+    /// Bytes per checksum.
+    pub block_size: u32,
+    /// The volume's UUID.
+    pub uuid: String,
+}
+
+impl HotzoneRecord {
+    /// Bytes of checksums after the record.
+    pub fn sums_len(&self) -> u64 {
+        self.len.div_ceil(u64::from(self.block_size.max(1))) * HOTZONE_SUM_LEN
+    }
+
+    fn head(&self) -> Option<[u8; 76]> {
+        if self.uuid.len() > 40 || self.block_size == 0 {
+            return None;
+        }
+        let mut h = [0u8; 76];
+        h[..16].copy_from_slice(HOTZONE_RECORD_MAGIC);
+        h[16..24].copy_from_slice(&self.start.to_be_bytes());
+        h[24..32].copy_from_slice(&self.len.to_be_bytes());
+        h[32..36].copy_from_slice(&self.block_size.to_be_bytes());
+        h[36..36 + self.uuid.len()].copy_from_slice(self.uuid.as_bytes());
+        Some(h)
+    }
+
+    fn seal(head: &[u8], sums: &[u8]) -> [u8; 32] {
+        use sha2::Digest as _;
+        let mut d = sha2::Sha256::new();
+        d.update(head);
+        d.update(sums);
+        d.finalize().into()
+    }
+
+    /// The record block (4096 bytes) for `sums` (which must be [`Self::sums_len`] long);
+    /// `None` for a UUID over 40 bytes or a sums length that does not match.
+    pub fn encode(&self, sums: &[u8]) -> Option<Vec<u8>> {
+        let head = self.head()?;
+        if sums.len() as u64 != self.sums_len() {
+            return None;
+        }
+        let mut out = vec![0u8; HOTZONE_RECORD_SIZE as usize];
+        out[..76].copy_from_slice(&head);
+        out[76..108].copy_from_slice(&Self::seal(&head, sums));
+        Some(out)
+    }
+
+    /// `true` when `block` is this record, sealed over `sums`.
+    pub fn matches(&self, block: &[u8], sums: &[u8]) -> bool {
+        let Some(head) = self.head() else { return false };
+        block.len() >= 108
+            && sums.len() as u64 == self.sums_len()
+            && block[..76] == head
+            && block[76..108] == Self::seal(&head, sums)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn detached_shift_hotzones_are_cryptsetups() {
+        // 30 MiB of data, 8 MiB shift (traced: 22M+8M, 14M+8M, 8M+6M, 0+8M).
+        let m = 1 << 20;
+        let mut b = 30 * m;
+        let mut seen = Vec::new();
+        while let Some((s, l)) = detached_shift_hotzone(b, 30 * m, 8 * m) {
+            seen.push((s / m, l / m));
+            b = s;
+        }
+        assert_eq!(seen, [(22, 8), (14, 8), (8, 6), (0, 8)]);
+        // Data between one and two shifts: the top shift, then the rest.
+        assert_eq!(detached_shift_hotzone(12 * m, 12 * m, 8 * m), Some((4 * m, 8 * m)));
+        assert_eq!(detached_shift_hotzone(4 * m, 12 * m, 8 * m), Some((0, 4 * m)));
+        assert_eq!(detached_shift_hotzone(6 * m, 6 * m, 8 * m), Some((0, 6 * m)));
+        assert_eq!(detached_shift_hotzone(0, 6 * m, 8 * m), None);
+    }
+
+    #[test]
+    fn hotzone_record_refuses_what_it_does_not_seal() {
+        let r = HotzoneRecord { start: 8192, len: 10000, block_size: 4096, uuid: "u-1".into() };
+        let sums = vec![7u8; r.sums_len() as usize];
+        assert_eq!(sums.len(), 3 * 32);
+        let block = r.encode(&sums).unwrap();
+        assert!(r.matches(&block, &sums));
+        let mut bad = sums.clone();
+        bad[5] ^= 1;
+        assert!(!r.matches(&block, &bad));
+        let other = HotzoneRecord { start: 0, ..r.clone() };
+        assert!(!other.matches(&block, &sums));
+        let other = HotzoneRecord { uuid: "u-2".into(), ..r.clone() };
+        assert!(!other.matches(&block, &sums));
+        assert!(r.encode(&sums[1..]).is_none());
+        assert!(!r.matches(&[0u8; 4096], &sums));
+    }
 
     #[test]
     fn resilience_area_fields_round_trip() {

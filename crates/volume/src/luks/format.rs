@@ -234,11 +234,15 @@ pub fn header_size(p: &FormatParams) -> u64 {
             let (_, end) = formats::luks1::standard_keyslot_layout(p.key_bytes as u32);
             (end * 512).div_ceil(4096) * 4096
         }
-        LuksVersion::V2 => {
-            let md = p.metadata_size.unwrap_or(16 << 10);
-            let ks = p.keyslots_size.unwrap_or((16 << 20) - 2 * md);
-            2 * md + ks
-        }
+        // The layout luksFormat will use (a data offset caps the keyslots area, as in
+        // cryptsetup); parameters it refuses are refused there.
+        LuksVersion::V2 => match super::luks2::storage(p) {
+            Ok((md, ks, _)) => 2 * md + ks,
+            Err(_) => {
+                let md = p.metadata_size.unwrap_or(16 << 10);
+                2 * md + p.keyslots_size.unwrap_or((16 << 20) - 2 * md)
+            }
+        },
     }
 }
 

@@ -591,7 +591,7 @@ pub(super) fn change_keyslot(
 
 /// Storage layout as cryptsetup's `LUKS2_hdr_get_storage_params`:
 /// `(metadata_size, keyslots_size, data_offset)` in bytes.
-fn storage(p: &FormatParams) -> Result<(u64, u64, u64), LuksError> {
+pub(super) fn storage(p: &FormatParams) -> Result<(u64, u64, u64), LuksError> {
     let md = p.metadata_size.unwrap_or(METADATA_SIZES[0]);
     if !METADATA_SIZES.contains(&md) {
         return Err(LuksError::Params(format!(

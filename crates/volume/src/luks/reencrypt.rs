@@ -73,6 +73,28 @@ pub struct ReencryptParams {
     pub pbkdf: PbkdfParams,
     /// KDF cost bounds of the unlock.
     pub kdf_limits: KdfLimits,
+    /// The header layout of an encryption (`--encrypt`): cryptsetup's luksFormat options.
+    pub layout: EncryptLayout,
+}
+
+/// The header layout options of `reencrypt --encrypt` (cryptsetup passes them to the
+/// luksFormat it starts with), all in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EncryptLayout {
+    /// `--luks2-metadata-size`.
+    pub metadata_size: Option<u64>,
+    /// `--luks2-keyslots-size`.
+    pub keyslots_size: Option<u64>,
+    /// `--offset` (in bytes here): where the data starts on the data device.
+    pub offset: Option<u64>,
+    /// `--reduce-device-size` with a detached header: the data is encrypted in place with
+    /// cryptsetup's `datashift` hotzones of this length (see
+    /// [`re::is_detached_shift_encryption`]); the keyslots area defaults to it less the
+    /// two metadata copies.
+    pub reduce_device_size: Option<u64>,
+    /// `--hotzone-size` at the start of a decryption with data shift: the size of the
+    /// moved first segment (cryptsetup's default: the shift, at most 20 MiB).
+    pub hotzone_size: Option<u64>,
 }
 
 impl Default for ReencryptParams {
@@ -86,6 +108,7 @@ impl Default for ReencryptParams {
             key_slot: None,
             pbkdf: PbkdfParams::default(),
             kdf_limits: KdfLimits::default(),
+            layout: EncryptLayout::default(),
         }
     }
 }
@@ -314,6 +337,7 @@ pub fn init(
         alignment,
         (Some(vk_old.as_bytes()), Some(vk_new.as_bytes())),
         &p.pbkdf,
+        None,
     )?;
     luks2::write_header(&mut next, meta)?;
     *s = next;
@@ -337,6 +361,7 @@ fn add_reencrypt_metadata(
     alignment: u32,
     (vk_old, vk_new): (Option<&[u8]>, Option<&[u8]>),
     pbkdf: &PbkdfParams,
+    shift: Option<u64>,
 ) -> Result<(), LuksError> {
     let digest_old = if previous.type_name == "crypt" {
         Some(m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?)
@@ -358,7 +383,8 @@ fn add_reencrypt_metadata(
         "journal" => Resilience::Journal,
         "none" => Resilience::None,
         // The data shift is the backup-final's offset (the header's size).
-        "datashift" => Resilience::Datashift { shift: final_offset },
+        // (a detached header's: the --reduce-device-size given).
+        "datashift" => Resilience::Datashift { shift: shift.unwrap_or(final_offset) },
         // A decryption's shift is the old data offset (backup-previous's).
         "datashift-checksum" => Resilience::DatashiftChecksum {
             hash: rhash.name().into(),
@@ -399,28 +425,41 @@ fn add_reencrypt_metadata(
     Ok(())
 }
 
-/// Starts the encryption of a plaintext data device in place with a detached header
-/// (cryptsetup `reencrypt --encrypt --header FILE`, no data shift): `header` (already sized,
-/// see [`super::header_size`]) is formatted as LUKS2 with a new volume key in one keyslot for
-/// `passphrase` and the data segment at 0, then the segments become cryptsetup's encryption
-/// start state: a linear segment over the whole data, backup-previous (linear) and
-/// backup-final (crypt), mode `encrypt`, direction forward. No data is touched. A crash
-/// before the second header write leaves the data as it was (the header file is then a
-/// LUKS2 header claiming ciphertext: run the encryption again, which formats it anew).
-pub fn init_encrypt(
-    header: &dyn BlockDevice,
-    data: &dyn BlockDevice,
-    passphrase: &Passphrase,
+/// What `reencrypt --encrypt --header FILE` formats, checked against the data device
+/// (`size` bytes) before anything is written, in cryptsetup 2.6.1's order and words:
+/// `(format parameters, header length, data size, data shift)`. The header file is
+/// created or grown to the header length (`2 × metadata + keyslots`).
+///
+/// With `--reduce-device-size R` (a data shift with a detached header) the metadata size
+/// defaults to 16 KiB and the keyslots area to `R` less both metadata copies; more than
+/// `R` is refused. The data (from `--offset`, 0 by default) stays where it is and is
+/// encrypted in place: `R` is at most the data's size, a multiple of the encryption sector
+/// size.
+pub fn plan_encrypt(
+    size: u64,
     p: &ReencryptParams,
-) -> Result<(Luks, u32), LuksError> {
-    let resilience_name = p.resilience.as_str();
-    if !matches!(resilience_name, "checksum" | "journal" | "none") {
-        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+) -> Result<(super::FormatParams, u64, u64, Option<u64>), LuksError> {
+    let unsupported = || LuksError::Params("Unsupported LUKS2 metadata size options.".into());
+    let l = &p.layout;
+    let shift = l.reduce_device_size.filter(|&r| r != 0);
+    let mut md = l.metadata_size;
+    let mut ks = l.keyslots_size;
+    if let Some(r) = shift {
+        let m = *md.get_or_insert(16 << 10);
+        if ks.is_none() {
+            ks = Some(r.checked_sub(2 * m).filter(|k| *k > 0).ok_or_else(unsupported)?);
+        }
+        if ks.is_some_and(|k| 2 * m + k > r) {
+            return Err(LuksError::Params("LUKS2 metadata size is larger than data shift value.".into()));
+        }
     }
-    let rhash = parse_hash(&p.resilience_hash)
-        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
-    if super::probe(data)?.is_some() {
-        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+    if md.is_some_and(|m| !formats::luks2::METADATA_SIZES.contains(&m))
+        || ks.is_some_and(|k| k == 0 || !k.is_multiple_of(4096) || k > formats::luks2::MAX_KEYSLOTS_SIZE)
+    {
+        return Err(unsupported());
+    }
+    if l.offset.is_some_and(|o| !o.is_multiple_of(512)) {
+        return Err(LuksError::Params("Requested data offset is not a multiple of 512 bytes.".into()));
     }
     let cipher_name = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
     let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher_name) / 8);
@@ -428,33 +467,86 @@ pub fn init_encrypt(
     if ![512, 1024, 2048, 4096].contains(&ss) {
         return Err(LuksError::Params("Unsupported encryption sector size.".into()));
     }
-    let g = data.geometry();
-    let alignment = u64::from(ss.max(g.logical_block).max(512));
-    if g.size == 0 {
-        return Err(LuksError::Params("Device is too small.".into()));
-    }
-    if !g.size.is_multiple_of(alignment) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({alignment} bytes)."
-        )));
-    }
     let fp = super::FormatParams {
         cipher: cipher_name,
         key_bytes,
         pbkdf: p.pbkdf,
         sector_size: ss,
         detached: true,
-        data_size: Some(g.size),
+        offset: l.offset.map(|o| o / 512).filter(|o| *o != 0),
+        metadata_size: md,
+        keyslots_size: ks,
+        data_size: Some(size),
         ..super::FormatParams::default()
     };
+    let (md, ks, data_offset) = luks2::storage(&fp)?;
+    let data_size = size
+        .checked_sub(data_offset)
+        .filter(|d| *d > 0)
+        .ok_or(LuksError::DeviceTooSmall { need: data_offset + u64::from(ss), have: size })?;
+    if !data_size.is_multiple_of(u64::from(ss)) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({ss} bytes)."
+        )));
+    }
+    if let Some(r) = shift {
+        if r > data_size {
+            return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+        }
+        if !r.is_multiple_of(u64::from(ss)) {
+            return Err(LuksError::Params(format!(
+                "Data shift value is not aligned to encryption sector size ({ss} bytes)."
+            )));
+        }
+    }
+    Ok((fp, 2 * md + ks, data_size, shift))
+}
+
+/// Starts the encryption of a plaintext data device in place with a detached header
+/// (cryptsetup `reencrypt --encrypt --header FILE`): `header` (already sized, see
+/// [`plan_encrypt`]) is formatted as LUKS2 with a new volume key in one keyslot for
+/// `passphrase` and the data segment at the data offset, then the segments become
+/// cryptsetup's encryption start state: a linear segment over the data, backup-previous
+/// (linear) and backup-final (crypt), mode `encrypt`. Without a data shift the run goes
+/// forward with the resilience asked for; with `--reduce-device-size R` it goes backward
+/// with resilience `datashift` (`shift_size` R) and fixed-size linear segments
+/// ([`re::is_detached_shift_encryption`]). No data is touched. A crash before the second
+/// header write leaves the data as it was (the header file is then a LUKS2 header claiming
+/// ciphertext: run the encryption again, which formats it anew).
+pub fn init_encrypt(
+    header: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    passphrase: &Passphrase,
+    p: &ReencryptParams,
+) -> Result<(Luks, u32), LuksError> {
+    let (fp, need, data_size, shift) = plan_encrypt(data.geometry().size, p)?;
+    let resilience_name = if shift.is_some() { "datashift" } else { p.resilience.as_str() };
+    if !matches!(resilience_name, "checksum" | "journal" | "none" | "datashift") {
+        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+    }
+    let rhash = parse_hash(&p.resilience_hash)
+        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+    if super::probe(data)?.is_some() {
+        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+    }
+    let g = data.geometry();
+    let alignment = u64::from(fp.sector_size.max(g.logical_block).max(512));
+    if !data_size.is_multiple_of(alignment) {
+        return Err(LuksError::Params(format!(
+            "Data device is not aligned to encryption sector size ({alignment} bytes)."
+        )));
+    }
     // The header is built in memory and written once, keyslots area first: a crash leaves
     // the header file as it was, or a header whose segment says the data is plaintext.
-    let need = super::header_size(&fp);
     if header.geometry().size < need {
         return Err(LuksError::DeviceTooSmall { need, have: header.geometry().size });
     }
+    let no_space = |e| match e {
+        LuksError::NoKeyslotSpace { .. } => LuksError::Params("No space for new keyslot.".into()),
+        e => e,
+    };
     let image = blockdev::MemDevice::new(need, 512);
-    let (mut luks, vk) = super::format(&image, &fp, passphrase)?;
+    let (mut luks, vk) = super::format(&image, &fp, passphrase).map_err(no_space)?;
     let s = v2(&mut luks)?;
     let mut next = s.clone();
     let m = &mut next.header.metadata;
@@ -462,7 +554,7 @@ pub fn init_encrypt(
     let digest_new = m.segment_digest(0);
     let slot =
         digest_new.and_then(|d| m.digests.get(&d)).and_then(|d| d.keyslots.first().copied()).unwrap_or(0);
-    let plain = re::linear_segment(seg0.offset, None, false);
+    let plain = re::linear_segment(seg0.offset, shift.map(|_| data_size), false);
     m.segments.insert(0, plain.clone());
     for d in m.digests.values_mut() {
         d.segments.clear();
@@ -473,13 +565,15 @@ pub fn init_encrypt(
         backup_of(&seg0, re::FLAG_BACKUP_FINAL),
         digest_new,
         ReencryptMode::Encrypt,
-        Direction::Forward,
+        if shift.is_some() { Direction::Backward } else { Direction::Forward },
         resilience_name,
         rhash,
         alignment as u32,
         (None, Some(vk.as_bytes())),
         &p.pbkdf,
-    )?;
+        shift,
+    )
+    .map_err(no_space)?;
     luks2::write_header(&mut next, &image)?;
     *s = next;
     let md2 = 2 * s.header.metadata.metadata_size();
@@ -510,7 +604,6 @@ pub fn init_encrypt_shift(
     p: &ReencryptParams,
     reduce: u64,
 ) -> Result<(Luks, u32), LuksError> {
-    const MD: u64 = 16 << 10;
     if super::probe(dev)?.is_some() {
         return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
     }
@@ -543,8 +636,9 @@ pub fn init_encrypt_shift(
             "Data device is not aligned to encryption sector size ({alignment} bytes)."
         )));
     }
-    // The keyslot and the data shift's 4 KiB block must fit beside the metadata.
-    if shift < 2 * MD + luks2::area_size(key_bytes) + 4096 {
+    let (md, ks) = shift_header_layout(&p.layout, shift)?;
+    // The keyslot and the data shift's 4 KiB block must fit in the keyslots area.
+    if ks < luks2::area_size(key_bytes) + 4096 {
         return Err(LuksError::Params("No space for new keyslot.".into()));
     }
     let fp = super::FormatParams {
@@ -554,8 +648,8 @@ pub fn init_encrypt_shift(
         sector_size: ss,
         detached: true,
         offset: Some(shift / 512),
-        metadata_size: Some(MD),
-        keyslots_size: Some(shift - 2 * MD),
+        metadata_size: Some(md),
+        keyslots_size: Some(ks),
         data_size: Some(data_size),
         ..super::FormatParams::default()
     };
@@ -593,19 +687,38 @@ pub fn init_encrypt_shift(
         alignment as u32,
         (None, Some(vk.as_bytes())),
         &p.pbkdf,
+        None,
     )?;
     luks2::write_header(&mut next, &image)?;
     *s = next;
     // The first segment goes to the end of the device (in the given-up space) first.
     copy_range(dev, 0, dev, moved_offset, moved_size, "moving the first data segment")?;
     io::flush(dev, "moved data segment")?;
-    let md2 = 2 * MD;
+    let md2 = 2 * md;
     let bytes = zeroize::Zeroizing::new(image.to_vec());
     io::write_bytes(dev, md2, &bytes[md2 as usize..], "keyslots area")?;
     io::flush(dev, "keyslots area")?;
     io::write_bytes(dev, 0, &bytes[..md2 as usize], "LUKS2 header")?;
     io::flush(dev, "LUKS2 header")?;
     Ok((luks, slot))
+}
+
+/// The metadata and keyslots area sizes of an encryption with data shift whose header
+/// takes `shift` bytes on the device (cryptsetup's luksFormat with `--offset shift`):
+/// `--luks2-metadata-size` (16 KiB by default) and `--luks2-keyslots-size` (by default,
+/// and at most, the rest of the shift: a larger one is cut down to it, as cryptsetup does
+/// with its warning).
+pub fn shift_header_layout(l: &EncryptLayout, shift: u64) -> Result<(u64, u64), LuksError> {
+    let unsupported = || LuksError::Params("Unsupported LUKS2 metadata size options.".into());
+    let md = l.metadata_size.unwrap_or(16 << 10);
+    if !formats::luks2::METADATA_SIZES.contains(&md)
+        || l.keyslots_size
+            .is_some_and(|k| k == 0 || !k.is_multiple_of(4096) || k > formats::luks2::MAX_KEYSLOTS_SIZE)
+    {
+        return Err(unsupported());
+    }
+    let room = shift.checked_sub(2 * md).filter(|r| *r > 0).ok_or_else(unsupported)?;
+    Ok((md, l.keyslots_size.map_or(room, |k| k.min(room))))
 }
 
 /// Copies `len` bytes from `from` on `src` to `to` on `dst` (ranges that do not overlap
@@ -834,12 +947,13 @@ fn run_datashift(
 ///    copied to `new_hdr` (already at least that long), flushed;
 /// 2. the magic of both header copies on `dev` is wiped (zeroes), flushed: `dev` is no
 ///    longer LUKS, so two headers never hold the key at once;
-/// 3. the first data segment's ciphertext (`M` bytes from `S`, `M` the shift or the whole
-///    data when it is shorter) is copied to offset 0, flushed;
+/// 3. the first data segment's ciphertext (`M` bytes from `S`: `--hotzone-size`, by
+///    default the shift up to 20 MiB, and the whole data when it is shorter) is copied to
+///    offset 0, flushed;
 /// 4. the new header gets the start state: requirement `online-reencrypt-v3`, reencrypt
 ///    keyslot mode `decrypt`, direction forward, area `datashift-checksum` (the largest
 ///    free gap of the keyslots area, checksums of 4096-byte blocks, `shift_size` S);
-///    segments `crypt @0 (M)` (the moved one), `crypt @2S iv S/512 dynamic` (when the
+///    segments `crypt @0 (M)` (the moved one), `crypt @S+M iv M/512 dynamic` (when the
 ///    data is longer than `S`), backup-moved `crypt @0 (M)`, backup-previous `crypt @S dynamic`, backup-final
 ///    `linear @0 dynamic` (see [`formats::luks2::reencrypt::DecryptShiftGeometry`]).
 ///
@@ -891,8 +1005,23 @@ pub fn init_decrypt_shift(
     if size <= shift {
         return Err(LuksError::Params("Device is too small.".into()));
     }
-    // The moved first segment: the shift, or the whole data when it is shorter.
-    let moved_size = shift.min(size - shift);
+    // The moved first segment: --hotzone-size (at most the shift, a multiple of the
+    // checksum block), by default the shift up to 20 MiB; the whole data when shorter.
+    let moved_size = match p.layout.hotzone_size.map(|h| h - h % 512).filter(|h| *h != 0) {
+        Some(h) if h > shift => {
+            return Err(LuksError::Params(
+                "Moved segment size can not be greater than data shift value.\n\
+                 Failed to initialize LUKS2 reencryption in metadata."
+                    .into(),
+            ))
+        }
+        Some(h) => h,
+        None => shift.min(re::DEFAULT_NONE_HOTZONE_LENGTH),
+    }
+    .min(size - shift);
+    if !moved_size.is_multiple_of(4096u64.max(ss)) && moved_size != size - shift {
+        return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+    }
     if !size.is_multiple_of(ss) {
         return Err(LuksError::Params(format!(
             "Data device is not aligned to encryption sector size ({ss} bytes)."
@@ -923,7 +1052,10 @@ pub fn init_decrypt_shift(
     m.segments.clear();
     m.segments.insert(0, moved.clone());
     if size - shift > moved_size {
-        m.segments.insert(1, crypt_segment(2 * shift, shift >> 9, None, &c.encryption, c.sector_size, false));
+        m.segments.insert(
+            1,
+            crypt_segment(shift + moved_size, moved_size >> 9, None, &c.encryption, c.sector_size, false),
+        );
     }
     let id = m.segments.len() as u32;
     m.segments.insert(id, backup_of(&moved, re::FLAG_BACKUP_MOVED));
@@ -945,6 +1077,7 @@ pub fn init_decrypt_shift(
         4096u32.max(c.sector_size),
         (Some(vk.as_bytes()), None),
         &p.pbkdf,
+        None,
     )?;
     // The metadata is complete before anything is written.
     let st =
@@ -1185,6 +1318,7 @@ pub fn init_decrypt(
         check_ss as u32,
         (Some(vk_old.as_bytes()), None),
         &p.pbkdf,
+        None,
     )?;
     luks2::write_header(&mut next, meta)?;
     *s = next;
@@ -1197,6 +1331,7 @@ fn unlock_digest(
     meta: &dyn BlockDevice,
     pass: &[u8],
     digest: u32,
+    only: Option<u32>,
     limits: &KdfLimits,
 ) -> Result<(u32, VolumeKey), LuksError> {
     let h = &s.header;
@@ -1209,6 +1344,7 @@ fn unlock_digest(
                 .iter()
                 .copied()
                 .filter(|k| h.metadata.keyslots.get(k).is_some_and(|ks| ks.is_luks2()))
+                .filter(|k| only.is_none_or(|n| n == *k))
                 .collect()
         })
         .unwrap_or_default();
@@ -1265,6 +1401,7 @@ fn check_mode(st: &ReencryptState) -> Result<(), LuksError> {
     if (st.moved.is_some() || st.keyslot.resilience.shift() != 0)
         && !is_shift_encryption(st)
         && !is_shift_decryption(st)
+        && !re::is_detached_shift_encryption(st)
     {
         return Err(LuksError::Unsupported(format!(
             "resuming LUKS2 reencryption mode {} direction {} resilience {} is not supported yet",
@@ -1372,6 +1509,22 @@ pub fn unlock_keys(
     passphrase: &Passphrase,
     limits: &KdfLimits,
 ) -> Result<ReencryptKeys, LuksError> {
+    unlock_keys_with(meta, luks, passphrase, None, limits)
+}
+
+/// [`unlock_keys`] with `--key-slot`: with `Some(n)` only keyslot `n` is tried, as in
+/// cryptsetup, so it must open every key the reencryption needs. A keyslot of only the
+/// old (or only the new) key of a reencryption is refused once the passphrase has opened
+/// it, with cryptsetup's (debug) words and its exit code 1; a wrong passphrase for it is
+/// [`LuksError::WrongPassphrase`]; a keyslot that holds neither key (empty, the reencrypt
+/// keyslot, an unbound one) is "No usable keyslot is available."
+pub fn unlock_keys_with(
+    meta: &dyn BlockDevice,
+    luks: &Luks,
+    passphrase: &Passphrase,
+    only: Option<u32>,
+    limits: &KdfLimits,
+) -> Result<ReencryptKeys, LuksError> {
     let Some(st) = status(luks)? else {
         return Err(LuksError::Params("Device reencryption not in progress.".into()));
     };
@@ -1381,10 +1534,29 @@ pub fn unlock_keys(
     };
     let pass = passphrase.as_bytes();
     let (d_old, d_new) = (st.digest_old, st.digest_new);
+    if let Some(n) = only {
+        let m = &s.header.metadata;
+        let d = m
+            .keyslot_digest(n)
+            .filter(|_| m.keyslots.get(&n).is_some_and(|ks| ks.is_luks2()))
+            .filter(|d| Some(*d) == d_old || Some(*d) == d_new)
+            .ok_or_else(|| LuksError::Params("No usable keyslot is available.".into()))?;
+        let needed = [d_new, d_old.filter(|_| !teardown_state(&st, m))];
+        if let Some(missing) = needed.into_iter().flatten().find(|x| *x != d) {
+            luks2::check_slot_costs(&s.header, n, limits)?;
+            return match luks2::try_slot(&s.header, meta, n, pass)? {
+                None => Err(LuksError::WrongPassphrase),
+                Some(_) => Err(LuksError::Params(format!(
+                    "Key (digest id {missing}) required but not unlocked: keyslot {n} opens only one of the \
+                     two volume keys of the reencryption in progress."
+                ))),
+            };
+        }
+    }
     let mut keyslot = None;
     let vk_new = match d_new {
         Some(d) => {
-            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            let (k, vk) = unlock_digest(s, meta, pass, d, only, limits)?;
             keyslot = Some(k);
             Some(vk)
         }
@@ -1398,7 +1570,7 @@ pub fn unlock_keys(
     let vk_old = match d_old {
         Some(_) if d_old == d_new => vk_new.clone(),
         Some(d) => {
-            let (k, vk) = unlock_digest(s, meta, pass, d, limits)?;
+            let (k, vk) = unlock_digest(s, meta, pass, d, only, limits)?;
             keyslot.get_or_insert(k);
             Some(vk)
         }
@@ -1468,6 +1640,42 @@ struct Plan {
     /// the new part (everything below is new); backward, the end of the old part
     /// (everything above is new).
     pos: u64,
+    /// An encryption with data shift and a detached header: its hotzones follow
+    /// cryptsetup's steps ([`re::detached_shift_hotzone`]) and are protected by
+    /// sealdisk's checksums in this free range of the keyslots area.
+    sums: Option<SumsArea>,
+}
+
+/// Where sealdisk keeps the [`re::HotzoneRecord`] of the hotzone in flight (the start of
+/// the largest free range of the keyslots area, as it is during the run).
+#[derive(Debug, Clone)]
+struct SumsArea {
+    offset: u64,
+    block: u64,
+    uuid: String,
+}
+
+impl SumsArea {
+    fn record(&self, start: u64, len: u64) -> re::HotzoneRecord {
+        re::HotzoneRecord { start, len, block_size: self.block as u32, uuid: self.uuid.clone() }
+    }
+
+    /// Writes the record and checksums of `chunk` (the old content of the hotzone at
+    /// `start`) to `meta`, unflushed.
+    fn write(&self, meta: &dyn BlockDevice, start: u64, chunk: &[u8]) -> Result<(), LuksError> {
+        let hash = HashAlg::Sha256;
+        let hl = hash.output_len();
+        let mut sums = vec![0u8; chunk.len().div_ceil(self.block as usize) * hl];
+        for (b, blk) in chunk.chunks(self.block as usize).enumerate() {
+            hash.digest_into(&[blk], &mut sums[b * hl..(b + 1) * hl]);
+        }
+        let rec = self
+            .record(start, chunk.len() as u64)
+            .encode(&sums)
+            .ok_or(LuksError::Params("internal: hotzone record".into()))?;
+        io::write_bytes(meta, self.offset, &rec, "hotzone checksums")?;
+        io::write_bytes(meta, self.offset + re::HOTZONE_RECORD_SIZE, &sums, "hotzone checksums")
+    }
 }
 
 impl Plan {
@@ -1557,6 +1765,8 @@ fn plan(
         SegmentSize::Bytes(b) => (b, true),
         SegmentSize::Dynamic => (data.geometry().size.saturating_sub(data_offset), false),
     };
+    // cryptsetup runs a detached data-shift encryption with a dynamic new segment.
+    let fixed = fixed && !re::is_detached_shift_encryption(&st);
     let alignment = match &st.keyslot.resilience {
         Resilience::Checksum { block_size, .. } => u64::from(*block_size),
         _ => u64::from(old.sector_size.max(new.sector_size).max(data.geometry().logical_block)),
@@ -1593,6 +1803,22 @@ fn plan(
     if length == 0 {
         return Err(LuksError::Params("Invalid reencryption length.".into()));
     }
+    let mut sums = None;
+    if re::is_detached_shift_encryption(&st) {
+        // cryptsetup's hotzones are the data shift long (--hotzone-size is ignored); here
+        // at most 64 MiB, and no longer than the free keyslots area can hold checksums for.
+        let (offset, gap) = max_gap(m).unwrap_or((0, 0));
+        let cap = gap.saturating_sub(re::HOTZONE_RECORD_SIZE) / re::HOTZONE_SUM_LEN * alignment;
+        length = rk.resilience.shift().min(cap).min(64 << 20);
+        length -= length % alignment;
+        if length == 0 {
+            return Err(LuksError::Params(
+                "No room left in the keyslots area for the hotzone checksums of the data shift encryption."
+                    .into(),
+            ));
+        }
+        sums = Some(SumsArea { offset, block: alignment, uuid: luks.uuid().to_owned() });
+    }
     let pos = if re::all_done(&st, m) {
         // Every hotzone was written and the run stopped before finishing (cryptsetup would
         // start over here, rewriting new data as if it were old).
@@ -1620,6 +1846,7 @@ fn plan(
         length,
         hash,
         pos,
+        sums,
     })
 }
 
@@ -1674,6 +1901,40 @@ fn recover(
                     let sector = (offset + (b * bs) as u64) / 512;
                     p.rewrite(sector, blk)?;
                     data.write_at(data_offset + offset + (b * bs) as u64, blk, blockdev::WriteFlags::empty())
+                        .map_err(io_err("hotzone"))?;
+                }
+            }
+        }
+        (Resilience::Datashift { .. }, _) if p.sums.is_some() => {
+            // cryptsetup's own recovery of this hotzone copies the data below it over it;
+            // sealdisk's checksums (when they are this hotzone's) say which blocks are old.
+            let a = p.sums.clone().ok_or(LuksError::Params("internal: no checksum area".into()))?;
+            let want = a.record(offset, len);
+            let rec = io::read_bytes(meta, a.offset, re::HOTZONE_RECORD_SIZE as usize, "hotzone checksums")?;
+            let sums = io::read_bytes(
+                meta,
+                a.offset + re::HOTZONE_RECORD_SIZE,
+                want.sums_len() as usize,
+                "hotzone checksums",
+            )?;
+            if !want.matches(&rec, &sums) {
+                return Err(LuksError::Params(format!(
+                    "Cannot recover the interrupted hotzone at {offset} ({len} bytes): its datashift \
+                     resilience keeps no copy of it with a detached header, and no sealdisk checksums of \
+                     it were found (was it interrupted in cryptsetup?). Its blocks may be partly \
+                     encrypted; restore the data from a backup."
+                )));
+            }
+            let hash = HashAlg::Sha256;
+            let hl = hash.output_len();
+            let mut sum = vec![0u8; hl];
+            let bs = a.block as usize;
+            for (b, blk) in buf.chunks_mut(bs).enumerate() {
+                hash.digest_into(&[&*blk], &mut sum);
+                if sum == sums[b * hl..(b + 1) * hl] {
+                    let at = offset + (b * bs) as u64;
+                    p.rewrite(at / 512, blk)?;
+                    data.write_at(data_offset + at, blk, blockdev::WriteFlags::empty())
                         .map_err(io_err("hotzone"))?;
                 }
             }
@@ -1773,8 +2034,14 @@ pub fn run_unlocked(
     }
     let left = |pos: u64| if backward { pos } else { device_size - pos };
     while !stopped && left(pos) > 0 {
-        let len = length.min(left(pos));
-        let offset = if backward { pos - len } else { pos };
+        let (offset, len) = match &p.sums {
+            Some(_) => re::detached_shift_hotzone(pos, device_size, length)
+                .ok_or(LuksError::Params("internal: no hotzone".into()))?,
+            None => {
+                let len = length.min(left(pos));
+                (if backward { pos - len } else { pos }, len)
+            }
+        };
         let guard = online.map(|d| d.hold(offset, len));
         let chunk = &mut buf[..len as usize];
         let mut next = s.clone();
@@ -1793,6 +2060,11 @@ pub fn run_unlocked(
                 io::write_bytes(meta, rk.area_offset, &sums, "reencryption checksums")?;
             }
             (Resilience::Journal, _) => io::write_bytes(meta, rk.area_offset, chunk, "reencryption journal")?,
+            (Resilience::Datashift { .. }, _) => {
+                if let Some(a) = &p.sums {
+                    a.write(meta, offset, chunk)?;
+                }
+            }
             _ => {}
         }
         if !none {
@@ -1833,6 +2105,13 @@ pub fn run_unlocked(
     if let Some(d) = online {
         // Every sector is new: the clients' I/O no longer needs the old key.
         d.set_boundary(if backward { 0 } else { device_size });
+    }
+    if let Some(a) = &p.sums {
+        // The checksums are of plaintext blocks: wiped (random, as the rest of the free
+        // keyslots area) before the header forgets them.
+        let n = re::HOTZONE_RECORD_SIZE + a.record(0, length).sums_len();
+        io::wipe(meta, a.offset, n, true, "hotzone checksums")?;
+        io::flush(meta, "hotzone checksums")?;
     }
     finish(s, meta, &st, p.d_old, p.d_new)?;
     Ok(RunEnd::Finished)
