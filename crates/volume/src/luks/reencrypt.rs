@@ -33,9 +33,9 @@
 //! resilience `datashift`, backward; activated mid-run as [`ShiftActivation`] says) and the
 //! decryption of a header on the device into a new header file ([`init_decrypt_shift`],
 //! resilience `datashift-checksum`, forward; activated mid-run as
-//! [`DecryptShiftActivation`] says). Refused with a clear error: running a data shift
-//! online (under a served device), and activating a decryption with data shift
-//! interrupted in its last hotzone (decrypted in place; a run recovers it).
+//! [`DecryptShiftActivation`] says, after [`recover_decrypt_shift`] when a crash hit its
+//! last hotzone). Refused with a clear error: running a data shift online (under a served
+//! device).
 
 use std::collections::BTreeMap;
 
@@ -824,7 +824,7 @@ pub struct DecryptShiftActivation {
 /// `Some` for a volume mid data-shift decryption whose data device is `size` bytes long,
 /// which activates as [`DecryptShiftActivation`] says; nothing is written. Refused while
 /// the last hotzone (the moved ciphertext, decrypted in place) is flagged in reencryption:
-/// its blocks are part old, part new until a run recovers them.
+/// its blocks are part old, part new until [`recover_decrypt_shift`] recovers them.
 pub fn decrypt_shift_activation(luks: &Luks, size: u64) -> Result<Option<DecryptShiftActivation>, LuksError> {
     let st = match status(luks)? {
         Some(st) if is_shift_decryption(&st) => st,
@@ -848,8 +848,9 @@ pub fn decrypt_shift_activation(luks: &Luks, size: u64) -> Result<Option<Decrypt
     let fwd = g.data_size - g.moved_size;
     if p >= fwd && st.hot.is_some() {
         return Err(LuksError::Params(
-            "The decryption with data shift was interrupted while it decrypted its last hotzone in place: \
-             finish it with `sealdisk reencrypt --resume-only --header FILE DEVICE` first."
+            "The decryption with data shift was interrupted while it decrypted its last hotzone in place, \
+             which needs recovery, which writes: open it read-write (or resume it with `sealdisk reencrypt \
+             --resume-only --header FILE DEVICE`)."
                 .into(),
         ));
     }
@@ -861,6 +862,24 @@ pub fn decrypt_shift_activation(luks: &Luks, size: u64) -> Result<Option<Decrypt
         moved_plain,
         old: (c.encryption, c.sector_size),
     }))
+}
+
+/// Recovers the last hotzone of a data-shift decryption (the moved ciphertext, decrypted
+/// in place) if a crash left it in reencryption, as cryptsetup does at activation: a block
+/// whose content still hashes to its stored checksum is old and is decrypted again. The
+/// header then says every hotzone is done (the run still has to finish). Writes nothing
+/// in any other state; `Ok` also when `luks` is not mid data-shift decryption.
+pub fn recover_decrypt_shift(
+    meta: &dyn BlockDevice,
+    dev: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+) -> Result<(), LuksError> {
+    match status(luks)? {
+        Some(st) if is_shift_decryption(&st) && st.hot.is_some() => {}
+        _ => return Ok(()),
+    }
+    run_decrypt_shift(meta, dev, luks, keys, &mut |_, _| false, true).map(|_| ())
 }
 
 /// `true` for a LUKS2 header mid data-shift encryption (`--reduce-device-size`).
@@ -1123,12 +1142,16 @@ pub fn is_shift_decrypting(luks: &Luks) -> bool {
 /// resilience (a block that still hashes to its checksum is decrypted again). At the end
 /// the last `S` bytes of the device (ciphertext given up) are wiped with random bytes, as
 /// cryptsetup does, and the header finished: `linear @0 dynamic`, no keyslot left.
+///
+/// With `recover_only`, it stops after recovering the last hotzone if a crash left it in
+/// reencryption, and otherwise writes nothing ([`recover_decrypt_shift`]).
 fn run_decrypt_shift(
     meta: &dyn BlockDevice,
     dev: &dyn BlockDevice,
     luks: &mut Luks,
     keys: &ReencryptKeys,
     progress: &mut dyn FnMut(u64, u64) -> bool,
+    recover_only: bool,
 ) -> Result<RunEnd, LuksError> {
     let size = dev.geometry().size;
     let mut st =
@@ -1190,6 +1213,9 @@ fn run_decrypt_shift(
         re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
         luks2::write_header(&mut next, meta)?;
         *s = next;
+    }
+    if recover_only {
+        return Ok(RunEnd::Interrupted);
     }
     let mut recovering = st.hot.is_some();
     if p < g.total() && !progress(p, g.total()) && !recovering {
@@ -2009,7 +2035,7 @@ pub fn run_unlocked(
             if online.is_some() {
                 return Err(LuksError::Unsupported("a decryption with data shift runs offline only".into()));
             }
-            return run_decrypt_shift(meta, data, luks, keys, progress);
+            return run_decrypt_shift(meta, data, luks, keys, progress, false);
         }
     }
     let mut p = plan(data, luks, keys, opts.hotzone_size)?;

@@ -31,8 +31,8 @@ use formats::dm::{CryptOptions, CryptTable};
 use sector_crypto::VolumeKey;
 
 use super::reencrypt::{
-    decrypt_shift_activation, prepare_activation, shift_activation, DecryptShiftActivation, ReencryptKeys,
-    ShiftActivation,
+    decrypt_shift_activation, is_shift_decrypting, prepare_activation, recover_decrypt_shift,
+    shift_activation, DecryptShiftActivation, ReencryptKeys, ShiftActivation,
 };
 use super::{Luks, LuksError};
 use crate::{crypt_over, OpenOptions, Storage, VolumeError};
@@ -79,6 +79,10 @@ pub fn activate(
     let wrap = |source| VolumeError::Luks { path: storage.name.clone(), source };
     if let Some(sa) = shift_activation(luks, storage.size()).map_err(wrap)? {
         return activate_shift(storage, &sa, keys, opts, flags);
+    }
+    if !opts.read_only && is_shift_decrypting(luks) {
+        // A crash in the last hotzone is recovered first (writes), as cryptsetup's open does.
+        recover_decrypt_shift(meta, &*storage.device, luks, keys).map_err(wrap)?;
     }
     if let Some(da) = decrypt_shift_activation(luks, storage.size()).map_err(wrap)? {
         return activate_decrypt_shift(storage, &da, keys, opts, flags);
