@@ -461,24 +461,9 @@ pub fn plan_encrypt(
     if l.offset.is_some_and(|o| !o.is_multiple_of(512)) {
         return Err(LuksError::Params("Requested data offset is not a multiple of 512 bytes.".into()));
     }
-    let cipher_name = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
-    let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher_name) / 8);
-    let ss = p.sector_size.unwrap_or(512);
-    if ![512, 1024, 2048, 4096].contains(&ss) {
-        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
-    }
-    let fp = super::FormatParams {
-        cipher: cipher_name,
-        key_bytes,
-        pbkdf: p.pbkdf,
-        sector_size: ss,
-        detached: true,
-        offset: l.offset.map(|o| o / 512).filter(|o| *o != 0),
-        metadata_size: md,
-        keyslots_size: ks,
-        data_size: Some(size),
-        ..super::FormatParams::default()
-    };
+    let (cipher_name, key_bytes, ss) = new_crypt(p)?;
+    let offset = l.offset.map(|o| o / 512).filter(|o| *o != 0);
+    let fp = detached_format(p, (cipher_name, key_bytes, ss), offset, md, ks, size);
     let (md, ks, data_offset) = luks2::storage(&fp)?;
     let data_size = size
         .checked_sub(data_offset)
@@ -623,12 +608,7 @@ pub fn init_encrypt_shift(
             "The header takes half of --reduce-device-size ({shift} bytes), which must be a multiple of 4096."
         )));
     }
-    let cipher_name = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
-    let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher_name) / 8);
-    let ss = p.sector_size.unwrap_or(512);
-    if ![512, 1024, 2048, 4096].contains(&ss) {
-        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
-    }
+    let (cipher_name, key_bytes, ss) = new_crypt(p)?;
     let data_size = g.size - reduce;
     let alignment = u64::from(ss.max(g.logical_block).max(512));
     if !data_size.is_multiple_of(alignment) || !g.size.is_multiple_of(alignment) {
@@ -641,18 +621,8 @@ pub fn init_encrypt_shift(
     if ks < luks2::area_size(key_bytes) + 4096 {
         return Err(LuksError::Params("No space for new keyslot.".into()));
     }
-    let fp = super::FormatParams {
-        cipher: cipher_name,
-        key_bytes,
-        pbkdf: p.pbkdf,
-        sector_size: ss,
-        detached: true,
-        offset: Some(shift / 512),
-        metadata_size: Some(md),
-        keyslots_size: Some(ks),
-        data_size: Some(data_size),
-        ..super::FormatParams::default()
-    };
+    let fp =
+        detached_format(p, (cipher_name, key_bytes, ss), Some(shift / 512), Some(md), Some(ks), data_size);
     let image = blockdev::MemDevice::new(shift, 512);
     let (mut luks, vk) = super::format(&image, &fp, passphrase)?;
     let moved_size = shift.min(data_size);
@@ -880,6 +850,42 @@ pub fn recover_decrypt_shift(
         _ => return Ok(()),
     }
     run_decrypt_shift(meta, dev, luks, keys, &mut |_, _| false, true).map(|_| ())
+}
+
+/// The new segment's cipher, key size in bytes and sector size an encryption asks for
+/// (cryptsetup's defaults: aes-xts-plain64, its default key size, 512-byte sectors).
+fn new_crypt(p: &ReencryptParams) -> Result<(String, usize, u32), LuksError> {
+    let cipher = p.cipher.clone().unwrap_or_else(|| "aes-xts-plain64".into());
+    let key_bytes = p.key_bytes.unwrap_or_else(|| super::default_key_bits(&cipher) / 8);
+    let ss = p.sector_size.unwrap_or(512);
+    if ![512, 1024, 2048, 4096].contains(&ss) {
+        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
+    }
+    Ok((cipher, key_bytes, ss))
+}
+
+/// The format parameters of the detached LUKS2 header an encryption starts from: the
+/// [`new_crypt`] choice, `p`'s PBKDF, the header layout and the data's size.
+fn detached_format(
+    p: &ReencryptParams,
+    (cipher, key_bytes, sector_size): (String, usize, u32),
+    offset: Option<u64>,
+    metadata_size: Option<u64>,
+    keyslots_size: Option<u64>,
+    data_size: u64,
+) -> super::FormatParams {
+    super::FormatParams {
+        cipher,
+        key_bytes,
+        pbkdf: p.pbkdf,
+        sector_size,
+        detached: true,
+        offset,
+        metadata_size,
+        keyslots_size,
+        data_size: Some(data_size),
+        ..super::FormatParams::default()
+    }
 }
 
 /// `true` for a LUKS2 header mid data-shift encryption (`--reduce-device-size`).
