@@ -811,6 +811,29 @@ fn served_ds(hdr: &dyn BlockDevice, dev: Vec<u8>) -> (Vec<u8>, bool, Vec<u8>) {
     let mut l = Luks::load(&hdr, true).unwrap();
     let keys = reencrypt::unlock_keys(&hdr, &l, &pass(), &Default::default()).unwrap();
     let storage = Storage::new(dev.clone(), "data");
+    // Read-only first: refused (nothing written) exactly where the open has to recover.
+    let ro = OpenOptions { read_only: true, ..OpenOptions::default() };
+    let ro_refused = match volume::luks::reencrypting::activate(
+        &storage,
+        &hdr,
+        &mut l.clone(),
+        &keys,
+        &ro,
+        &Default::default(),
+    ) {
+        Ok(_) => false,
+        Err(e) => {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            assert!(msg.contains("open it read-write"), "read-only open: {msg}");
+            true
+        }
+    };
+    assert!((dev.to_vec(), hdr.to_vec()) == before, "a read-only open wrote");
     let (vol, _, _) = volume::luks::reencrypting::activate(
         &storage,
         &hdr,
@@ -821,6 +844,7 @@ fn served_ds(hdr: &dyn BlockDevice, dev: Vec<u8>) -> (Vec<u8>, bool, Vec<u8>) {
     )
     .unwrap();
     let wrote = (dev.to_vec(), hdr.to_vec()) != before;
+    assert_eq!(ro_refused, wrote, "a read-only open is refused where, and only where, the open recovers");
     assert_eq!(vol.geometry().size, DS_DATA);
     let mut got = vec![0u8; DS_DATA as usize];
     vol.read_at(0, &mut got).unwrap();
