@@ -237,6 +237,25 @@ fn killed_mid_run(prepare: impl Fn() -> Disk, mut cmd: impl FnMut(&Disk) -> Comm
     None
 }
 
+/// The whole served export at `uri`, read with nbdcopy (into a file in `dir`).
+fn nbd_read_all(uri: &str, dir: &std::path::Path) -> Vec<u8> {
+    let back = dir.join("read.raw");
+    common::run_tool(Command::new("nbdcopy").arg(uri).arg(&back));
+    std::fs::read(&back).unwrap()
+}
+
+/// Writes 64 KiB of byte `i + 1` at each offset `offs[i]` through the export at `uri`
+/// (qemu-io), and the same into `model`.
+fn write_patterns(uri: &str, offs: &[usize], model: &mut [u8]) {
+    let cmds: Vec<String> =
+        offs.iter().enumerate().map(|(i, o)| format!("write -P {} {o} 65536", i + 1)).collect();
+    let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    common::qemu_io(uri, &refs);
+    for (i, &o) in offs.iter().enumerate() {
+        model[o..o + 65536].fill((i + 1) as u8);
+    }
+}
+
 fn encrypted_disk(size: u64) -> Disk {
     let d = Disk::new(size);
     ok(&csr(&d, &["--encrypt"]), "cryptsetup --encrypt");
@@ -383,22 +402,11 @@ fn served_mid_run_resumes_online() {
         let srv =
             common::serve(dir, "vol", &["--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol"], None);
         let uri = srv.uri();
-        let read_all = || {
-            let back = dir.join("read.raw");
-            common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
-            std::fs::read(&back).unwrap()
-        };
+        let read_all = || nbd_read_all(&uri, dir);
         let mut model = plaintext(d.len(), 0);
         assert!(read_all() == model, "{mode}: the served volume mid-run reads wrong");
-        let cmds: Vec<String> = (0..12u64)
-            .map(|i| format!("write -P {} {} 65536", i + 1, (i * 1_900_000) / 4096 * 4096))
-            .collect();
-        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
-        common::qemu_io(&uri, &refs);
-        for i in 0..12u64 {
-            let o = ((i * 1_900_000) / 4096 * 4096) as usize;
-            model[o..o + 65536].fill((i + 1) as u8);
-        }
+        let offs: Vec<usize> = (0..12).map(|i| i * 1_900_000 / 4096 * 4096).collect();
+        write_patterns(&uri, &offs, &mut model);
         let mut c = Command::new(bin());
         c.args([
             "reencrypt",
@@ -577,22 +585,12 @@ fn data_shift_encryption_killed_mid_run_resumes_in_the_other_tool() {
         assert!(line("offset:").contains(&(reduce / 2 / 512).to_string()), "{text}");
         assert!(line("size:").contains(&(n / 512).to_string()), "{text}");
         let uri = srv.uri();
-        let read_all = || {
-            let back = dir.join("read.raw");
-            common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
-            std::fs::read(&back).unwrap()
-        };
+        let read_all = || nbd_read_all(&uri, dir);
         let mut model = plaintext(size as usize, 0)[..n].to_vec();
         assert!(read_all() == model, "the served volume mid data shift reads wrong");
         let offs: Vec<usize> =
             (0..10).map(|i| i * (n / 10) + (i % 3) * 4096 * 400 - 4096 * (i > 0) as usize).collect();
-        let cmds: Vec<String> =
-            offs.iter().enumerate().map(|(i, o)| format!("write -P {} {o} 65536", i + 1)).collect();
-        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
-        common::qemu_io(&uri, &refs);
-        for (i, &o) in offs.iter().enumerate() {
-            model[o..o + 65536].fill((i + 1) as u8);
-        }
+        write_patterns(&uri, &offs, &mut model);
         assert!(read_all() == model, "writes through the volume mid data shift");
         // Running the data shift under the served device is refused; it keeps serving.
         let mut c = Command::new(bin());
@@ -733,11 +731,7 @@ fn serve_mid_shift_decryption(d: &Disk, want: &[u8], reduce: u64) -> Vec<u8> {
     let text = ok(&st.output().unwrap(), "sealdisk status");
     assert!(text.contains("is active") && text.contains("LUKS2"), "{text}");
     let uri = srv.uri();
-    let read_all = || {
-        let back = dir.join("read.raw");
-        common::run_tool(Command::new("nbdcopy").arg(&uri).arg(&back));
-        std::fs::read(&back).unwrap()
-    };
+    let read_all = || nbd_read_all(&uri, dir);
     // The data is the device less the shift (the old header, `reduce / 2`); its first
     // `want.len()` bytes are known, the rest is whatever the tail held before encryption.
     let got = read_all();
@@ -756,13 +750,7 @@ fn serve_mid_shift_decryption(d: &Disk, want: &[u8], reduce: u64) -> Vec<u8> {
     let n = model.len();
     // Into the moved ciphertext, across its end, across the first hotzone's end, further up.
     let offs = [4096, shift - 8192, shift + 4096 * 7, 2 * shift - 4096, n / 2 + 4096, n - 65536];
-    let cmds: Vec<String> =
-        offs.iter().enumerate().map(|(i, o)| format!("write -P {} {o} 65536", i + 1)).collect();
-    let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
-    common::qemu_io(&uri, &refs);
-    for (i, &o) in offs.iter().enumerate() {
-        model[o..o + 65536].fill((i + 1) as u8);
-    }
+    write_patterns(&uri, &offs, &mut model);
     assert!(read_all() == model, "writes through the volume mid data shift decryption");
     // Running it under the served device is refused; it keeps serving.
     let mut c = Command::new(bin());

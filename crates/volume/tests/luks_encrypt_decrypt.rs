@@ -333,6 +333,31 @@ fn cryptsetups_teardown_state_without_old_keyslots_finishes() {
 }
 
 /// Opens the volume (header `hdr`, data `data`) through the one assembly path.
+/// A volume stopped mid-run (header `hdr`, data `data`, which holds `plaintext`): opened
+/// read-only it reads as the plaintext; opened read-write, a MiB written 1/2 MiB from each
+/// end lands; the run then finished keeps both.
+fn reads_writes_and_finishes(hdr: &Arc<MemDevice>, data: &Arc<MemDevice>, what: &str) {
+    let len = data.geometry().size;
+    let v = open_volume(hdr, data, true);
+    let mut buf = vec![0u8; len as usize];
+    v.device.read_at(0, &mut buf).unwrap();
+    assert!(buf == plaintext(len as usize), "{what}: read through the device mid-run");
+    drop(v);
+    let mut want = plaintext(len as usize);
+    let v = open_volume(hdr, data, false);
+    let patch: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8).collect();
+    for off in [MIB / 2, len - 3 * MIB / 2] {
+        v.device.write_at(off, &patch, WriteFlags::empty()).unwrap();
+        want[off as usize..(off + MIB) as usize].copy_from_slice(&patch);
+    }
+    v.device.flush().unwrap();
+    drop(v);
+    let mut l = Luks::load(&**hdr, true).unwrap();
+    let end = reencrypt::run(&**hdr, &**data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
+    assert_eq!(end, RunEnd::Finished, "{what}");
+    assert!(visible(&**hdr, &**data) == want, "{what}: data written mid-run lost");
+}
+
 fn open_volume(hdr: &Arc<MemDevice>, data: &Arc<MemDevice>, read_only: bool) -> volume::Volume {
     let p = pass();
     let mut src = OnePassphrase::new(&p);
@@ -372,26 +397,10 @@ fn a_volume_mid_encryption_or_decryption_opens_reads_and_writes() {
             v.layers.iter().map(|t| matches!(t, volume::LayerTable::Linear { .. })).collect();
         // Layers: new segment, then old; the plaintext side is linear.
         assert_eq!(kinds, if decrypting { vec![true, false] } else { vec![false, true] }, "{what}");
-        let mut buf = vec![0u8; DATA_LEN as usize];
-        v.device.read_at(0, &mut buf).unwrap();
-        assert!(buf == plaintext(DATA_LEN as usize), "{what}: read through the device");
         drop(v);
-
         // Writes on both sides of the boundary (1 MiB from the start when encrypting, from
         // the end when decrypting), then the run finishes.
-        let mut want = plaintext(DATA_LEN as usize);
-        let v = open_volume(&hdr, &data, false);
-        let patch: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8).collect();
-        for off in [MIB / 2, DATA_LEN - 3 * MIB / 2] {
-            v.device.write_at(off, &patch, WriteFlags::empty()).unwrap();
-            want[off as usize..(off + MIB) as usize].copy_from_slice(&patch);
-        }
-        v.device.flush().unwrap();
-        drop(v);
-        let mut l = Luks::load(&*hdr, true).unwrap();
-        let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap();
-        assert_eq!(end, RunEnd::Finished, "{what}");
-        assert!(visible(&*hdr, &*data) == want, "{what}: data written mid-run lost");
+        reads_writes_and_finishes(&hdr, &data, what);
     }
 }
 
@@ -1310,24 +1319,5 @@ fn a_volume_mid_detached_data_shift_encryption_opens_reads_and_writes() {
     let (mut l, _) = reencrypt::init_encrypt(&*hdr, &*data, &pass(), &dh_params(DH_R)).unwrap();
     let end = reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |done, _| done < MIB).unwrap();
     assert_eq!(end, RunEnd::Interrupted);
-    let v = open_volume(&hdr, &data, true);
-    let mut buf = vec![0u8; DH_DATA as usize];
-    v.device.read_at(0, &mut buf).unwrap();
-    assert!(buf == plaintext(DH_DATA as usize), "read through the device mid-run");
-    drop(v);
-    let mut want = plaintext(DH_DATA as usize);
-    let v = open_volume(&hdr, &data, false);
-    let patch: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();
-    for off in [MIB / 2, DH_DATA - 3 * MIB / 2] {
-        v.device.write_at(off, &patch, WriteFlags::empty()).unwrap();
-        want[off as usize..(off + MIB) as usize].copy_from_slice(&patch);
-    }
-    v.device.flush().unwrap();
-    drop(v);
-    let mut l = Luks::load(&*hdr, true).unwrap();
-    assert_eq!(
-        reencrypt::run(&*hdr, &*data, &mut l, &pass(), &opts(), &mut |_, _| true).unwrap(),
-        RunEnd::Finished
-    );
-    assert!(visible(&*hdr, &*data) == want, "data written mid-run lost");
+    reads_writes_and_finishes(&hdr, &data, "detached data shift");
 }
