@@ -100,19 +100,9 @@ pub fn activate(
     let table = |spec: &Option<(String, u32)>, vk: &Option<VolumeKey>| -> Result<SegmentTable, VolumeError> {
         match (spec, vk) {
             (None, _) => Ok(SegmentTable::Linear { offset: act.data_offset / 512, len: act.size / 512 }),
-            (Some((cipher, ss)), Some(vk)) => Ok(SegmentTable::Crypt(CryptTable {
-                len: act.size / 512,
-                cipher: cipher.clone(),
-                key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
-                iv_offset: 0,
-                device: storage.name.clone(),
-                offset: act.data_offset / 512,
-                options: CryptOptions {
-                    sector_size: (*ss != 512).then_some(*ss),
-                    integrity_aead: None,
-                    ..*flags
-                },
-            })),
+            (Some(spec), Some(vk)) => {
+                Ok(SegmentTable::Crypt(segment_table(storage, spec, vk, flags, act.data_offset, act.size)))
+            }
             (Some(_), None) => Err(wrap(LuksError::Params("internal: no key for a crypt segment".into()))),
         }
     };
@@ -131,6 +121,28 @@ pub fn activate(
     let (below, above) = if act.backward { (old, new) } else { (new, old) };
     let device = ReencryptingDevice::from_layers(below, above, act.boundary).map_err(VolumeError::Stack)?;
     Ok((Arc::new(device), tn, vec![to]))
+}
+
+/// The crypt table of a segment of `storage` (`spec`: cipher and sector size; `offset` and
+/// `len` in bytes) under the key `vk`, its IVs counted from the data's start (the segments'
+/// `iv_tweak`), with the activation `flags`.
+fn segment_table(
+    storage: &Storage,
+    (cipher, ss): &(String, u32),
+    vk: &VolumeKey,
+    flags: &CryptOptions,
+    offset: u64,
+    len: u64,
+) -> CryptTable {
+    CryptTable {
+        len: len / 512,
+        cipher: cipher.clone(),
+        key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
+        iv_offset: 0,
+        device: storage.name.clone(),
+        offset: offset / 512,
+        options: CryptOptions { sector_size: (*ss != 512).then_some(*ss), integrity_aead: None, ..*flags },
+    }
 }
 
 /// The device of a volume mid data-shift encryption, as cryptsetup maps its segments: the
@@ -156,16 +168,7 @@ fn activate_shift(
         sa.boundary,
         g.data_size
     );
-    let (cipher, ss) = &sa.new;
-    let tn = CryptTable {
-        len: g.data_size / 512,
-        cipher: cipher.clone(),
-        key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
-        iv_offset: 0,
-        device: storage.name.clone(),
-        offset: g.new_offset / 512,
-        options: CryptOptions { sector_size: (*ss != 512).then_some(*ss), integrity_aead: None, ..*flags },
-    };
+    let tn = segment_table(storage, &sa.new, vk, flags, g.new_offset, g.data_size);
     let slice = |off: u64, len: u64| {
         Slice::new(storage.device.clone(), off, len)
             .map_err(|_| VolumeError::Stack("the data shift segments do not fit the device"))
@@ -216,16 +219,7 @@ fn activate_decrypt_shift(
         da.boundary,
         g.data_size
     );
-    let (cipher, ss) = &da.old;
-    let crypt = |offset: u64, len: u64| CryptTable {
-        len: len / 512,
-        cipher: cipher.clone(),
-        key: zeroize::Zeroizing::new(vk.as_bytes().to_vec()),
-        iv_offset: 0,
-        device: storage.name.clone(),
-        offset: offset / 512,
-        options: CryptOptions { sector_size: (*ss != 512).then_some(*ss), integrity_aead: None, ..*flags },
-    };
+    let crypt = |offset: u64, len: u64| segment_table(storage, &da.old, vk, flags, offset, len);
     let slice = |off: u64, len: u64| {
         Slice::new(storage.device.clone(), off, len)
             .map_err(|_| VolumeError::Stack("the data shift segments do not fit the device"))
