@@ -115,6 +115,9 @@ enum Action {
     /// LUKS2 reencryption (new volume key and/or cipher), offline, resumable, on-disk
     /// compatible with cryptsetup's.
     Reencrypt(Box<actions::reencrypt::ReencryptArgs>),
+    /// Repair a LUKS header (a damaged LUKS2 copy, damaged LUKS1 keyslots), then recover a
+    /// LUKS2 reencryption a crash interrupted mid-hotzone (cryptsetup `repair`).
+    Repair(actions::repair::RepairArgs),
     /// Build-and-run check: a temporary plain volume, served over NBD, written and read
     /// back by a real NBD client, with a short summary.
     Demo(actions::demo::DemoArgs),
@@ -227,6 +230,7 @@ fn main() -> ExitCode {
         Action::LuksHeaderRestore(a) => actions::luks_header::restore(a),
         Action::Erase(a) => actions::luks_keyslot::erase(a),
         Action::Reencrypt(a) => actions::reencrypt::reencrypt(*a),
+        Action::Repair(a) => actions::repair::run(a),
         Action::LuksResumeWipe(a) => actions::wipe::resume(*a),
         Action::Token(a) => actions::luks_token::token(a),
         Action::Config(a) => actions::luks_token::config(a),

@@ -161,6 +161,71 @@ fn sealdisk_killed_mid_hotzone_opens_then_finishes() {
     }
 }
 
+/// What [`volume`] wrote into the data area.
+fn original(v: &Vol) -> Vec<u8> {
+    let (off, _, _) = layout(v.img());
+    plaintext((std::fs::metadata(&v.img).unwrap().len() - off) as usize, 0)
+}
+
+/// A run killed mid-hotzone (cryptsetup's `CRYPT_REENCRYPT_CRASH`): cryptsetup's resume asks
+/// for `repair` first. `sealdisk repair` recovers the hotzone (a wrong passphrase changes
+/// nothing), and cryptsetup then resumes and finishes without loss; and the other way round,
+/// `cryptsetup repair` of a hotzone sealdisk left, then sealdisk finishes.
+#[test]
+fn repair_recovers_a_hotzone_for_the_other_tool_to_resume() {
+    if !tools() {
+        return;
+    }
+    let cs_journal = |v: &Vol| {
+        let mut c = cs_run(v);
+        c.args(["--resilience", "journal"]);
+        c
+    };
+    let resume = |v: &Vol| {
+        cs(&[
+            "reencrypt",
+            "--batch-mode",
+            "--force-offline-reencrypt",
+            "--resume-only",
+            "--key-file",
+            v.pass(),
+            v.img(),
+        ])
+    };
+    let mut caught = 0;
+    if let Some((v, _)) = killed_mid_run(Some(true), cs_journal) {
+        caught += 1;
+        let refused = resume(&v);
+        assert!(
+            !refused.status.success()
+                && String::from_utf8_lossy(&refused.stderr).contains("Run repair first"),
+            "cryptsetup resumed a crashed hotzone without repair: {}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+        let before = std::fs::read(&v.img).unwrap();
+        let wrong = v.dir.path().join("wrong");
+        std::fs::write(&wrong, b"wrong horse").unwrap();
+        let out = sealdisk(&["repair", "--batch-mode", "--key-file", wrong.to_str().unwrap(), v.img()]);
+        assert_eq!(out.status.code(), Some(2), "wrong passphrase: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(std::fs::read(&v.img).unwrap() == before, "a repair with the wrong passphrase wrote");
+        ok(&sealdisk(&["repair", "--batch-mode", "--key-file", v.pass(), v.img()]), "sealdisk repair");
+        assert_eq!(in_progress(v.img()), Some(false), "the hotzone is still flagged after repair");
+        ok(&resume(&v), "cryptsetup reencrypt --resume-only after sealdisk repair");
+        assert_data(&v, &original(&v), "cryptsetup killed, sealdisk repaired, cryptsetup finished");
+    }
+    if let Some((v, _)) = killed_mid_run(Some(true), sd_run("journal")) {
+        caught += 1;
+        ok(&cs(&["repair", "--batch-mode", "--key-file", v.pass(), v.img()]), "cryptsetup repair");
+        assert_eq!(in_progress(v.img()), Some(false), "cryptsetup left the hotzone flagged");
+        ok(
+            &sealdisk(&["reencrypt", "--resume-only", "--key-file", v.pass(), v.img()]),
+            "sealdisk reencrypt --resume-only after cryptsetup repair",
+        );
+        assert_data(&v, &original(&v), "sealdisk killed, cryptsetup repaired, sealdisk finished");
+    }
+    assert!(caught > 0, "neither tool was ever killed mid-hotzone");
+}
+
 /// Opened read-only, a volume with a hotzone to recover is refused (recovery writes) and
 /// nothing changes; one between hotzones is served read-only.
 #[test]

@@ -194,6 +194,23 @@ pub enum Luks1Error {
     },
 }
 
+/// Why [`Luks1Header::repair_keyslots`] could not repair a header (cryptsetup's words
+/// where it has them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Luks1RepairError {
+    /// A volume key size other than 16, 32 or 64 bytes.
+    #[error("Non standard key size, manual repair required ({0} bytes).")]
+    KeySize(u32),
+    /// The first keyslot area starts before 4096 bytes (cryptsetup 1.0).
+    #[error("Non standard keyslots alignment, manual repair required (first keyslot at sector {0}).")]
+    Alignment(u32),
+    /// What the repair can change was not enough (an enabled keyslot is damaged, or the
+    /// keyslots overlap out of order).
+    #[error("Repair failed: {0}")]
+    StillInvalid(#[source] Luks1Error),
+}
+
 /// State of a LUKS1 keyslot, from its `active` word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyslotState {
@@ -408,6 +425,15 @@ impl Luks1Header {
     /// Decode and validate a phdr from the first bytes of a device (at least 592; the
     /// 432 bytes of padding that follow on disk are ignored).
     pub fn decode(bytes: &[u8]) -> Result<Self, Luks1Error> {
+        let hdr = Self::decode_unchecked(bytes)?;
+        hdr.validate()?;
+        Ok(hdr)
+    }
+
+    /// [`decode`](Self::decode) without the keyslot checks of [`validate`](Self::validate)
+    /// (the magic, version, text fields and hash are still checked): what
+    /// [`repair_keyslots`](Self::repair_keyslots) starts from.
+    pub fn decode_unchecked(bytes: &[u8]) -> Result<Self, Luks1Error> {
         if bytes.len() < PHDR_SIZE {
             return Err(Luks1Error::Truncated(bytes.len()));
         }
@@ -445,8 +471,64 @@ impl Luks1Header {
             uuid: text(b, UUID_OFF, UUID_L, "uuid")?,
             keyslots,
         };
-        hdr.validate()?;
         Ok(hdr)
+    }
+
+    /// cryptsetup's LUKS1 `repair` (`_keyslot_repair`, lib/luks1/keymanage.c), for a header
+    /// [`validate`](Self::validate) refuses: every keyslot that is not enabled gets the
+    /// offset and stripes of a freshly formatted header ([`standard_keyslot_layout`]); one
+    /// that needed it, or slot 6 when `phdr` (the header's first 512 bytes as read) ends
+    /// in an MS-DOS partition signature, is disabled with its salt and iterations wiped.
+    /// Enabled keyslots are never changed (their key material is where they say). The
+    /// result must then pass [`validate`](Self::validate); on any error `self` is left as
+    /// it was. Returns what was changed, in cryptsetup's words, in keyslot order (empty:
+    /// nothing to write).
+    pub fn repair_keyslots(&mut self, phdr: &[u8]) -> Result<Vec<String>, Luks1RepairError> {
+        if ![16, 32, 64].contains(&self.key_bytes) {
+            return Err(Luks1RepairError::KeySize(self.key_bytes));
+        }
+        // cryptsetup 1.0 did not align the keyslots to 4096 bytes: not repairable.
+        let first = self.keyslots.iter().map(|k| k.key_material_offset).min().unwrap_or(0);
+        if u64::from(first) < ALIGN_KEYSLOTS / SECTOR_SIZE {
+            return Err(Luks1RepairError::Alignment(first));
+        }
+        let (offsets, _) = standard_keyslot_layout(self.key_bytes);
+        let partition_signature = phdr.get(0x1fe..0x200) == Some(&[0x55, 0xaa][..]);
+        let mut fixed = self.clone();
+        let mut notes = Vec::new();
+        for (i, ks) in fixed.keyslots.iter_mut().enumerate() {
+            if ks.state == KeyslotState::Enabled {
+                continue;
+            }
+            let mut bad = false;
+            if ks.key_material_offset != offsets[i] {
+                notes.push(format!(
+                    "Keyslot {i}: offset repaired ({} -> {}).",
+                    ks.key_material_offset, offsets[i]
+                ));
+                ks.key_material_offset = offsets[i];
+                bad = true;
+            }
+            if ks.stripes != STRIPES {
+                notes.push(format!("Keyslot {i}: stripes repaired ({} -> {STRIPES}).", ks.stripes));
+                ks.stripes = STRIPES;
+                bad = true;
+            }
+            if i == 6 && partition_signature {
+                notes.push(format!("Keyslot {i}: bogus partition signature."));
+                bad = true;
+            }
+            if bad {
+                notes.push(format!("Keyslot {i}: salt wiped."));
+                ks.state = KeyslotState::Disabled;
+                ks.salt = [0; SALT_L];
+                ks.iterations = 0;
+            }
+        }
+        // The repair cannot reorder keyslots: a header still invalid is not written.
+        fixed.validate().map_err(Luks1RepairError::StillInvalid)?;
+        *self = fixed;
+        Ok(notes)
     }
 
     /// cryptsetup's structural checks (`LUKS_check_keyslots`, plus non-empty cipher and a
@@ -623,6 +705,62 @@ mod tests {
         let bytes = h.encode().unwrap();
         assert_eq!(bytes.len(), PHDR_DISK_SIZE);
         assert_eq!(Luks1Header::decode(&bytes).unwrap(), h);
+    }
+
+    #[test]
+    fn repair_resets_disabled_keyslots_and_leaves_enabled_ones() {
+        let good = sample();
+        let mut h = good.clone();
+        h.keyslots[7].key_material_offset = 9000;
+        h.keyslots[3].stripes = 3999;
+        h.keyslots[5].state = KeyslotState::Invalid(7);
+        assert!(h.validate().is_err());
+        let notes = h.repair_keyslots(&[0; 512]).unwrap();
+        assert_eq!(
+            notes,
+            [
+                "Keyslot 3: stripes repaired (3999 -> 4000).",
+                "Keyslot 3: salt wiped.",
+                "Keyslot 7: offset repaired (9000 -> 3536).",
+                "Keyslot 7: salt wiped.",
+            ]
+        );
+        h.validate().unwrap();
+        assert_eq!(h.keyslots[0], good.keyslots[0], "the enabled keyslot is untouched");
+        for i in [3, 7] {
+            assert_eq!(h.keyslots[i].state, KeyslotState::Disabled);
+            assert_eq!((h.keyslots[i].salt, h.keyslots[i].iterations), ([0; SALT_L], 0));
+        }
+        // Only offsets and stripes decide: an invalid `active` word alone is kept.
+        let mut kept = good.keyslots[5].clone();
+        kept.state = KeyslotState::Invalid(7);
+        assert_eq!(h.keyslots[5], kept);
+    }
+
+    #[test]
+    fn repair_refuses_what_it_cannot_fix_and_changes_nothing() {
+        let mut h = sample();
+        h.keyslots[0].key_material_offset = 9000;
+        let before = h.clone();
+        assert!(matches!(h.repair_keyslots(&[0; 512]), Err(Luks1RepairError::StillInvalid(_))));
+        assert_eq!(h, before, "an enabled keyslot is never moved");
+        let mut h = sample();
+        h.key_bytes = 48;
+        assert_eq!(h.repair_keyslots(&[0; 512]), Err(Luks1RepairError::KeySize(48)));
+        let mut h = sample();
+        h.keyslots[0].key_material_offset = 2;
+        assert_eq!(h.repair_keyslots(&[0; 512]), Err(Luks1RepairError::Alignment(2)));
+    }
+
+    #[test]
+    fn repair_wipes_keyslot_6_under_a_partition_signature() {
+        let mut h = sample();
+        let mut phdr = [0u8; 512];
+        phdr[0x1fe..].copy_from_slice(&[0x55, 0xaa]);
+        let notes = h.repair_keyslots(&phdr).unwrap();
+        assert_eq!(notes, ["Keyslot 6: bogus partition signature.", "Keyslot 6: salt wiped."]);
+        assert_eq!(h.keyslots[6].salt, [0; SALT_L]);
+        assert!(sample().repair_keyslots(&[0; 512]).unwrap().is_empty(), "a sound header needs nothing");
     }
 
     #[test]

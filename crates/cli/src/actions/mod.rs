@@ -17,6 +17,7 @@ pub mod objcopy;
 pub mod open;
 pub mod probe;
 pub mod reencrypt;
+pub mod repair;
 pub mod resize_offline;
 pub mod tcrypt;
 pub mod wipe;

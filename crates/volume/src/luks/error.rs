@@ -1,6 +1,6 @@
 //! What goes wrong in a LUKS operation, typed by cause.
 use blockdev::BlockError;
-use formats::luks1::Luks1Error;
+use formats::luks1::{Luks1Error, Luks1RepairError};
 use formats::luks2::Luks2Error;
 use sector_crypto::kdf::KdfError;
 use sector_crypto::CryptoError;
@@ -28,6 +28,9 @@ pub enum LuksError {
     /// The LUKS1 header is invalid.
     #[error("invalid LUKS1 header")]
     Luks1(#[source] Luks1Error),
+    /// `repair` could not repair the LUKS1 header (nothing was written).
+    #[error("cannot repair the LUKS1 header")]
+    Luks1Repair(#[source] Luks1RepairError),
     /// No valid LUKS2 header.
     #[error("invalid LUKS2 header")]
     Luks2(#[source] Luks2Error),
@@ -140,7 +143,7 @@ impl LuksError {
             | LuksError::UnsupportedAead { .. }
             | LuksError::Cipher { .. }
             | LuksError::Limit(_) => K::Unsupported,
-            LuksError::Luks1(_) | LuksError::Luks2(_) => K::Corrupt,
+            LuksError::Luks1(_) | LuksError::Luks1Repair(_) | LuksError::Luks2(_) => K::Corrupt,
             LuksError::Io { source, .. } => match crate::error::block_kind(source) {
                 k @ (K::Busy | K::Permission) => k,
                 _ => K::Io,

@@ -116,6 +116,30 @@ impl Luks {
         }
     }
 
+    /// cryptsetup's `repair` of the header on `meta`: a damaged or stale LUKS2 copy is
+    /// rewritten from the good one (as a writable [`load`](Self::load) does); a LUKS1
+    /// header whose keyslots fail the checks has its disabled keyslots reset to a fresh
+    /// header's layout (cryptsetup's rules: enabled keyslots are never touched, and a header
+    /// that is still invalid after that is not written). Returns the header as loaded after
+    /// the repair and what was changed, in cryptsetup's words (empty: nothing written).
+    pub fn repair(meta: &dyn BlockDevice) -> Result<(Self, Vec<String>), LuksError> {
+        match probe(meta)? {
+            None => Err(LuksError::NotLuks),
+            Some(LuksVersion::V1) => {
+                let notes = luks1::repair(meta)?;
+                Ok((luks1::load(meta)?, notes))
+            }
+            Some(LuksVersion::V2) => {
+                let luks = luks2::load(meta, true)?;
+                let notes = match luks.repaired {
+                    Some(kind) => vec![format!("LUKS2 {kind} header repaired from the other copy.")],
+                    None => Vec::new(),
+                };
+                Ok((luks, notes))
+            }
+        }
+    }
+
     /// Loads from an in-memory image (a header backup file).
     pub fn load_image(image: &[u8]) -> Result<Self, LuksError> {
         let block = if image.len().is_multiple_of(4096) { 4096 } else { 512 };

@@ -27,6 +27,34 @@ pub(super) fn load(meta: &dyn BlockDevice) -> Result<Luks, LuksError> {
     Ok(Luks { header: LuksHeader::V1(Box::new(h)), repaired: None, needs_repair: None })
 }
 
+/// cryptsetup's LUKS1 `repair`: a header whose keyslots fail the checks of `load` is
+/// repaired as [`Luks1Header::repair_keyslots`] says (the cipher must be one sealdisk can
+/// run, as cryptsetup checks it can), checked against the device size, and written once.
+/// Returns what was changed (empty: the header loads as it is, nothing written).
+pub(super) fn repair(meta: &dyn BlockDevice) -> Result<Vec<String>, LuksError> {
+    let size = meta.geometry().size;
+    let bytes = io::read_bytes(meta, 0, PHDR_DISK_SIZE.min(size as usize), "LUKS1 header")?;
+    let mut h = Luks1Header::decode_unchecked(&bytes).map_err(LuksError::Luks1)?;
+    if h.validate().is_ok() {
+        h.check_device_size(size).map_err(LuksError::Luks1)?;
+        return Ok(Vec::new());
+    }
+    let spec = h.cipher_spec();
+    let err = |source| LuksError::Cipher { spec: spec.clone(), source };
+    // A throwaway key with distinct halves (XTS refuses equal ones).
+    let probe: Vec<u8> = (0..h.key_bytes).map(|i| i as u8).collect();
+    let params = sector_crypto::SectorParams { sector_size: 512, iv_offset: 0, iv_large_sectors: false };
+    sector_crypto::SectorCipher::new(&spec.parse().map_err(err)?, &VolumeKey::from_slice(&probe), params)
+        .map_err(err)?;
+    let notes = h.repair_keyslots(&bytes).map_err(LuksError::Luks1Repair)?;
+    h.check_device_size(size).map_err(LuksError::Luks1)?;
+    if !notes.is_empty() {
+        log::info!("Writing LUKS header to disk.");
+        write_header(&h, meta)?;
+    }
+    Ok(notes)
+}
+
 pub(super) fn active(h: &Luks1Header) -> Vec<u32> {
     (0..LUKS1_KEYSLOTS).filter(|&i| h.keyslots[i as usize].state == KeyslotState::Enabled).collect()
 }

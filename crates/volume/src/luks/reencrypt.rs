@@ -2261,3 +2261,39 @@ fn finish(
     io::flush(meta, "old keyslot and reencryption area")?;
     Ok(())
 }
+
+/// cryptsetup `repair`'s reencryption recovery: when a crash left a hotzone flagged in
+/// reencryption (cryptsetup's `CRYPT_REENCRYPT_CRASH`, which its `reencrypt` refuses to
+/// resume: "Device requires reencryption recovery. Run repair first."), recovers that
+/// hotzone the way the next run or writable open would, writes the header that moves past
+/// it, and stops: the rest is left to `reencrypt --resume-only`, in either tool. The one
+/// exception is a data shift whose interrupted hotzone was its last: what remains after it
+/// is the end of the run (a wipe and the final header), which is then done too. Returns
+/// `false`, with nothing written, when no hotzone needs recovery.
+pub fn recover_interrupted(
+    meta: &dyn BlockDevice,
+    data: &dyn BlockDevice,
+    luks: &mut Luks,
+    keys: &ReencryptKeys,
+) -> Result<bool, LuksError> {
+    let hot =
+        |luks: &Luks| -> Result<bool, LuksError> { Ok(status(luks)?.is_some_and(|st| st.hot.is_some())) };
+    if !hot(luks)? {
+        return Ok(false);
+    }
+    if is_shift_decrypting(luks) {
+        // Its last hotzone (the moved ciphertext, decrypted in place) has its own recovery.
+        recover_decrypt_shift(meta, data, luks, keys)?;
+        if !hot(luks)? {
+            return Ok(true);
+        }
+    }
+    // A run that stops before its first new hotzone: what it does first is the recovery.
+    run_unlocked(meta, data, luks, keys, &RunOptions::default(), None, &mut |_, _| false)?;
+    if hot(luks)? {
+        return Err(LuksError::Params(
+            "internal: the interrupted hotzone is still flagged after its recovery".into(),
+        ));
+    }
+    Ok(true)
+}
