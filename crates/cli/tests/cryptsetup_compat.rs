@@ -477,3 +477,50 @@ fn is_luks_is_silent_unless_verbose() {
     assert_eq!(code(&o), Some(1));
     assert!(o.stderr.is_empty(), "{}", stderr(&o));
 }
+
+/// `luksFormat --luks2-keyslots-size / --luks2-metadata-size / --offset`: the same exit code
+/// and the same warnings on stdout as cryptsetup ("keyslots area … is very small"), and
+/// cryptsetup's refusal of a keyslots area it would have to round ("Unsupported LUKS2
+/// metadata size options.").
+#[test]
+fn luks2_metadata_size_options_warn_and_refuse_as_cryptsetup() {
+    if !common::have("cryptsetup") {
+        eprintln!("SKIPPED: cryptsetup is not installed");
+        return;
+    }
+    let (_dir, img, pass) = setup(LUKS2_IMAGE);
+    for opts in [
+        &["--luks2-keyslots-size", "1M"][..],
+        &["--luks2-keyslots-size", "100000"],
+        &["--luks2-keyslots-size", "200M"],
+        &["--luks2-keyslots-size", "4M"],
+        &["--luks2-metadata-size", "64k", "--luks2-keyslots-size", "2M"],
+        &["--luks2-metadata-size", "20k"],
+        &["--offset", "4096"],
+        &[],
+    ] {
+        let mut args = vec!["luksFormat", "--type", "luks2", "--batch-mode", "--key-file", &pass];
+        args.extend(FAST_PBKDF2);
+        args.extend(opts);
+        args.push(&img);
+        let ours = run(&args);
+        let theirs = Command::new("cryptsetup").args(&args[..]).stdin(Stdio::null()).output().unwrap();
+        assert_eq!(code(&ours), code(&theirs), "{opts:?}: {} / {}", stderr(&ours), stderr(&theirs));
+        let warnings = |o: &Output| -> Vec<String> {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("WARNING"))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(warnings(&ours), warnings(&theirs), "{opts:?}");
+        if !theirs.status.success() {
+            let words = "Unsupported LUKS2 metadata size options.";
+            assert!(
+                stderr(&theirs).contains(words) && stderr(&ours).contains(words),
+                "{opts:?}: {}",
+                stderr(&ours)
+            );
+        }
+    }
+}

@@ -367,3 +367,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     num.parse::<u64>().ok().and_then(|n| n.checked_mul(mul)).ok_or_else(|| format!("invalid size {s:?}"))
 }
+
+/// cryptsetup's warnings (on stdout) about the keyslots area its luksFormat makes: `ks`
+/// bytes, `asked` for.
+pub fn keyslots_warnings(ks: u64, asked: Option<u64>) {
+    // LUKS2_HDR_OFFSET_MAX less two 16 KiB metadata copies.
+    if ks < 0x40_0000 - 0x8000 {
+        println!(
+            "WARNING: keyslots area ({ks} bytes) is very small, available LUKS2 keyslot count is very limited."
+        );
+    }
+    if asked.is_some_and(|k| k != ks) {
+        println!("WARNING: LUKS2 keyslots area size changed to {ks} bytes.");
+    }
+}

@@ -135,6 +135,12 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
     // holds the header, or an integrity area) it is opened and locked before anything is
     // asked, so a device in use is refused at once (exit 5).
     let data = open_meta(&device, a.header.is_some() && integrity.is_none())?;
+    if version == LuksVersion::V2 {
+        // cryptsetup refuses the size options before it asks anything, and warns about a
+        // small keyslots area (stdout).
+        let (_, ks, _) = luks::luks2_layout(&params).map_err(luks_err(&meta_path))?;
+        super::luks::keyslots_warnings(ks, a.luks2_keyslots_size);
+    }
     confirm(&format!("This will overwrite data on {meta_path} irrevocably."), a.batch_mode)?;
     let key_file = a.positional.get(1).map(String::as_str).or(a.key.key_file.as_deref());
     let pass = new_passphrase(

@@ -403,7 +403,10 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
     let asked = params.layout.keyslots_size.or_else(|| {
         params.layout.reduce_device_size.map(|r| r - 2 * params.layout.metadata_size.unwrap_or(16 << 10))
     });
-    keyslots_warnings(volume::luks::header_size(&fp) - 2 * fp.metadata_size.unwrap_or(16 << 10), asked);
+    super::luks::keyslots_warnings(
+        volume::luks::header_size(&fp) - 2 * fp.metadata_size.unwrap_or(16 << 10),
+        asked,
+    );
     let so = volume::OpenOptions { lock: true, ..Default::default() }.storage();
     let meta = volume::luks::open_header_for_format(&header, &fp, &so)?;
     let made = with_passphrase(&a.key, "Enter passphrase: ", |p| {
@@ -460,7 +463,7 @@ fn encrypt_shift(a: ReencryptArgs, mut reduce: u64) -> Result<()> {
     params.resilience = "datashift".into();
     let (_, ks) = reencrypt::shift_header_layout(&params.layout, reduce / 2)
         .map_err(|e| anyhow::Error::from(UsageError(e.to_string())))?;
-    keyslots_warnings(ks, a.luks2_keyslots_size);
+    super::luks::keyslots_warnings(ks, a.luks2_keyslots_size);
     let (mut luks, pass) = with_passphrase(&a.key, "Enter passphrase: ", |p| {
         let (luks, slot) = reencrypt::init_encrypt_shift(&*dev.device, p, &params, reduce)
             .map_err(luks_err(&a.device))
@@ -525,20 +528,6 @@ fn decrypt_shift(a: ReencryptArgs, header: String) -> Result<()> {
         return Ok(());
     }
     run_to_end(&a, &meta, &*dev.device, &mut luks, &pass, &header)
-}
-
-/// cryptsetup's warnings (on stdout) about the keyslots area its luksFormat makes: `ks`
-/// bytes, `asked` for.
-fn keyslots_warnings(ks: u64, asked: Option<u64>) {
-    // LUKS2_HDR_OFFSET_MAX less two 16 KiB metadata copies.
-    if ks < 0x40_0000 - 0x8000 {
-        println!(
-            "WARNING: keyslots area ({ks} bytes) is very small, available LUKS2 keyslot count is very limited."
-        );
-    }
-    if asked.is_some_and(|k| k != ks) {
-        println!("WARNING: LUKS2 keyslots area size changed to {ks} bytes.");
-    }
 }
 
 /// `--key-size` in whole bytes.

@@ -225,6 +225,12 @@ pub(crate) fn parse_hash(name: &str) -> Result<HashAlg, LuksError> {
     name.parse().map_err(|_| LuksError::Unsupported(format!("Requested hash {name:?} is not supported.")))
 }
 
+/// The LUKS2 layout luksFormat makes for `p`: metadata copy size, keyslots area size and
+/// data offset, in bytes; cryptsetup's refusals of the size options come from here.
+pub fn luks2_layout(p: &FormatParams) -> Result<(u64, u64, u64), LuksError> {
+    super::luks2::storage(p)
+}
+
 /// Bytes a detached header file needs for `p` (cryptsetup grows file-backed header devices
 /// to this): LUKS1 up to the end of the last keyslot, rounded up to 4096 bytes; LUKS2 both
 /// metadata copies and the keyslots area.

@@ -595,7 +595,16 @@ pub(super) fn storage(p: &FormatParams) -> Result<(u64, u64, u64), LuksError> {
     let md = p.metadata_size.unwrap_or(METADATA_SIZES[0]);
     if !METADATA_SIZES.contains(&md) {
         return Err(LuksError::Params(format!(
-            "unsupported LUKS2 metadata size {md} (16k, 32k, 64k, 128k, 256k, 512k, 1m, 2m or 4m)"
+            "Unsupported LUKS2 metadata size options. (metadata size {md}: 16k, 32k, 64k, 128k, 256k, \
+             512k, 1m, 2m or 4m)"
+        )));
+    }
+    // As cryptsetup's crypt_set_metadata_size: an asked keyslots area is refused, not rounded.
+    if let Some(k) = p.keyslots_size.filter(|&k| k != 0 && (!k.is_multiple_of(4096) || k > MAX_KEYSLOTS_SIZE))
+    {
+        return Err(LuksError::Params(format!(
+            "Unsupported LUKS2 metadata size options. (keyslots size {k}: a multiple of 4096 bytes, at most \
+             {MAX_KEYSLOTS_SIZE})"
         )));
     }
     let mut data_offset = p.offset.map_or(0, |o| o * 512);

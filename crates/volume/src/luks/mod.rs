@@ -64,7 +64,7 @@ pub use aead::{
 };
 pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
 pub use error::LuksError;
-pub use format::{default_key_bits, format, header_size, open_header_for_format, FormatParams};
+pub use format::{default_key_bits, format, header_size, luks2_layout, open_header_for_format, FormatParams};
 pub(crate) use format::{parse_hash, SlotKey};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).
 pub use formats::dm::CryptOptions;
