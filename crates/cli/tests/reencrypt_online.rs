@@ -12,7 +12,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::cryptsetup::{cipher, cs, in_progress, layout, ok, plaintext, volume_key, write_at, Vol};
@@ -129,16 +129,7 @@ fn cryptsetup_killed_mid_run_opens_in_sealdisk_then_cryptsetup_finishes() {
     let (v, hot) = killed_mid_run(None, cs_run).expect("cryptsetup was never caught mid-run");
     let new = serve_read_write(&v);
     let _ = hot;
-    let mut args = vec![
-        "reencrypt",
-        "--batch-mode",
-        "--force-offline-reencrypt",
-        "--resume-only",
-        "--key-file",
-        v.pass(),
-    ];
-    args.push(v.img());
-    ok(&cs(&args), "cryptsetup reencrypt --resume-only");
+    ok(&cs_resume(&v), "cryptsetup reencrypt --resume-only");
     assert_data(&v, &new, "cryptsetup killed, sealdisk served, cryptsetup finished");
 }
 
@@ -161,6 +152,19 @@ fn sealdisk_killed_mid_hotzone_opens_then_finishes() {
     }
 }
 
+/// `cryptsetup reencrypt --resume-only` of `v`, offline.
+fn cs_resume(v: &Vol) -> Output {
+    cs(&[
+        "reencrypt",
+        "--batch-mode",
+        "--force-offline-reencrypt",
+        "--resume-only",
+        "--key-file",
+        v.pass(),
+        v.img(),
+    ])
+}
+
 /// What [`volume`] wrote into the data area.
 fn original(v: &Vol) -> Vec<u8> {
     let (off, _, _) = layout(v.img());
@@ -181,21 +185,10 @@ fn repair_recovers_a_hotzone_for_the_other_tool_to_resume() {
         c.args(["--resilience", "journal"]);
         c
     };
-    let resume = |v: &Vol| {
-        cs(&[
-            "reencrypt",
-            "--batch-mode",
-            "--force-offline-reencrypt",
-            "--resume-only",
-            "--key-file",
-            v.pass(),
-            v.img(),
-        ])
-    };
     let mut caught = 0;
     if let Some((v, _)) = killed_mid_run(Some(true), cs_journal) {
         caught += 1;
-        let refused = resume(&v);
+        let refused = cs_resume(&v);
         assert!(
             !refused.status.success()
                 && String::from_utf8_lossy(&refused.stderr).contains("Run repair first"),
@@ -210,7 +203,7 @@ fn repair_recovers_a_hotzone_for_the_other_tool_to_resume() {
         assert!(std::fs::read(&v.img).unwrap() == before, "a repair with the wrong passphrase wrote");
         ok(&sealdisk(&["repair", "--batch-mode", "--key-file", v.pass(), v.img()]), "sealdisk repair");
         assert_eq!(in_progress(v.img()), Some(false), "the hotzone is still flagged after repair");
-        ok(&resume(&v), "cryptsetup reencrypt --resume-only after sealdisk repair");
+        ok(&cs_resume(&v), "cryptsetup reencrypt --resume-only after sealdisk repair");
         assert_data(&v, &original(&v), "cryptsetup killed, sealdisk repaired, cryptsetup finished");
     }
     if let Some((v, _)) = killed_mid_run(Some(true), sd_run("journal")) {
@@ -446,16 +439,7 @@ fn server_killed_mid_online_reencryption_resumes_offline() {
             if hot {
                 ok(&cs(&["repair", "--batch-mode", "--key-file", v.pass(), v.img()]), "cryptsetup repair");
             }
-            let args = [
-                "reencrypt",
-                "--batch-mode",
-                "--force-offline-reencrypt",
-                "--resume-only",
-                "--key-file",
-                v.pass(),
-                v.img(),
-            ];
-            ok(&cs(&args), "cryptsetup resume");
+            ok(&cs_resume(&v), "cryptsetup resume");
         }
         assert_data(&v, &model, finisher);
     }
