@@ -919,21 +919,9 @@ impl Live {
             Ok(k) => k,
             Err(e) => return fail(e),
         };
-        if re::is_data_shift(&luks) {
-            // Served as cryptsetup maps it, but its run rewrites the served data offline only.
-            return fail(volume::luks::LuksError::Unsupported(
-                "an encryption with data shift (--reduce-device-size) runs offline only: close the \
-                 device and run `sealdisk reencrypt` on it"
-                    .into(),
-            ));
-        }
-        if re::is_shift_decrypting(&luks) {
-            return fail(volume::luks::LuksError::Unsupported(
-                "a decryption with data shift runs offline only: close the device and run \
-                 `sealdisk reencrypt --resume-only --header FILE` on it"
-                    .into(),
-            ));
-        }
+        // A data shift (encryption with --reduce-device-size, decryption into a new header
+        // file) runs online too: the run holds each hotzone, whose source and destination
+        // are live for no position outside it (see `run_datashift` / `run_decrypt_shift`).
         // The device for both segments replaces the served one between requests.
         let Some(old) = self.gate.hold() else {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
