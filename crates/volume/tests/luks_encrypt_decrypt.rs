@@ -1328,8 +1328,9 @@ fn a_volume_mid_detached_data_shift_encryption_opens_reads_and_writes() {
 /// Runs the reencryption in progress (header `hdr`, data `data`: the same device when the
 /// header is on it) online as the control server does: the device the server activates,
 /// `run_unlocked` with it on a thread, and a client that meanwhile writes 8 KiB patterns
-/// (one at a pseudo-random place, one across the run's boundary, one across `moved`, the
-/// end of the moved segment) and reads each back, and reads the whole device now and then.
+/// (at a pseudo-random place, across the run's boundary and 64 KiB either side of it, and
+/// across `moved`, the end of the moved segment) and reads each back, and reads the whole
+/// device now and then.
 /// The progress callback stops the run after `stop_after` hotzones (`None`: to the end).
 /// `model` (what the device holds) takes the writes. Returns how the run ended.
 fn online_run(
@@ -1387,7 +1388,16 @@ fn online_run(
             x ^= x << 17;
             let b = dev.boundary();
             let across = |p: u64| p.saturating_sub(4096).min(size - 8192);
-            for off in [x % ((size - 8192) / 4096) * 4096, across(b), across(moved)] {
+            // Around the boundary: into the hotzone in flight and the next one, whichever
+            // side of it they are.
+            let near = |p: u64| across(p.clamp(4096, size));
+            for off in [
+                x % ((size - 8192) / 4096) * 4096,
+                across(b),
+                across(moved),
+                near(b.saturating_sub(65536)),
+                near(b + 65536),
+            ] {
                 writes += 1;
                 let patch = vec![(writes % 251) as u8 + 1; 8192];
                 dev.write_at(off, &patch, WriteFlags::empty()).unwrap();
