@@ -739,6 +739,15 @@ fn shift_geometry(
     {
         return Err(meta_err(re::ReencryptMetaError::Layout("data shift segments outside the device")));
     }
+    // The moved copy is read until the last hotzone: no hotzone may write over it (the new
+    // segment), and it holds no plaintext still read in place (cryptsetup puts it past the
+    // new segment, at the end of the device).
+    let apart = |a: u64, al: u64, b: u64, bl: u64| a + al <= b || b + bl <= a;
+    if !apart(g.moved_offset, g.moved_size, g.new_offset, g.data_size)
+        || !apart(g.moved_offset, g.moved_size, g.old_offset + g.moved_size, g.data_size - g.moved_size)
+    {
+        return Err(meta_err(re::ReencryptMetaError::Layout("the moved data segment overlaps the data")));
+    }
     Ok((st, g, c))
 }
 
