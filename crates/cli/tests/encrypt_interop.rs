@@ -1397,6 +1397,7 @@ fn online_shift_run(
     let out = child.wait_with_output().unwrap();
     ok(&out, "sealdisk reencrypt --resume-only --active-name (data shift)");
     assert!(during >= 1, "no client write ran during the online run ({rounds} rounds)");
+    eprintln!("{rounds} rounds of client writes, {during} while the run went on");
     assert!(reenc_line(d).contains("finished"), "{}", reenc_line(d));
     assert!(read_all() == *model, "the served volume after the online run");
     srv.stop_ok();
