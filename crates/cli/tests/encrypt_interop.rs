@@ -1337,8 +1337,8 @@ fn reenc_line(d: &Disk) -> String {
     text.lines().find(|l| l.contains("reencryption:")).unwrap_or("").to_owned()
 }
 
-/// Serves `d` (`serve_args`), runs its data shift online (`--resume-only --active-name`,
-/// with `hdr_args`) while a client writes 64 KiB patterns through NBD (across the moved
+/// Serves `d` (`serve_args`), runs its data shift online (`reencrypt --active-name vol`
+/// with `run_args`, e.g. `--resume-only`) while a client writes 64 KiB patterns through NBD (across the moved
 /// segment's end `moved`, and all over the device) and reads the whole device back now and
 /// then. With `stop`, the volume is closed once the run shows progress (the server stops it
 /// after its hotzone) and the run must be left in progress; otherwise it must finish. The
@@ -1346,7 +1346,7 @@ fn reenc_line(d: &Disk) -> String {
 fn online_shift_run(
     d: &Disk,
     serve_args: &[&str],
-    hdr_args: &[&str],
+    run_args: &[&str],
     model: &mut Vec<u8>,
     moved: usize,
     stop: bool,
@@ -1356,8 +1356,8 @@ fn online_shift_run(
     let uri = srv.uri();
     let read_all = || nbd_read_all(&uri, dir);
     assert!(read_all() == *model, "the served volume before the online run");
-    let mut args = vec!["reencrypt", "--resume-only", "--active-name", "vol", "--key-file", d.pass()];
-    args.extend(hdr_args);
+    let mut args = vec!["reencrypt", "--active-name", "vol", "--key-file", d.pass()];
+    args.extend(run_args);
     args.push(d.data());
     let child = sd_in(d, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let n = model.len();
@@ -1415,8 +1415,8 @@ fn data_shift_runs_online_stopped_and_resumed_while_clients_write() {
     ok(&sd_shift(&d, &["--encrypt", "--reduce-device-size", "2M", "--init-only"]), "--init-only");
     let mut model = plaintext(size as usize, 0)[..(size - reduce) as usize].to_vec();
     let serve = ["--key-file", d.pass(), d.data(), "vol"];
-    online_shift_run(&d, &serve, &[], &mut model, shift, true);
-    online_shift_run(&d, &serve, &[], &mut model, shift, false);
+    online_shift_run(&d, &serve, &["--resume-only"], &mut model, shift, true);
+    online_shift_run(&d, &serve, &["--resume-only"], &mut model, shift, false);
     assert_shift_holds(&d, reduce, &model);
     ok(&cs(&["open", "--test-passphrase", "--key-file", d.pass(), d.data()]), "cryptsetup --test-passphrase");
 
@@ -1425,8 +1425,8 @@ fn data_shift_runs_online_stopped_and_resumed_while_clients_write() {
     ok(&sd(&d, &["--encrypt", "--reduce-device-size", "1M", "--init-only"]), "--init-only");
     let mut model = plaintext(size as usize, 0);
     let serve = ["--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol"];
-    online_shift_run(&d, &serve, &["--header", d.hdr()], &mut model, MIB as usize, true);
-    online_shift_run(&d, &serve, &["--header", d.hdr()], &mut model, MIB as usize, false);
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, true);
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, false);
     assert!(!d.dump().contains("online-reencrypt"), "still in reencryption");
     ok(&cs(&["open", "--test-passphrase", "--key-file", d.pass(), d.hdr()]), "cryptsetup --test-passphrase");
     let key = common::cryptsetup::volume_key(d.hdr(), d.pass());
@@ -1450,10 +1450,53 @@ fn data_shift_runs_online_stopped_and_resumed_while_clients_write() {
     };
     let n = (size - reduce) as usize;
     assert!(model[..n] == plaintext(size as usize, 0)[..n], "the volume mid data shift decryption");
-    online_shift_run(&d, &serve, &["--header", d.hdr()], &mut model, MIB as usize, true);
-    online_shift_run(&d, &serve, &["--header", d.hdr()], &mut model, MIB as usize, false);
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, true);
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, false);
     assert_shift_decrypted_to(&d, &model);
     let dump = d.dump();
     let seg = dump.split("Data segments:").nth(1).unwrap().split("Keyslots:").next().unwrap();
     assert!(seg.contains("linear") && seg.contains("offset: 0 [bytes]"), "{dump}");
+}
+
+/// cryptsetup starts a data-shift decryption under an active device too: `reencrypt
+/// --decrypt --header NEW --active-name NAME` of a served volume whose header is on the
+/// device moves the header to NEW (made by the server) and runs the decryption in the
+/// server while clients write; what they wrote is the plaintext left on the device.
+#[test]
+fn data_shift_decryption_starts_online_while_clients_write() {
+    if !cryptsetup() || !have("qemu-io") || !have("nbdcopy") {
+        return;
+    }
+    let size = 96 * MIB;
+    let d = luks_on_device(size, "2M");
+    let dir = d._dir.path();
+    let serve = ["--key-file", d.pass(), d.data(), "vol"];
+    let mut model = {
+        let srv = common::serve(dir, "vol", &serve, None);
+        let got = nbd_read_all(&srv.uri(), dir);
+        srv.stop_ok();
+        got
+    };
+    let n = (size - 2 * MIB) as usize;
+    assert!(model[..n] == plaintext(size as usize, 0)[..n], "the volume before the decryption");
+    // --init-only is refused on an active device; nothing is made or written.
+    let before = std::fs::read(&d.data).unwrap();
+    {
+        let srv = common::serve(dir, "vol", &serve, None);
+        let out = sd_in(&d, &["reencrypt", "--decrypt", "--init-only", "--active-name", "vol", "--key-file"])
+            .arg(d.pass())
+            .args(["--header", d.hdr(), d.data()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!d.hdr.exists(), "a refused start made the header file");
+        srv.stop_ok();
+    }
+    assert!(std::fs::read(&d.data).unwrap() == before, "a refused start wrote");
+    online_shift_run(&d, &serve, &["--decrypt", "--header", d.hdr()], &mut model, MIB as usize, false);
+    assert_shift_decrypted_to(&d, &model);
+    let dump = d.dump();
+    let seg = dump.split("Data segments:").nth(1).unwrap().split("Keyslots:").next().unwrap();
+    assert!(seg.contains("linear") && seg.contains("offset: 0 [bytes]"), "{dump}");
+    assert!(!cs(&["isLuks", d.data()]).status.success(), "the device still has a LUKS header");
 }
