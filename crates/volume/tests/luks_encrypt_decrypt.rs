@@ -1325,6 +1325,38 @@ fn a_volume_mid_detached_data_shift_encryption_opens_reads_and_writes() {
 // The three data-shift runs online: under the device the server activates, while a client
 // writes and reads all over it.
 
+/// A device whose large reads (a hotzone's, not a client's 8 KiB or a whole-device read)
+/// return 20 ms late: the run is slow between reading a hotzone and writing it, where a
+/// client write into the hotzone would be lost if the run did not hold it.
+#[derive(Debug)]
+struct SlowHotzones(Arc<MemDevice>);
+
+impl BlockDevice for SlowHotzones {
+    fn geometry(&self) -> blockdev::Geometry {
+        self.0.geometry()
+    }
+    fn caps(&self) -> blockdev::Caps {
+        self.0.caps()
+    }
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> blockdev::BlockResult<()> {
+        let r = self.0.read_at(off, buf);
+        if buf.len() >= 128 << 10 && buf.len() < self.0.geometry().size as usize / 2 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> blockdev::BlockResult<()> {
+        self.0.write_at(off, buf, flags)
+    }
+    fn flush(&self) -> blockdev::BlockResult<()> {
+        self.0.flush()
+    }
+}
+
+fn slow(d: &Arc<MemDevice>) -> Arc<dyn BlockDevice> {
+    Arc::new(SlowHotzones(d.clone()))
+}
+
 /// Runs the reencryption in progress (header `hdr`, data `data`: the same device when the
 /// header is on it) online as the control server does: the device the server activates,
 /// `run_unlocked` with it on a thread, and a client that meanwhile writes 8 KiB patterns
@@ -1334,8 +1366,8 @@ fn a_volume_mid_detached_data_shift_encryption_opens_reads_and_writes() {
 /// The progress callback stops the run after `stop_after` hotzones (`None`: to the end).
 /// `model` (what the device holds) takes the writes. Returns how the run ended.
 fn online_run(
-    hdr: &Arc<MemDevice>,
-    data: &Arc<MemDevice>,
+    hdr: &Arc<dyn BlockDevice>,
+    data: &Arc<dyn BlockDevice>,
     model: &mut [u8],
     moved: u64,
     stop_after: Option<u32>,
@@ -1432,11 +1464,12 @@ fn data_shift_runs_online_under_client_writes() {
     let dev = Arc::new(MemDevice::from_vec(shift_image(), 512));
     reencrypt::init_encrypt_shift(&*dev, &pass(), &params("checksum"), REDUCE).unwrap();
     let mut model = plaintext(SHIFT_DATA as usize);
+    let d = slow(&dev);
     for (stop, end) in
         [(Some(1), RunEnd::Interrupted), (Some(2), RunEnd::Interrupted), (None, RunEnd::Finished)]
     {
         let what = format!("data shift encryption, stop {stop:?}");
-        assert_eq!(online_run(&dev, &dev, &mut model, SHIFT, stop, &what), end, "{what}");
+        assert_eq!(online_run(&d, &d, &mut model, SHIFT, stop, &what), end, "{what}");
     }
     assert!(visible_shift(&*dev) == model, "data shift encryption: the finished volume");
 
@@ -1449,7 +1482,11 @@ fn data_shift_runs_online_under_client_writes() {
         [(Some(1), RunEnd::Interrupted), (Some(2), RunEnd::Interrupted), (None, RunEnd::Finished)]
     {
         let what = format!("detached data shift encryption, stop {stop:?}");
-        assert_eq!(online_run(&hdr, &data, &mut model, DH_R, stop, &what), end, "{what}");
+        assert_eq!(
+            online_run(&(hdr.clone() as Arc<dyn BlockDevice>), &slow(&data), &mut model, DH_R, stop, &what),
+            end,
+            "{what}"
+        );
     }
     assert!(visible(&*hdr, &*data) == model, "detached data shift encryption: the finished volume");
 
@@ -1468,7 +1505,18 @@ fn data_shift_runs_online_under_client_writes() {
         [(Some(1), RunEnd::Interrupted), (Some(3), RunEnd::Interrupted), (None, RunEnd::Finished)]
     {
         let what = format!("data shift decryption, stop {stop:?}");
-        assert_eq!(online_run(&hdr, &data, &mut model, DS_SHIFT, stop, &what), end, "{what}");
+        assert_eq!(
+            online_run(
+                &(hdr.clone() as Arc<dyn BlockDevice>),
+                &slow(&data),
+                &mut model,
+                DS_SHIFT,
+                stop,
+                &what
+            ),
+            end,
+            "{what}"
+        );
     }
     let l = Luks::load(&*hdr, false).unwrap();
     assert!(reencrypt::status(&l).unwrap().is_none(), "data shift decryption: not finished");
