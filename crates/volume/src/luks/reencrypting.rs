@@ -20,6 +20,13 @@
 //! rewritten and the boundary it reads is right for its whole range (it only moves across a
 //! held hotzone). Both crypt layers address sectors from the data offset, as the segments'
 //! `iv_tweak` does, so one layer per key over the whole data area is the two-segment table.
+//!
+//! A data shift (the layers then sit at different places of the storage) holds only its
+//! hotzone too: a hotzone's reads and writes touch the storage of no position outside it
+//! while the boundary is on either side of it (the invariant is written down at
+//! `run_datashift` and `run_decrypt_shift` in [`super::reencrypt`]). A data-shift
+//! decryption also switches the part below the boundary from the moved ciphertext to the
+//! plaintext in place after its last hotzone ([`ReencryptingDevice::set_moved_done`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
