@@ -592,15 +592,6 @@ fn data_shift_encryption_killed_mid_run_resumes_in_the_other_tool() {
             (0..10).map(|i| i * (n / 10) + (i % 3) * 4096 * 400 - 4096 * (i > 0) as usize).collect();
         write_patterns(&uri, &offs, &mut model);
         assert!(read_all() == model, "writes through the volume mid data shift");
-        // Running the data shift under the served device is refused; it keeps serving.
-        let mut c = Command::new(bin());
-        c.args(["reencrypt", "--resume-only", "--active-name", "vol", "--key-file", d.pass(), d.data()])
-            .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
-            .stdin(Stdio::null());
-        let out = c.output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("runs offline only"), "online data shift: {err}");
-        assert!(read_all() == model, "the served volume after the refused online run");
         srv.stop_ok();
         if cs_hot {
             ok(&cs(&["repair", "--batch-mode", "--key-file", d.pass(), d.data()]), "cryptsetup repair");
@@ -707,8 +698,8 @@ fn assert_shift_decrypted_to(d: &Disk, want: &[u8]) {
 }
 
 /// Serves `d` mid data-shift decryption, checks that it starts with `want` and that client
-/// writes land (in the moved ciphertext, across its end, and further up), and that an
-/// online run of it is refused while it keeps serving; returns the data with the writes.
+/// writes land (in the moved ciphertext, across its end, and further up); returns the data
+/// with the writes.
 fn serve_mid_shift_decryption(d: &Disk, want: &[u8], reduce: u64) -> Vec<u8> {
     let dir = d._dir.path();
     let before = std::fs::read(&d.data).unwrap();
@@ -752,28 +743,6 @@ fn serve_mid_shift_decryption(d: &Disk, want: &[u8], reduce: u64) -> Vec<u8> {
     let offs = [4096, shift - 8192, shift + 4096 * 7, 2 * shift - 4096, n / 2 + 4096, n - 65536];
     write_patterns(&uri, &offs, &mut model);
     assert!(read_all() == model, "writes through the volume mid data shift decryption");
-    // Running it under the served device is refused; it keeps serving.
-    let mut c = Command::new(bin());
-    c.args([
-        "reencrypt",
-        "--resume-only",
-        "--active-name",
-        "vol",
-        "--header",
-        d.hdr(),
-        "--key-file",
-        d.pass(),
-    ])
-    .arg(d.data())
-    .env("SEALDISK_RUNTIME_DIR", common::runtime_dir(dir))
-    .stdin(Stdio::null());
-    let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("runs offline only"),
-        "online data shift decryption: {err}"
-    );
-    assert!(read_all() == model, "the served volume after the refused online run");
     srv.stop_ok();
     model
 }
@@ -1349,4 +1318,185 @@ fn cryptsetup_detached_data_shift_killed_at_every_sync_then_sealdisk() {
     }
     eprintln!("cryptsetup killed at every sync: {resumed} resumed, {refused} refused (hotzone in flight)");
     assert!(resumed >= 3 && refused >= 3, "{resumed} resumed, {refused} refused");
+}
+
+// The data-shift runs online: initialized offline (`--init-only`), served, and run by the
+// server (`--resume-only --active-name`) while clients write.
+
+/// `sealdisk ARGS` with the runtime directory of the servers `serve` starts for `d`.
+fn sd_in(d: &Disk, args: &[&str]) -> Command {
+    let mut c = Command::new(bin());
+    c.args(args).env("SEALDISK_RUNTIME_DIR", common::runtime_dir(d._dir.path())).stdin(Stdio::null());
+    c
+}
+
+/// `sealdisk status vol`'s reencryption line (empty when it shows none).
+fn reenc_line(d: &Disk) -> String {
+    let out = sd_in(d, &["status", "vol"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().find(|l| l.contains("reencryption:")).unwrap_or("").to_owned()
+}
+
+/// Serves `d` (`serve_args`), runs its data shift online (`reencrypt --active-name vol`
+/// with `run_args`, e.g. `--resume-only`) while a client writes 64 KiB patterns through NBD (across the moved
+/// segment's end `moved`, and all over the device) and reads the whole device back now and
+/// then. With `stop`, the volume is closed once the run shows progress (the server stops it
+/// after its hotzone) and the run must be left in progress; otherwise it must finish. The
+/// device must read `model` before; `model` takes the writes, and the device reads it after.
+fn online_shift_run(
+    d: &Disk,
+    serve_args: &[&str],
+    run_args: &[&str],
+    model: &mut Vec<u8>,
+    moved: usize,
+    stop: bool,
+) {
+    let dir = d._dir.path();
+    let mut srv = common::serve(dir, "vol", serve_args, None);
+    let uri = srv.uri();
+    let read_all = || nbd_read_all(&uri, dir);
+    assert!(read_all() == *model, "the served volume before the online run");
+    let mut args = vec!["reencrypt", "--active-name", "vol", "--key-file", d.pass()];
+    args.extend(run_args);
+    args.push(d.data());
+    let child = sd_in(d, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let n = model.len();
+    let (mut rounds, mut during) = (0usize, 0usize);
+    loop {
+        let line = reenc_line(d);
+        let running = line.contains("running");
+        if stop && running && !line.contains("(0 of") {
+            break;
+        }
+        if !running && !line.is_empty() && rounds >= 3 {
+            break;
+        }
+        let r = rounds;
+        let offs = [
+            (moved - 4096 * (1 + r % 4)).min(n - 65536),
+            (r * 7_340_033 % (n - 65536)) / 4096 * 4096,
+            (n / 2 + r * 65536 * 3) % (n - 65536) / 4096 * 4096,
+            n - 65536 - 4096 * (r % 3),
+        ];
+        write_patterns(&uri, &offs, model);
+        rounds += 1;
+        during += usize::from(running);
+        if r % 3 == 2 {
+            assert!(read_all() == *model, "the served volume mid-run differs from the model (round {r})");
+        }
+        assert!(rounds < 2000, "the online run never ended: {line}");
+    }
+    if stop {
+        ok(&sd_in(d, &["close", "vol"]).output().unwrap(), "sealdisk close mid-run");
+        let out = srv.child.take().unwrap().wait_with_output().unwrap();
+        assert!(out.status.success(), "server: {}", String::from_utf8_lossy(&out.stderr));
+        let _ = child.wait_with_output();
+        assert_eq!(d.in_progress(), Some(false), "the run stopped by close is resumable");
+        return;
+    }
+    let out = child.wait_with_output().unwrap();
+    ok(&out, "sealdisk reencrypt --resume-only --active-name (data shift)");
+    assert!(during >= 1, "no client write ran during the online run ({rounds} rounds)");
+    eprintln!("{rounds} rounds of client writes, {during} while the run went on");
+    assert!(reenc_line(d).contains("finished"), "{}", reenc_line(d));
+    assert!(read_all() == *model, "the served volume after the online run");
+    srv.stop_ok();
+}
+
+#[test]
+fn data_shift_runs_online_stopped_and_resumed_while_clients_write() {
+    if !cryptsetup() || !have("qemu-io") || !have("nbdcopy") {
+        return;
+    }
+    let size = 96 * MIB;
+    // 1. Encryption with data shift, header on the device (1 MiB hotzones: many of them).
+    let (reduce, shift) = (2 * MIB, MIB as usize);
+    let d = shift_disk(size);
+    ok(&sd_shift(&d, &["--encrypt", "--reduce-device-size", "2M", "--init-only"]), "--init-only");
+    let mut model = plaintext(size as usize, 0)[..(size - reduce) as usize].to_vec();
+    let serve = ["--key-file", d.pass(), d.data(), "vol"];
+    online_shift_run(&d, &serve, &["--resume-only"], &mut model, shift, true);
+    online_shift_run(&d, &serve, &["--resume-only"], &mut model, shift, false);
+    assert_shift_holds(&d, reduce, &model);
+    ok(&cs(&["open", "--test-passphrase", "--key-file", d.pass(), d.data()]), "cryptsetup --test-passphrase");
+
+    // 2. Encryption with data shift and a detached header (1 MiB hotzones, in place).
+    let d = Disk::new(size);
+    ok(&sd(&d, &["--encrypt", "--reduce-device-size", "1M", "--init-only"]), "--init-only");
+    let mut model = plaintext(size as usize, 0);
+    let serve = ["--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol"];
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, true);
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, false);
+    assert!(!d.dump().contains("online-reencrypt"), "still in reencryption");
+    ok(&cs(&["open", "--test-passphrase", "--key-file", d.pass(), d.hdr()]), "cryptsetup --test-passphrase");
+    let key = common::cryptsetup::volume_key(d.hdr(), d.pass());
+    let (off, spec, ss) = common::cryptsetup::layout(d.hdr());
+    assert_eq!(off, 0, "data offset");
+    let mut data = std::fs::read(&d.data).unwrap();
+    common::cryptsetup::cipher(&spec, &key, ss).decrypt(0, &mut data).unwrap();
+    assert!(data == model, "the detached data shift encryption lost client writes");
+
+    // 3. Decryption with data shift into a new header file (cryptsetup's data shift
+    //    encryption first: header and shift 1 MiB; moved segment 1 MiB, 1 MiB hotzones).
+    let d = luks_on_device(size, "2M");
+    ok(&sd(&d, &["--decrypt", "--init-only"]), "sealdisk --decrypt --header NEW --init-only");
+    let dir = d._dir.path();
+    let serve = ["--header", d.hdr(), "--key-file", d.pass(), d.data(), "vol"];
+    let mut model = {
+        let srv = common::serve(dir, "vol", &serve, None);
+        let got = nbd_read_all(&srv.uri(), dir);
+        srv.stop_ok();
+        got
+    };
+    let n = (size - reduce) as usize;
+    assert!(model[..n] == plaintext(size as usize, 0)[..n], "the volume mid data shift decryption");
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, true);
+    online_shift_run(&d, &serve, &["--resume-only", "--header", d.hdr()], &mut model, MIB as usize, false);
+    assert_shift_decrypted_to(&d, &model);
+    let dump = d.dump();
+    let seg = dump.split("Data segments:").nth(1).unwrap().split("Keyslots:").next().unwrap();
+    assert!(seg.contains("linear") && seg.contains("offset: 0 [bytes]"), "{dump}");
+}
+
+/// cryptsetup starts a data-shift decryption under an active device too: `reencrypt
+/// --decrypt --header NEW --active-name NAME` of a served volume whose header is on the
+/// device moves the header to NEW (made by the server) and runs the decryption in the
+/// server while clients write; what they wrote is the plaintext left on the device.
+#[test]
+fn data_shift_decryption_starts_online_while_clients_write() {
+    if !cryptsetup() || !have("qemu-io") || !have("nbdcopy") {
+        return;
+    }
+    let size = 96 * MIB;
+    let d = luks_on_device(size, "2M");
+    let dir = d._dir.path();
+    let serve = ["--key-file", d.pass(), d.data(), "vol"];
+    let mut model = {
+        let srv = common::serve(dir, "vol", &serve, None);
+        let got = nbd_read_all(&srv.uri(), dir);
+        srv.stop_ok();
+        got
+    };
+    let n = (size - 2 * MIB) as usize;
+    assert!(model[..n] == plaintext(size as usize, 0)[..n], "the volume before the decryption");
+    // --init-only is refused on an active device; nothing is made or written.
+    let before = std::fs::read(&d.data).unwrap();
+    {
+        let srv = common::serve(dir, "vol", &serve, None);
+        let out = sd_in(&d, &["reencrypt", "--decrypt", "--init-only", "--active-name", "vol", "--key-file"])
+            .arg(d.pass())
+            .args(["--header", d.hdr(), d.data()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(!d.hdr.exists(), "a refused start made the header file");
+        srv.stop_ok();
+    }
+    assert!(std::fs::read(&d.data).unwrap() == before, "a refused start wrote");
+    online_shift_run(&d, &serve, &["--decrypt", "--header", d.hdr()], &mut model, MIB as usize, false);
+    assert_shift_decrypted_to(&d, &model);
+    let dump = d.dump();
+    let seg = dump.split("Data segments:").nth(1).unwrap().split("Keyslots:").next().unwrap();
+    assert!(seg.contains("linear") && seg.contains("offset: 0 [bytes]"), "{dump}");
+    assert!(!cs(&["isLuks", d.data()]).status.success(), "the device still has a LUKS header");
 }

@@ -1321,3 +1321,204 @@ fn a_volume_mid_detached_data_shift_encryption_opens_reads_and_writes() {
     assert_eq!(end, RunEnd::Interrupted);
     reads_writes_and_finishes(&hdr, &data, "detached data shift");
 }
+
+// The three data-shift runs online: under the device the server activates, while a client
+// writes and reads all over it.
+
+/// A device whose large reads (a hotzone's, not a client's 8 KiB or a whole-device read)
+/// return 20 ms late: the run is slow between reading a hotzone and writing it, where a
+/// client write into the hotzone would be lost if the run did not hold it.
+#[derive(Debug)]
+struct SlowHotzones(Arc<MemDevice>);
+
+impl BlockDevice for SlowHotzones {
+    fn geometry(&self) -> blockdev::Geometry {
+        self.0.geometry()
+    }
+    fn caps(&self) -> blockdev::Caps {
+        self.0.caps()
+    }
+    fn read_at(&self, off: u64, buf: &mut [u8]) -> blockdev::BlockResult<()> {
+        let r = self.0.read_at(off, buf);
+        if buf.len() >= 128 << 10 && buf.len() < self.0.geometry().size as usize / 2 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+    fn write_at(&self, off: u64, buf: &[u8], flags: WriteFlags) -> blockdev::BlockResult<()> {
+        self.0.write_at(off, buf, flags)
+    }
+    fn flush(&self) -> blockdev::BlockResult<()> {
+        self.0.flush()
+    }
+}
+
+fn slow(d: &Arc<MemDevice>) -> Arc<dyn BlockDevice> {
+    Arc::new(SlowHotzones(d.clone()))
+}
+
+/// Runs the reencryption in progress (header `hdr`, data `data`: the same device when the
+/// header is on it) online as the control server does: the device the server activates,
+/// `run_unlocked` with it on a thread, and a client that meanwhile writes 8 KiB patterns
+/// (at a pseudo-random place, across the run's boundary and 64 KiB either side of it, and
+/// across `moved`, the end of the moved segment) and reads each back, and reads the whole
+/// device now and then.
+/// The progress callback stops the run after `stop_after` hotzones (`None`: to the end).
+/// `model` (what the device holds) takes the writes. Returns how the run ended.
+fn online_run(
+    hdr: &Arc<dyn BlockDevice>,
+    data: &Arc<dyn BlockDevice>,
+    model: &mut [u8],
+    moved: u64,
+    stop_after: Option<u32>,
+    what: &str,
+) -> RunEnd {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut l = Luks::load(&**hdr, true).unwrap();
+    let keys = reencrypt::unlock_keys(&**hdr, &l, &pass(), &Default::default()).unwrap();
+    let storage = Storage::new(data.clone(), "data");
+    let (dev, _, _) = volume::luks::reencrypting::activate(
+        &storage,
+        &**hdr,
+        &mut l,
+        &keys,
+        &OpenOptions::default(),
+        &Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("{what}: activate: {e}"));
+    let size = dev.geometry().size;
+    assert_eq!(size, model.len() as u64, "{what}: size");
+    assert!(read_all(&*dev) == model, "{what}: the served device before the run");
+    let done = AtomicBool::new(false);
+    let (mut writes, mut during) = (0u32, 0u32);
+    let end = std::thread::scope(|sc| {
+        let (dev2, keys2, done2) = (&dev, &keys, &done);
+        let mut l2 = l.clone();
+        let run = sc.spawn(move || {
+            let mut n = 0u32;
+            let r = reencrypt::run_unlocked(
+                &**hdr,
+                &**data,
+                &mut l2,
+                keys2,
+                &opts(),
+                Some(&**dev2),
+                &mut |_, _| {
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(15));
+                    stop_after.is_none_or(|s| n <= s)
+                },
+            );
+            done2.store(true, Ordering::SeqCst);
+            r
+        });
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(stop_after.unwrap_or(99));
+        loop {
+            let finished = done.load(Ordering::SeqCst);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = dev.boundary();
+            let across = |p: u64| p.saturating_sub(4096).min(size - 8192);
+            // Around the boundary: into the hotzone in flight and the next one, whichever
+            // side of it they are.
+            let near = |p: u64| across(p.clamp(4096, size));
+            for off in [
+                x % ((size - 8192) / 4096) * 4096,
+                across(b),
+                across(moved),
+                near(b.saturating_sub(65536)),
+                near(b + 65536),
+            ] {
+                writes += 1;
+                let patch = vec![(writes % 251) as u8 + 1; 8192];
+                dev.write_at(off, &patch, WriteFlags::empty()).unwrap();
+                model[off as usize..off as usize + 8192].copy_from_slice(&patch);
+                let mut back = vec![0u8; 8192];
+                dev.read_at(off, &mut back).unwrap();
+                assert!(back == patch, "{what}: read back at {off} (boundary {b})");
+            }
+            during += u32::from(!finished);
+            if writes % 30 == 0 {
+                assert!(read_all(&*dev) == model, "{what}: the device mid-run differs from the model");
+            }
+            if finished {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        run.join().unwrap().unwrap_or_else(|e| panic!("{what}: the online run: {e}"))
+    });
+    assert!(during >= 3, "{what}: only {during} client rounds during the run");
+    assert!(read_all(&*dev) == model, "{what}: the device after the run");
+    dev.flush().unwrap();
+    end
+}
+
+/// Each data-shift mode stopped online after some hotzones, resumed online (a new server
+/// activation), and finished online: every client write survives, and the finished volume
+/// holds them (decrypted with its header's key, or plaintext in place).
+#[test]
+fn data_shift_runs_online_under_client_writes() {
+    // 1. Encryption with data shift, header on the device (four hotzones).
+    let dev = Arc::new(MemDevice::from_vec(shift_image(), 512));
+    reencrypt::init_encrypt_shift(&*dev, &pass(), &params("checksum"), REDUCE).unwrap();
+    let mut model = plaintext(SHIFT_DATA as usize);
+    let d = slow(&dev);
+    for (stop, end) in
+        [(Some(1), RunEnd::Interrupted), (Some(2), RunEnd::Interrupted), (None, RunEnd::Finished)]
+    {
+        let what = format!("data shift encryption, stop {stop:?}");
+        assert_eq!(online_run(&d, &d, &mut model, SHIFT, stop, &what), end, "{what}");
+    }
+    assert!(visible_shift(&*dev) == model, "data shift encryption: the finished volume");
+
+    // 2. Encryption with data shift and a detached header: in place, backward.
+    let hdr = Arc::new(MemDevice::new(DH_R, 512));
+    let data = Arc::new(MemDevice::from_vec(plaintext(DH_DATA as usize), 512));
+    reencrypt::init_encrypt(&*hdr, &*data, &pass(), &dh_params(DH_R)).unwrap();
+    let mut model = plaintext(DH_DATA as usize);
+    for (stop, end) in
+        [(Some(1), RunEnd::Interrupted), (Some(2), RunEnd::Interrupted), (None, RunEnd::Finished)]
+    {
+        let what = format!("detached data shift encryption, stop {stop:?}");
+        assert_eq!(
+            online_run(&(hdr.clone() as Arc<dyn BlockDevice>), &slow(&data), &mut model, DH_R, stop, &what),
+            end,
+            "{what}"
+        );
+    }
+    assert!(visible(&*hdr, &*data) == model, "detached data shift encryption: the finished volume");
+
+    // 3. Decryption with data shift into a new header file: four forward hotzones, then the
+    //    moved ciphertext in place (the second stop is right before it).
+    let img = MemDevice::from_vec(ds_image(), 512);
+    {
+        let (d, h) = ds_split(&img);
+        reencrypt::init_decrypt_shift(&h, &d, &pass(), &params("checksum")).unwrap();
+    }
+    let all = img.to_vec();
+    let hdr = Arc::new(MemDevice::from_vec(all[DS_DEV as usize..].to_vec(), 512));
+    let data = Arc::new(MemDevice::from_vec(all[..DS_DEV as usize].to_vec(), 4096));
+    let mut model = plaintext(DS_DATA as usize);
+    for (stop, end) in
+        [(Some(1), RunEnd::Interrupted), (Some(3), RunEnd::Interrupted), (None, RunEnd::Finished)]
+    {
+        let what = format!("data shift decryption, stop {stop:?}");
+        assert_eq!(
+            online_run(
+                &(hdr.clone() as Arc<dyn BlockDevice>),
+                &slow(&data),
+                &mut model,
+                DS_SHIFT,
+                stop,
+                &what
+            ),
+            end,
+            "{what}"
+        );
+    }
+    let l = Luks::load(&*hdr, false).unwrap();
+    assert!(reencrypt::status(&l).unwrap().is_none(), "data shift decryption: not finished");
+    assert!(data.to_vec()[..DS_DATA as usize] == model[..], "data shift decryption: the finished data");
+}

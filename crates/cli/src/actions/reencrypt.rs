@@ -211,7 +211,19 @@ pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
     }
     if let (true, Some(h)) = (a.decrypt, &a.header) {
         // cryptsetup 2.6 decrypts a volume whose header is on the device into a new header
-        // file (data shift, `online-reencrypt-v3`).
+        // file (data shift, `online-reencrypt-v3`); of an active device, online, as its
+        // server starts and runs it.
+        let active = match &a.active_name {
+            Some(n) => Some(n.clone()),
+            None => crate::control::client::serving(&a.device),
+        };
+        if let (false, Some(name)) = (std::path::Path::new(h).exists(), &active) {
+            if a.resume_only {
+                bail!(UsageError("Device reencryption not in progress.".into()));
+            }
+            let abs = std::path::absolute(h).with_context(|| format!("the header file {h}"))?;
+            return online(&a, name, Some(abs.to_string_lossy().into_owned()));
+        }
         if !std::path::Path::new(h).exists() && is_luks(&a.device)? {
             if a.resume_only {
                 bail!(UsageError("Device reencryption not in progress.".into()));
@@ -245,7 +257,7 @@ pub fn reencrypt(mut a: ReencryptArgs) -> Result<()> {
                     .into()
             ));
         }
-        return online(&a, &name);
+        return online(&a, &name, None);
     }
     let meta_path = a.header.as_deref().unwrap_or(&a.device);
     let meta = open_meta(meta_path, false)?;
@@ -544,7 +556,7 @@ fn data_dev_meta(s: &volume::Storage) -> &dyn blockdev::BlockDevice {
 
 /// Online reencryption (cryptsetup's `reencrypt` of an active device): the server of
 /// `name` runs it; this shows its progress until it ends.
-fn online(a: &ReencryptArgs, name: &str) -> Result<()> {
+fn online(a: &ReencryptArgs, name: &str, decrypt_header: Option<String>) -> Result<()> {
     use crate::control::{client, proto};
     let pass = super::luks::passphrase(&a.key, "Enter passphrase for key slot: ")?;
     let p = &a.pbkdf;
@@ -565,6 +577,7 @@ fn online(a: &ReencryptArgs, name: &str) -> Result<()> {
         pbkdf_force_iterations: p.pbkdf_force_iterations,
         pbkdf_memory: p.pbkdf_memory,
         pbkdf_parallel: p.pbkdf_parallel,
+        decrypt_header,
     };
     client::reencrypt(name, req, pass.as_bytes())?;
     if a.init_only {

@@ -249,7 +249,7 @@ pub fn render(s: &Status) -> String {
 pub fn reencrypt(name: &str, req: proto::Reencrypt, pass: &[u8]) -> Result<()> {
     super::check_name(name)?;
     let req = proto::Reencrypt { secret_len: pass.len(), ..req };
-    call(name, Command::Reencrypt(req), pass, Some(Duration::from_secs(600)))?;
+    call(name, Command::Reencrypt(Box::new(req)), pass, Some(Duration::from_secs(600)))?;
     Ok(())
 }
 

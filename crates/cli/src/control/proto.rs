@@ -54,7 +54,7 @@ pub enum Command {
     },
     /// Start (or resume) a LUKS2 reencryption of the served volume, online; the passphrase
     /// follows the line. Answered once it runs; `status` shows its progress.
-    Reencrypt(Reencrypt),
+    Reencrypt(Box<Reencrypt>),
 }
 
 /// `reencrypt`'s options (cryptsetup's names), sent to the server of an active volume.
@@ -79,6 +79,10 @@ pub struct Reencrypt {
     pub pbkdf_force_iterations: Option<u32>,
     pub pbkdf_memory: Option<u32>,
     pub pbkdf_parallel: Option<u32>,
+    /// `--decrypt --header NEW` of a volume whose header is on the device (the data-shift
+    /// decryption): NEW's absolute path, a file that does not exist yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decrypt_header: Option<String>,
 }
 
 /// An online reencryption as `status` shows it.

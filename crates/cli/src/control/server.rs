@@ -40,6 +40,23 @@ pub struct LuksResume {
     pub kdf_limits: KdfLimits,
 }
 
+/// Clients held by a data-shift decryption started online until the device mid-run
+/// replaces the served one; if the request ends before that, their I/O fails from then on
+/// (the old mapping no longer holds for the moved segment).
+struct HeldGate<'a> {
+    gate: &'a Gate,
+    old: Option<Arc<dyn BlockDevice>>,
+}
+
+impl Drop for HeldGate<'_> {
+    fn drop(&mut self) {
+        if self.old.take().is_some() {
+            log::error!("the data-shift decryption started but its device was not served: I/O fails");
+            self.gate.close_held();
+        }
+    }
+}
+
 /// What the control plane keeps to rebuild a volume's stack on the same storage.
 pub struct Rebuild {
     /// The data storage (opened and locked once, at open).
@@ -845,7 +862,7 @@ impl Live {
             };
             Response::err(code, msg)
         };
-        let meta = r.header.clone().unwrap_or_else(|| r.storage.clone());
+        let mut meta = r.header.clone().unwrap_or_else(|| r.storage.clone());
         let mut luks = match volume::luks::Luks::load(&*meta.device, false) {
             Ok(h) => h,
             Err(e) => return fail(e),
@@ -855,6 +872,31 @@ impl Live {
                 exit::FAILURE,
                 "the LUKS header now on the device has another UUID: refused",
             );
+        }
+        // `--decrypt --header NEW` of a volume whose header is on the device (cryptsetup's
+        // data-shift decryption, which it starts under an active device too): with the
+        // clients held, the header moves to NEW and the first data segment to the device's
+        // start; they go on only once the device mid-decryption has replaced the served one
+        // (below), since the old mapping no longer holds for the moved segment.
+        let mut held = HeldGate { gate: &self.gate, old: None };
+        if let Some(path) = &q.decrypt_header {
+            if r.header.is_some() || q.init_only {
+                let why = if q.init_only {
+                    "--init-only of a data-shift decryption on an active device is not supported: start it \
+                     without --init-only, or close the device first"
+                } else {
+                    "the device's LUKS2 header is detached: decrypt it with --header naming that header"
+                };
+                return Response::err(exit::BAD_ARGS, why);
+            }
+            match self.start_decrypt_shift(r, &pass, q, &l.kdf_limits, path) {
+                Ok((m, lk, old)) => {
+                    meta = m;
+                    luks = lk;
+                    held.old = Some(old);
+                }
+                Err(resp) => return *resp,
+            }
         }
         let in_progress = match re::status(&luks) {
             Ok(s) => s.is_some(),
@@ -906,7 +948,7 @@ impl Live {
                 // Every sector is still in the old segment: the served stack stays right.
                 return Response::ok();
             }
-        } else if let Some(res) = &q.resilience {
+        } else if let (Some(res), None) = (&q.resilience, &held.old) {
             let cur = re::status(&luks).ok().flatten().map(|s| s.keyslot.resilience.type_name());
             if cur != Some(res.as_str()) {
                 return Response::err(
@@ -919,23 +961,12 @@ impl Live {
             Ok(k) => k,
             Err(e) => return fail(e),
         };
-        if re::is_data_shift(&luks) {
-            // Served as cryptsetup maps it, but its run rewrites the served data offline only.
-            return fail(volume::luks::LuksError::Unsupported(
-                "an encryption with data shift (--reduce-device-size) runs offline only: close the \
-                 device and run `sealdisk reencrypt` on it"
-                    .into(),
-            ));
-        }
-        if re::is_shift_decrypting(&luks) {
-            return fail(volume::luks::LuksError::Unsupported(
-                "a decryption with data shift runs offline only: close the device and run \
-                 `sealdisk reencrypt --resume-only --header FILE` on it"
-                    .into(),
-            ));
-        }
+        // A data shift (encryption with --reduce-device-size, decryption into a new header
+        // file) runs online too: the run holds each hotzone, whose source and destination
+        // are live for no position outside it (see `run_datashift` / `run_decrypt_shift`).
         // The device for both segments replaces the served one between requests.
-        let Some(old) = self.gate.hold() else {
+        let started = held.old.is_some();
+        let Some(old) = held.old.take().or_else(|| self.gate.hold()) else {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         };
         let built = volume::luks::reencrypting::activate(
@@ -948,12 +979,24 @@ impl Live {
         );
         let (dev, new_table) = match built {
             Ok((d, tn, _)) if self.gate.fits(&*d) => (d, tn.crypt()),
+            Ok(_) if started => {
+                // The old mapping no longer holds for the moved segment: fail I/O instead.
+                self.gate.close_held();
+                return Response::err(
+                    exit::FAILURE,
+                    "the volume mid data-shift decryption differs in size: closed",
+                );
+            }
             Ok(_) => {
                 drop(self.gate.replace(old));
                 return Response::err(
                     exit::FAILURE,
                     "the reencrypting volume differs in size or capabilities: refused",
                 );
+            }
+            Err(e) if started => {
+                self.gate.close_held();
+                return Response::err(crate::actions::luks::kind_code(e.kind()), format!("{e}"));
             }
             Err(e) => {
                 drop(self.gate.replace(old));
@@ -1017,6 +1060,111 @@ impl Live {
             }
         }
         Response::ok()
+    }
+
+    /// Starts the data-shift decryption of the served volume (header on the device) into
+    /// the new header file `path` (created here, 0600, as long as the header and its
+    /// keyslots area): holds the clients, runs the start (`init_decrypt_shift`, its words
+    /// and refusals), and returns the new header, the header state and the served device
+    /// with the clients still held. On a refusal the clients go on and no file is left
+    /// unless the device's header is already gone (the copy in it is then the only one).
+    fn start_decrypt_shift(
+        &self,
+        r: &mut Rebuild,
+        pass: &Passphrase,
+        q: &proto::Reencrypt,
+        limits: &KdfLimits,
+        path: &str,
+    ) -> Result<(Storage, volume::luks::Luks, Arc<dyn blockdev::BlockDevice>), Box<Response>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        use volume::luks::reencrypt::{self as re, EncryptLayout, ReencryptParams};
+        let fail = |e: volume::luks::LuksError| {
+            Response::err(crate::actions::luks::kind_code(e.kind()), e.to_string())
+        };
+        let hdr_len = match volume::luks::Luks::load(&*r.storage.device, false) {
+            Ok(l) => match &l.header {
+                volume::luks::LuksHeader::V2(s) => s.header.metadata.metadata_and_keyslots_size(),
+                volume::luks::LuksHeader::V1(_) => {
+                    return Err(Box::new(Response::err(
+                        exit::BAD_ARGS,
+                        "Reencryption is supported only for LUKS2 in this version of sealdisk.",
+                    )))
+                }
+            },
+            Err(e) => return Err(Box::new(fail(e))),
+        };
+        let Ok(hash) = q.hash.parse() else {
+            return Err(Box::new(Response::err(
+                exit::BAD_ARGS,
+                format!("--hash: unknown hash {:?}", q.hash),
+            )));
+        };
+        let kind = match &q.pbkdf {
+            Some(k) => match k.parse::<volume::luks::PbkdfType>() {
+                Ok(k) => Some(k),
+                Err(e) => return Err(Box::new(Response::err(exit::BAD_ARGS, e.to_string()))),
+            },
+            None => None,
+        };
+        let params = ReencryptParams {
+            resilience: q.resilience.clone().unwrap_or_else(|| "checksum".into()),
+            resilience_hash: q.resilience_hash.clone(),
+            key_slot: q.key_slot,
+            pbkdf: volume::luks::PbkdfParams {
+                kind,
+                hash,
+                iter_time: Duration::from_millis(q.iter_time_ms.max(1)),
+                force_iterations: q.pbkdf_force_iterations,
+                memory_kib: q.pbkdf_memory,
+                parallel: q.pbkdf_parallel,
+            },
+            kdf_limits: *limits,
+            layout: EncryptLayout { hotzone_size: q.hotzone_size, ..EncryptLayout::default() },
+            ..ReencryptParams::default()
+        };
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|f| f.set_len(hdr_len));
+        if let Err(e) = made {
+            return Err(Box::new(Response::err(
+                exit::FAILURE,
+                format!("creating the header file {path}: {e}"),
+            )));
+        }
+        let opts = OpenOptions { read_only: false, lock: true, ..OpenOptions::default() };
+        let new = match volume::storage::open(path, &opts.storage()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(Box::new(Response::err(
+                    exit::FAILURE,
+                    format!("opening the header file {path}: {e}"),
+                )));
+            }
+        };
+        let Some(old) = self.gate.hold() else {
+            let _ = std::fs::remove_file(path);
+            return Err(Box::new(Response::err(exit::BUSY, format!("Device {} is suspended.", self.name))));
+        };
+        match re::init_decrypt_shift(&*new.device, &*r.storage.device, pass, &params) {
+            Ok(luks) => {
+                log::info!("{}: data-shift decryption started, header moved to {path}", self.name);
+                r.header = Some(new.clone());
+                Ok((new, luks, old))
+            }
+            Err(e) => {
+                let device_header_kept = volume::luks::probe(&*r.storage.device).ok().flatten().is_some();
+                drop(self.gate.replace(old));
+                if device_header_kept {
+                    drop(new);
+                    let _ = std::fs::remove_file(path);
+                }
+                Err(Box::new(fail(e)))
+            }
+        }
     }
 
     /// Answers one control connection.

@@ -34,8 +34,10 @@
 //! decryption of a header on the device into a new header file ([`init_decrypt_shift`],
 //! resilience `datashift-checksum`, forward; activated mid-run as
 //! [`DecryptShiftActivation`] says, after [`recover_decrypt_shift`] when a crash hit its
-//! last hotzone). Refused with a clear error: running a data shift online (under a served
-//! device).
+//! last hotzone). Every mode also runs online, under the served
+//! [`ReencryptingDevice`](super::reencrypting::ReencryptingDevice) ([`run_unlocked`] with
+//! `online`): each hotzone held against the clients, the device's mapping following the
+//! header after each one.
 
 use std::collections::BTreeMap;
 
@@ -737,6 +739,15 @@ fn shift_geometry(
     {
         return Err(meta_err(re::ReencryptMetaError::Layout("data shift segments outside the device")));
     }
+    // The moved copy is read until the last hotzone: no hotzone may write over it (the new
+    // segment), and it holds no plaintext still read in place (cryptsetup puts it past the
+    // new segment, at the end of the device).
+    let apart = |a: u64, al: u64, b: u64, bl: u64| a + al <= b || b + bl <= a;
+    if !apart(g.moved_offset, g.moved_size, g.new_offset, g.data_size)
+        || !apart(g.moved_offset, g.moved_size, g.old_offset + g.moved_size, g.data_size - g.moved_size)
+    {
+        return Err(meta_err(re::ReencryptMetaError::Layout("the moved data segment overlaps the data")));
+    }
     Ok((st, g, c))
 }
 
@@ -849,7 +860,7 @@ pub fn recover_decrypt_shift(
         Some(st) if is_shift_decryption(&st) && st.hot.is_some() => {}
         _ => return Ok(()),
     }
-    run_decrypt_shift(meta, dev, luks, keys, &mut |_, _| false, true).map(|_| ())
+    run_decrypt_shift(meta, dev, luks, keys, None, &mut |_, _| false, true).map(|_| ())
 }
 
 /// The new segment's cipher, key size in bytes and sector size an encryption asks for
@@ -901,10 +912,22 @@ pub fn is_data_shift(luks: &Luks) -> bool {
 /// moves past it. A hotzone left in reencryption is simply done again: its source is
 /// intact. At the end the moved copy (plaintext) is wiped with random bytes before the
 /// header is finished.
+///
+/// With `online` (see [`run_unlocked`]), each hotzone is held from before its header write
+/// until the header past it is written and the device's boundary moved to its start. The
+/// hotzone `H = [start, start + len)` (data coordinates, `len <= shift`) reads `H`'s old
+/// copy (in place at `old_offset + start`, or the moved copy) and writes `H`'s new copy at
+/// `new_offset + start`, which is the old place of `[start + shift, ...)`: data at or above
+/// the boundary, served from the new segment already. So no physical byte the hotzone
+/// touches is live for any position outside `H`, and holding `H` alone keeps every client
+/// request whole (the moved copy lies past the new segment, and is wiped only once the
+/// boundary is 0). The writes and their order are the offline run's (the crash harness
+/// covers them): clients write only where the durable header maps their position.
 fn run_datashift(
     dev: &dyn BlockDevice,
     luks: &mut Luks,
     keys: &ReencryptKeys,
+    online: Option<&super::reencrypting::ReencryptingDevice>,
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<RunEnd, LuksError> {
     let (mut st, g, c) = shift_geometry(luks, dev.geometry().size)?;
@@ -918,6 +941,7 @@ fn run_datashift(
         return Ok(RunEnd::Interrupted);
     }
     while let Some((start, len)) = g.next_hotzone(b) {
+        let guard = online.map(|d| d.hold(start, len));
         if recovering {
             // The header already says this hotzone is in reencryption.
             log::warn!(
@@ -949,6 +973,10 @@ fn run_datashift(
         re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
         luks2::write_header(&mut next, dev)?;
         *s = next;
+        if let Some(d) = online {
+            d.set_boundary(b);
+        }
+        drop(guard);
         if b > 0 && !progress(g.data_size - b, g.data_size) {
             return Ok(RunEnd::Interrupted);
         }
@@ -1151,11 +1179,27 @@ pub fn is_shift_decrypting(luks: &Luks) -> bool {
 ///
 /// With `recover_only`, it stops after recovering the last hotzone if a crash left it in
 /// reencryption, and otherwise writes nothing ([`recover_decrypt_shift`]).
+///
+/// With `online` (see [`run_unlocked`]), each hotzone is held from before it is read (for
+/// the last one, before its checksums are taken) until the header past it is written and
+/// the device follows: the boundary moves past it, and after the last one the part below
+/// the boundary switches from the moved ciphertext to the plaintext in place
+/// ([`ReencryptingDevice::set_moved_done`](super::reencrypting::ReencryptingDevice::set_moved_done)).
+/// A forward hotzone `H = [start, start + len)` (`start >= moved_size`, `len <= shift`)
+/// reads `H`'s ciphertext at `shift + start` and writes `H`'s plaintext at `start`, which
+/// holds the ciphertext of `[start - shift, start + len - shift)`: positions below the
+/// boundary, served from their plaintext (or the moved ciphertext at the device's start)
+/// already. The last hotzone `[0, moved_size)` reads and writes its own place. So no
+/// physical byte a hotzone touches is live for any position outside it, and holding the
+/// hotzone alone keeps every client request whole; the tail wiped at the end is ciphertext
+/// no position maps to any more. The writes and their order are the offline run's (the
+/// crash harness covers them).
 fn run_decrypt_shift(
     meta: &dyn BlockDevice,
     dev: &dyn BlockDevice,
     luks: &mut Luks,
     keys: &ReencryptKeys,
+    online: Option<&super::reencrypting::ReencryptingDevice>,
     progress: &mut dyn FnMut(u64, u64) -> bool,
     recover_only: bool,
 ) -> Result<RunEnd, LuksError> {
@@ -1191,6 +1235,8 @@ fn run_decrypt_shift(
     let mut buf = SecretBuf::zeroed(g.shift.min(8 << 20) as usize);
     if st.hot.is_some() && p == fwd {
         // The last hotzone, decrypted in place: a block whose checksum still matches is old.
+        // (An online run never gets here: the device's activation recovered it first.)
+        let _guard = online.map(|d| d.hold(0, g.moved_size));
         log::warn!("reencrypt: recovering the data shift's last hotzone after an interrupted run");
         let sums = io::read_bytes(meta, area_offset, sums_len as usize, "reencryption checksums")?;
         let hl = hash.output_len();
@@ -1219,6 +1265,10 @@ fn run_decrypt_shift(
         re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
         luks2::write_header(&mut next, meta)?;
         *s = next;
+        if let Some(d) = online {
+            d.set_boundary(g.data_size);
+            d.set_moved_done();
+        }
     }
     if recover_only {
         return Ok(RunEnd::Interrupted);
@@ -1229,6 +1279,7 @@ fn run_decrypt_shift(
     }
     while let Some((start, len)) = g.next_hotzone(p) {
         let last = start == 0;
+        let guard = online.map(|d| d.hold(start, len));
         if last {
             // Checksums of the old blocks, durable before the header that points at them.
             let mut sums = vec![0u8; sums_len as usize];
@@ -1276,6 +1327,14 @@ fn run_decrypt_shift(
         re::assign_segments(&mut st, &mut next.header.metadata, layout).map_err(meta_err)?;
         luks2::write_header(&mut next, meta)?;
         *s = next;
+        if let Some(d) = online {
+            // As `decrypt_shift_activation` maps the header just written.
+            d.set_boundary(if p >= fwd { g.data_size } else { g.moved_size + p });
+            if last {
+                d.set_moved_done();
+            }
+        }
+        drop(guard);
         if p < g.total() && !progress(p, g.total()) {
             return Ok(RunEnd::Interrupted);
         }
@@ -2022,11 +2081,6 @@ pub fn run_unlocked(
             return Ok(RunEnd::Finished);
         }
         if is_shift_encryption(&st) {
-            if online.is_some() {
-                return Err(LuksError::Unsupported(
-                    "an encryption with data shift (--reduce-device-size) runs offline only".into(),
-                ));
-            }
             // Its header is on the data device, and the run rewrites it there.
             if !std::ptr::addr_eq(meta as *const dyn BlockDevice, data as *const dyn BlockDevice) {
                 return Err(LuksError::Unsupported(
@@ -2035,13 +2089,10 @@ pub fn run_unlocked(
                         .into(),
                 ));
             }
-            return run_datashift(data, luks, keys, progress);
+            return run_datashift(data, luks, keys, online, progress);
         }
         if is_shift_decryption(&st) {
-            if online.is_some() {
-                return Err(LuksError::Unsupported("a decryption with data shift runs offline only".into()));
-            }
-            return run_decrypt_shift(meta, data, luks, keys, progress, false);
+            return run_decrypt_shift(meta, data, luks, keys, online, progress, false);
         }
     }
     let mut p = plan(data, luks, keys, opts.hotzone_size)?;

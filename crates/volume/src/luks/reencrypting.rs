@@ -20,8 +20,15 @@
 //! rewritten and the boundary it reads is right for its whole range (it only moves across a
 //! held hotzone). Both crypt layers address sectors from the data offset, as the segments'
 //! `iv_tweak` does, so one layer per key over the whole data area is the two-segment table.
+//!
+//! A data shift (the layers then sit at different places of the storage) holds only its
+//! hotzone too: a hotzone's reads and writes touch the storage of no position outside it
+//! while the boundary is on either side of it (the invariant is written down at
+//! `run_datashift` and `run_decrypt_shift` in [`super::reencrypt`]). A data-shift
+//! decryption also switches the part below the boundary from the moved ciphertext to the
+//! plaintext in place after its last hotzone ([`ReencryptingDevice::set_moved_done`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use blockdev::{
@@ -242,8 +249,14 @@ fn activate_decrypt_shift(
     if !da.moved_plain {
         old.insert(0, SegmentTable::Crypt(moved));
     }
-    // A forward run: the decrypted data below the boundary.
-    let device = ReencryptingDevice::from_layers(below, above, da.boundary).map_err(VolumeError::Stack)?;
+    // A forward run: the decrypted data below the boundary. Until the moved ciphertext is
+    // decrypted in place (the last hotzone), an online run switches the part below the
+    // boundary to the plaintext in place once its header says so.
+    let mut device =
+        ReencryptingDevice::from_layers(below, above, da.boundary).map_err(VolumeError::Stack)?;
+    if !da.moved_plain {
+        device = device.with_moved_final(Box::new(slice(0, g.data_size)?)).map_err(VolumeError::Stack)?;
+    }
     Ok((Arc::new(device), new, old))
 }
 
@@ -317,6 +330,11 @@ impl BlockDevice for Joined {
 pub struct ReencryptingDevice {
     below: Box<dyn BlockDevice>,
     above: Box<dyn BlockDevice>,
+    /// A data-shift decryption: the part below the boundary once the moved segment (the
+    /// ciphertext moved to the device's start, decrypted in place by the last hotzone) is
+    /// plaintext; used from [`Self::set_moved_done`] on.
+    moved_final: Option<Box<dyn BlockDevice>>,
+    moved_done: AtomicBool,
     geometry: Geometry,
     boundary: AtomicU64,
     locks: RangeLock,
@@ -356,10 +374,43 @@ impl ReencryptingDevice {
         Ok(ReencryptingDevice {
             below,
             above,
+            moved_final: None,
+            moved_done: AtomicBool::new(false),
             geometry,
             boundary: AtomicU64::new(boundary),
             locks: RangeLock::new(),
         })
+    }
+
+    /// With `after`: the layer below the boundary once the moved segment of a data-shift
+    /// decryption is plaintext (see [`Self::set_moved_done`]); the same size as the device.
+    pub fn with_moved_final(mut self, after: Box<dyn BlockDevice>) -> Result<Self, &'static str> {
+        let g = after.geometry();
+        if g.size < self.geometry.size
+            || u64::from(self.geometry.logical_block) % u64::from(g.logical_block) != 0
+        {
+            return Err("the plaintext layer of a data-shift decryption does not fit the device");
+        }
+        self.moved_final = Some(after);
+        Ok(self)
+    }
+
+    /// The moved segment is plaintext now (the caller holds its range, and the header says
+    /// so): requests below the boundary go to the final layer. Nothing without one.
+    pub fn set_moved_done(&self) {
+        self.moved_done.store(self.moved_final.is_some(), Ordering::Release);
+    }
+
+    /// `true` once [`Self::set_moved_done`] switched the part below the boundary.
+    pub fn moved_done(&self) -> bool {
+        self.moved_done.load(Ordering::Acquire)
+    }
+
+    fn below(&self) -> &dyn BlockDevice {
+        match &self.moved_final {
+            Some(f) if self.moved_done() => &**f,
+            _ => &*self.below,
+        }
     }
 
     /// Bytes (from the start of the device) below the boundary.
@@ -394,7 +445,7 @@ impl ReencryptingDevice {
         let end = off + len;
         let cut = b.clamp(off, end);
         if cut > off {
-            f(&*self.below, off, 0, (cut - off) as usize)?;
+            f(self.below(), off, 0, (cut - off) as usize)?;
         }
         if end > cut {
             f(&*self.above, cut, (cut - off) as usize, (end - cut) as usize)?;
@@ -409,8 +460,9 @@ impl BlockDevice for ReencryptingDevice {
     }
 
     fn caps(&self) -> Caps {
-        // Discard only when both segments pass it down.
-        self.below.caps() & self.above.caps()
+        // Discard only when every segment passes it down.
+        let c = self.below.caps() & self.above.caps();
+        self.moved_final.as_ref().map_or(c, |f| c & f.caps())
     }
 
     fn read_at(&self, off: u64, buf: &mut [u8]) -> BlockResult<()> {
