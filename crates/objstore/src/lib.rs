@@ -56,6 +56,10 @@ pub const MAX_OBJECT_SIZE: u64 = 256 << 20;
 pub const DEFAULT_CACHE: u64 = 256 << 20;
 /// Requests in flight at once by default.
 pub const DEFAULT_CONCURRENCY: usize = 8;
+/// Bytes a sequential reader's read-ahead may have in flight by default (`readahead=`): at
+/// most `concurrency` downloads and at most this many bytes of them, but always one (measured:
+/// BENCHMARKS.md, "Object storage reads, eighth pass").
+pub const DEFAULT_READAHEAD: u64 = 32 << 20;
 /// The manifest's object name (under the prefix).
 pub const MANIFEST: &str = "sealdisk-volume.json";
 /// The lease's object name (under the prefix).
