@@ -22,6 +22,9 @@
 //!   when it is full, the least recently used clean objects are dropped, and dirty ones are
 //!   uploaded first. `flush` returns only when every object dirty at its start is uploaded
 //!   (uploads run `concurrency=` at once), and latches a failure ([`WritebackLatch`]).
+//! * A sequential reader is read ahead: the next objects are downloaded in order in the
+//!   background, at most `concurrency=` of them and at most `readahead=` bytes
+//!   ([`DEFAULT_READAHEAD`]) at once, and a read copies its part of an object out as it arrives.
 //! * One writer per volume: a writer creates the lease object with a conditional write
 //!   (`If-None-Match: *`), refuses to open when it exists (`Busy`, naming the holder), checks
 //!   before every upload (flush or cache eviction) that the lease is still its own, stops
