@@ -194,44 +194,61 @@ impl Prefetch {
     }
 }
 
-/// Read-ahead downloads waiting to start, in order, how many run, and their tasks.
+/// Read-ahead downloads waiting to start, in order (key, download, bytes), how many run and
+/// how many bytes they fetch, and their tasks.
 #[derive(Default)]
 struct AheadQueue {
-    waiting: std::collections::VecDeque<(String, Arc<Prefetch>)>,
+    waiting: std::collections::VecDeque<(String, Arc<Prefetch>, u64)>,
     running: usize,
+    running_bytes: u64,
+    /// The most bytes ever in flight at once (what the tests check the cap against).
+    peak_bytes: u64,
     /// The tasks started (finished ones are pruned at the next start), aborted when the
     /// device is dropped: the runtime outlives devices.
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
-/// The read-ahead pipeline: at most `limit` downloads at once, started in queue order, each
-/// finished download starting the next at once (the pipe stays full without waiting for
-/// the reader). Holds no reference to the device, so its tasks never keep it alive.
+/// The read-ahead pipeline: at most `limit` downloads and at most `budget` bytes of them at
+/// once (but always one), started in queue order, each finished download starting the next at
+/// once (the pipe stays full without waiting for the reader). Holds no reference to the
+/// device, so its tasks never keep it alive.
 struct Ahead {
     op: Operator,
     timeout: Duration,
     limit: usize,
+    budget: u64,
     queue: Mutex<AheadQueue>,
 }
 
 impl Ahead {
-    /// Starts queued downloads while fewer than `limit` run.
+    /// Starts queued downloads while fewer than `limit` run and the next one fits in `budget`
+    /// beside those running (or none runs).
     fn pump(self: &Arc<Self>, rt: &tokio::runtime::Handle) {
         let mut q = lock(&self.queue);
         while q.running < self.limit {
-            let Some((key, p)) = q.waiting.pop_front() else { break };
+            let Some(&(_, _, len)) = q.waiting.front() else { break };
+            if q.running > 0 && q.running_bytes + len > self.budget {
+                break;
+            }
+            let Some((key, p, len)) = q.waiting.pop_front() else { break };
             // Nobody holds it but the queue: dropped from the device's map (the reader went
             // past it, or the object was overwritten whole) before its turn came.
             if Arc::strong_count(&p) == 1 {
                 continue;
             }
             q.running += 1;
+            q.running_bytes += len;
+            q.peak_bytes = q.peak_bytes.max(q.running_bytes);
             let me = Arc::clone(self);
             let task = rt.spawn(async move {
                 let r = retry(me.timeout, "reading ahead", || p.stream(&me.op, &key)).await;
                 lock(&p.st).done = Some(r);
                 p.cv.notify_all();
-                lock(&me.queue).running -= 1;
+                {
+                    let mut q = lock(&me.queue);
+                    q.running -= 1;
+                    q.running_bytes -= len;
+                }
                 me.pump(&tokio::runtime::Handle::current());
             });
             q.tasks.retain(|t| !t.is_finished());
@@ -527,6 +544,7 @@ impl Inner {
             present.insert(idx);
         }
         let concurrency = loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY);
+        let readahead = loc.readahead.unwrap_or(crate::DEFAULT_READAHEAD);
         Ok(Inner {
             op: op.clone(),
             cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
@@ -550,6 +568,7 @@ impl Inner {
                 op: op.clone(),
                 timeout,
                 limit: concurrency,
+                budget: readahead,
                 queue: Mutex::new(AheadQueue::default()),
             }),
         })
@@ -679,19 +698,20 @@ impl Inner {
         }
     }
 
-    /// How many objects a sequential reader is read ahead of: twice `concurrency` (so a
+    /// How many objects a sequential reader is read ahead of: twice as many as may download
+    /// at once (`concurrency`, fewer when `readahead=` bytes of objects are fewer; so a
     /// download that finishes starts the next one at once, without waiting for the reader to
     /// reach it), fewer when that would hold more than the cache's size (never fewer than
-    /// `concurrency`).
+    /// may download at once).
     fn ahead_window(&self) -> u64 {
-        let c = self.concurrency.max(1) as u64;
-        (2 * c).min((self.cache_limit / osz_nonzero(self.object_size)).max(c))
+        ahead_sizes(self.concurrency, self.ahead.budget, self.object_size, self.cache_limit).1
     }
 
     /// After a miss on `idx` right behind the previous miss (a sequential reader), queues
     /// downloads of `idx` itself (so the reader gets its bytes as they stream in) and of the
-    /// next [`ahead_window`](Self::ahead_window) objects in the background, `concurrency` at a
-    /// time; [`fetch`](Self::fetch) takes them over.
+    /// next [`ahead_window`](Self::ahead_window) objects in the background (at most
+    /// `concurrency` and `readahead=` bytes of them at a time, but always one);
+    /// [`fetch`](Self::fetch) takes them over.
     fn read_ahead(&self, idx: u64) {
         let prev = self.last_miss.swap(idx, Ordering::Relaxed);
         if prev.wrapping_add(1) != idx {
@@ -715,7 +735,7 @@ impl Inner {
             }
             let p = Arc::new(Prefetch::default());
             inflight.insert(j, Arc::clone(&p));
-            queued.push((self.data_key(j), p));
+            queued.push((self.data_key(j), p, object_len(self.size, self.object_size, j)));
         }
         drop(inflight);
         if !queued.is_empty() {
@@ -997,6 +1017,15 @@ impl AsRef<[u8]> for Shared {
     fn as_ref(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// How many read-ahead downloads of `object_size` bytes run at once (at most `concurrency`,
+/// at most `budget` bytes of them, at least one), and how many objects a sequential reader is
+/// read ahead of (twice that, but no more than `cache` holds, never fewer than run at once).
+fn ahead_sizes(concurrency: usize, budget: u64, object_size: u64, cache: u64) -> (u64, u64) {
+    let osz = osz_nonzero(object_size);
+    let running = (concurrency.max(1) as u64).min((budget / osz).max(1));
+    (running, (2 * running).min((cache / osz).max(running)))
 }
 
 fn is_zero(b: &[u8]) -> bool {
@@ -1288,5 +1317,64 @@ mod tests {
         }
         assert_eq!(object_len(10 << 20, 4 << 20, 2), 2 << 20);
         assert_eq!(object_len(8 << 20, 4 << 20, 1), 4 << 20);
+    }
+
+    #[test]
+    fn read_ahead_is_capped_by_requests_and_by_bytes() {
+        let (c, b, cache) = (crate::DEFAULT_CONCURRENCY, crate::DEFAULT_READAHEAD, 64 << 20);
+        // The defaults: 8 downloads of 1 and 4 MiB objects (8 and 32 MiB), 2 of 16 MiB.
+        assert_eq!(ahead_sizes(c, b, 1 << 20, cache), (8, 16));
+        assert_eq!(ahead_sizes(c, b, 4 << 20, cache), (8, 16));
+        assert_eq!(ahead_sizes(c, b, 16 << 20, cache), (2, 4));
+        // Always one, even when one object is more than the budget; the window stays within
+        // the cache.
+        assert_eq!(ahead_sizes(c, b, 64 << 20, cache), (1, 1));
+        assert_eq!(ahead_sizes(c, b, 64 << 20, 256 << 20), (1, 2));
+        assert_eq!(ahead_sizes(c, 0, 1 << 20, cache), (1, 2));
+        assert_eq!(ahead_sizes(3, 1 << 30, 1 << 20, cache), (3, 6));
+    }
+
+    /// A sequential reader's read-ahead against a real S3 server (moto) never has more than
+    /// `readahead=` bytes (nor `concurrency=` requests) of downloads in flight, and reaches
+    /// that cap (the downloads do run side by side).
+    #[test]
+    fn read_ahead_keeps_its_bytes_in_flight_under_the_cap() {
+        use blockdev::{BlockDevice, WriteFlags};
+        use testkit::pattern::pattern;
+        use testkit::s3server::{S3Server, ACCESS_KEY, SECRET_KEY};
+        let dir = tempfile::tempdir().unwrap();
+        let Some(s) = S3Server::start(dir.path()) else {
+            eprintln!("SKIP: moto_server is not installed");
+            return;
+        };
+        s.create_bucket("vols");
+        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+        const OSZ: u64 = 256 << 10;
+        const SIZE: u64 = 8 << 20;
+        let base = format!("s3://vols/ra?endpoint={}&size={SIZE}&object_size={OSZ}&cache=8M", s.endpoint());
+        let w = open(&base, OpenOptions::default()).unwrap();
+        w.write_at(0, &pattern(5, 0, SIZE as usize), WriteFlags::empty()).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        // (parameters, the most bytes in flight expected)
+        for (params, cap) in [
+            ("readahead=512K", 2 * OSZ),
+            ("readahead=700K", 2 * OSZ),
+            // Less than one object: one at a time.
+            ("readahead=100K", OSZ),
+            // The request cap below the byte cap.
+            ("concurrency=3&readahead=4M", 3 * OSZ),
+        ] {
+            let d =
+                open(&format!("{base}&{params}"), OpenOptions { read_only: true, create: false }).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            for off in (0..SIZE).step_by(buf.len()) {
+                d.read_at(off, &mut buf).unwrap();
+                assert!(buf == pattern(5, off, buf.len()), "{params}: bytes at {off}");
+            }
+            let peak = lock(&d.inner.ahead.queue).peak_bytes;
+            assert_eq!(peak, cap, "{params}: the most bytes of read-ahead in flight");
+        }
     }
 }

@@ -22,6 +22,9 @@
 //!   when it is full, the least recently used clean objects are dropped, and dirty ones are
 //!   uploaded first. `flush` returns only when every object dirty at its start is uploaded
 //!   (uploads run `concurrency=` at once), and latches a failure ([`WritebackLatch`]).
+//! * A sequential reader is read ahead: the next objects are downloaded in order in the
+//!   background, at most `concurrency=` of them and at most `readahead=` bytes
+//!   ([`DEFAULT_READAHEAD`]) at once, and a read copies its part of an object out as it arrives.
 //! * One writer per volume: a writer creates the lease object with a conditional write
 //!   (`If-None-Match: *`), refuses to open when it exists (`Busy`, naming the holder), checks
 //!   before every upload (flush or cache eviction) that the lease is still its own, stops
@@ -56,6 +59,10 @@ pub const MAX_OBJECT_SIZE: u64 = 256 << 20;
 pub const DEFAULT_CACHE: u64 = 256 << 20;
 /// Requests in flight at once by default.
 pub const DEFAULT_CONCURRENCY: usize = 8;
+/// Bytes a sequential reader's read-ahead may have in flight by default (`readahead=`): at
+/// most `concurrency` downloads and at most this many bytes of them, but always one (measured:
+/// BENCHMARKS.md, "Object storage reads, eighth pass").
+pub const DEFAULT_READAHEAD: u64 = 32 << 20;
 /// The manifest's object name (under the prefix).
 pub const MANIFEST: &str = "sealdisk-volume.json";
 /// The lease's object name (under the prefix).

@@ -44,6 +44,8 @@ pub struct Locator {
     pub cache: Option<u64>,
     /// `concurrency=`: uploads and downloads in flight at once.
     pub concurrency: Option<usize>,
+    /// `readahead=`: bytes a sequential reader's read-ahead downloads may have in flight.
+    pub readahead: Option<u64>,
     /// `timeout=`: seconds one request may take before it fails.
     pub timeout: Option<u64>,
     /// `break_lease=1`: take the volume over from a writer that is gone (crashed) and
@@ -154,6 +156,7 @@ impl Locator {
             object_size: None,
             cache: None,
             concurrency: None,
+            readahead: None,
             timeout: None,
             break_lease: false,
             virtual_host: false,
@@ -182,6 +185,7 @@ impl Locator {
                             .ok_or_else(|| err(format!("concurrency={v:?}: expected 1..=256")))?,
                     )
                 }
+                "readahead" => l.readahead = Some(size("readahead")?),
                 "timeout" => {
                     l.timeout = Some(
                         v.parse()
@@ -266,6 +270,7 @@ mod tests {
         assert_eq!((l.service, l.bucket.as_str(), l.prefix.as_str()), (Service::S3, "b", "vols/one"));
         assert_eq!(l.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!((l.size, l.object_size), (Some(1 << 30), Some(4 << 20)));
+        assert_eq!(Locator::parse("s3://b/x?readahead=16M").unwrap().readahead, Some(16 << 20));
         assert_eq!(l.key("data/0"), "vols/one/data/0");
         assert_eq!(l.display(), "s3://b/vols/one");
         assert_eq!(Locator::parse("gs://b").unwrap().key("x"), "x");
@@ -278,6 +283,7 @@ mod tests {
             "s3://b/x?size=1000",
             "s3://b/x?object_size=3M",
             "s3://b/x?nope=1",
+            "s3://b/x?readahead=lots",
             "s3://b/../x",
             "azblob://c/x",
             "ftp://b/x",
