@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instruction-count benchmarks of the hot paths, checked against a committed baseline.
 #
-# Each case of the `instr-bench` binary (crates/bench/src/bin/instr-bench.rs: one 4 KiB
+# Each case of the `instr-bench` binary (crates/instr/src/main.rs: one 4 KiB
 # XTS sector, one AEAD sector, one integrity tag, one NBD request read+decoded+answered,
 # one journal commit) runs under valgrind's callgrind twice, with N1 and N2 iterations; the
 # instructions of one operation are (I(N2) - I(N1)) / (N2 - N1), so setup cost cancels. The
@@ -17,9 +17,10 @@
 #   --update       write the counts measured as the new baseline (commit it with the change
 #                  that explains it)
 #   TOLERANCE=3    allowed growth, in percent
-#   INSTR_BENCH_BIN=path  use this binary instead of building it (cargo build --release)
+#   INSTR_BENCH_BIN=path  use this binary instead of building it (.ci/run's build:
+#                  `cargo build --profile ci -p instr`, the release profile without LTO)
 #   BASELINE=path  baseline file (default scripts/instr-baseline.txt)
-# The counts depend on the compiler, the release profile and valgrind's CPU model (AWS-LC
+# The counts depend on the compiler, the `ci` profile and valgrind's CPU model (AWS-LC
 # picks its AES code by CPUID): after a toolchain or valgrind upgrade, take a new baseline.
 set -euo pipefail
 
@@ -40,10 +41,11 @@ done
 command -v valgrind >/dev/null || { echo "instr-bench: valgrind not found (Debian package valgrind)" >&2; exit 2; }
 
 if [[ -z "${INSTR_BENCH_BIN:-}" ]]; then
-  (cd "$ROOT" && cargo build --release -q -p bench --bin instr-bench)
+  # Exactly .ci/run's build (the same features resolved), so a baseline taken here holds there.
+  (cd "$ROOT" && cargo build --profile ci -q -p instr)
   target_dir="$(cd "$ROOT" && cargo metadata --no-deps --format-version 1 |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-  INSTR_BENCH_BIN="$target_dir/release/instr-bench"
+  INSTR_BENCH_BIN="$target_dir/ci/instr-bench"
 fi
 [[ -x "$INSTR_BENCH_BIN" ]] || { echo "instr-bench: $INSTR_BENCH_BIN is not an executable" >&2; exit 2; }
 if (( ${#cases[@]} == 0 )); then
@@ -124,7 +126,7 @@ done
 if [[ "$update" == 1 ]]; then
   {
     echo "# Instructions per operation, from scripts/instr-bench.sh --update (callgrind,"
-    echo "# release profile). $(rustc --version 2>/dev/null || echo rustc ?), $(valgrind --version)."
+    echo "# ci profile). $(rustc --version 2>/dev/null || echo rustc ?), $(valgrind --version)."
     for c in "${cases[@]}"; do echo "$c ${now[$c]}"; done
     # Cases not measured this time keep their baseline.
     for c in "${!base[@]}"; do [[ -n "${now[$c]:-}" ]] || echo "$c ${base[$c]}"; done

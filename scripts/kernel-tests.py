@@ -11,12 +11,13 @@ kept and printed whole when it ends, with its time; the exit status is 1 if any 
     scripts/kernel-tests.py [TEST...]      default: every kernel test
     KERNEL_TESTS_JOBS=1 scripts/kernel-tests.py     one at a time
 
-The release binary the filesystem and ublk tests copy into the guest is built first
-(`cargo build --release -p sealdisk --features ublk`) unless SEALDISK_RELEASE_BIN names one.
+The sealdisk binary the filesystem and ublk tests copy into the guest is the one this build
+makes for the suite (target/debug/sealdisk: its dependencies, the crypto among them, are
+built optimized, and the emulated guest kernel sets the pace), unless SEALDISK_RELEASE_BIN
+names another.
 """
 
 import os
-import subprocess
 import sys
 
 import testrun
@@ -47,9 +48,6 @@ def main() -> int:
         print(f"kernel-tests: unknown test {' '.join(unknown)} (known: {' '.join(TESTS)})", file=sys.stderr)
         return 2
     jobs = int(os.environ.get("KERNEL_TESTS_JOBS", "2"))
-
-    if "SEALDISK_RELEASE_BIN" not in os.environ and {"fs_kernel", "ublk_kernel"} & set(wanted):
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "sealdisk", "--features", "ublk"], cwd=testrun.ROOT, check=True)
 
     # scripts/test.sh's flags exactly: naming only these tests (--test) would resolve other
     # features (dev-dependencies of packages with no selected test) and rebuild the tree.

@@ -4,7 +4,7 @@
 //!
 //! The host formats five 64 MiB images (plain dm-crypt, LUKS2, LUKS2 with hmac-sha256
 //! authenticated encryption, dm-integrity in journal mode J and in bitmap mode B) with the
-//! release `sealdisk`, and tars this workspace's crates/ (the real source tree, about 250 files)
+//! host's `sealdisk`, and tars this workspace's crates/ (the real source tree, about 250 files)
 //! in two halves. In the guest the same binary serves each image from its virtio disk, over
 //! one of three transports: the kernel NBD client on a unix socket, the kernel NBD client
 //! over TCP on 127.0.0.1, or the FUSE file (`--fuse DIR`) on a loop device (`losetup`).
@@ -27,11 +27,9 @@
 //!   the crash case runs on LUKS2 and integrity J (a dead FUSE server fails the loop
 //!   device's I/O, fusermount3 unmounts, a new server mounts the same DIR).
 //!
-//! Guest script: testdata/kernel/filesystems.sh. The guest runs the host's release binary
-//! (a debug build is far too slow under TCG): build it first with
-//! `cargo build --release -p sealdisk` (or point SEALDISK_RELEASE_BIN at one). Boots a
-//! kernel (about 5 min under TCG):
-//! `cargo test -p sealdisk --test fs_kernel -- --ignored --nocapture`.
+//! Guest script: testdata/kernel/filesystems.sh. The guest runs the sealdisk binary built for
+//! the suite (or SEALDISK_RELEASE_BIN; see `common::guest_bin`). Boots a kernel (about 5 min
+//! under TCG): `scripts/kernel-tests.py fs_kernel`.
 
 mod common;
 
@@ -136,9 +134,7 @@ fn run_ok(bin: &Path, args: &[&str]) {
 #[ignore = "boots Linux 6.12 under qemu (kernel-run), about 5 minutes"]
 fn ext4_on_every_transport_and_stack_survives_use_and_a_killed_server() {
     let Some(kr) = common::kernel_run() else { return };
-    let Some(sealdisk) = common::release_bin("fs_kernel", "cargo build --release -p sealdisk") else {
-        return;
-    };
+    let Some(sealdisk) = common::guest_bin("fs_kernel") else { return };
     let Some(fusermount) = fusermount3() else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = |name: &str| dir.path().join(name);

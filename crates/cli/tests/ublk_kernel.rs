@@ -2,7 +2,7 @@
 //! ublk_drv, io_uring, fio inside).
 //!
 //! The host formats four 32 MiB images (plain dm-crypt, LUKS2, LUKS2 with hmac-sha256
-//! authenticated encryption, dm-integrity in journal mode) with the release `sealdisk` and
+//! authenticated encryption, dm-integrity in journal mode) with the host's `sealdisk` and
 //! tars this workspace's crates/blockdev and crates/targets. In the guest the same binary
 //! serves each image as /dev/ublkbN: the queue limits match the stack (block sizes, one hw
 //! queue per CPU, write-back cache, rotational), `mkfs.ext4`, mount, unpack, `sync`,
@@ -13,10 +13,9 @@
 //! seconds, nothing hangs, the id can be served again) and user recovery (a mounted ext4
 //! survives the server's SIGKILL and a `--ublk-recover` restart).
 //!
-//! Guest script: testdata/kernel/ublk-filesystems.sh. The guest runs the host's release
-//! binary: build it first with `cargo build --release -p sealdisk` (or point
-//! SEALDISK_RELEASE_BIN at one). `cargo test -p sealdisk --test ublk_kernel -- --ignored
-//! --nocapture`.
+//! Guest script: testdata/kernel/ublk-filesystems.sh. The guest runs the sealdisk binary
+//! built for the suite (with `--features sealdisk/ublk`, as scripts/test.sh builds it; or
+//! SEALDISK_RELEASE_BIN, see `common::guest_bin`): `scripts/kernel-tests.py ublk_kernel`.
 
 mod common;
 
@@ -52,11 +51,7 @@ fn run_ok(bin: &Path, args: &[String]) {
 #[ignore = "boots Linux 6.12 under qemu (kernel-run)"]
 fn ublk_serves_every_stack_to_ext4_and_fio_and_survives_kill_and_recovery() {
     let Some(kr) = common::kernel_run() else { return };
-    let Some(sealdisk) =
-        common::release_bin("ublk_kernel", "cargo build --release -p sealdisk --features ublk")
-    else {
-        return;
-    };
+    let Some(sealdisk) = common::guest_bin("ublk_kernel") else { return };
     let dir = tempfile::tempdir().unwrap();
     let d = |name: &str| dir.path().join(name);
     let s = |p: &Path| p.to_str().unwrap().to_owned();
