@@ -912,33 +912,9 @@ impl Live {
             if q.resume_only {
                 return Response::err(exit::BAD_ARGS, "Device reencryption not in progress.");
             }
-            let kind = match &q.pbkdf {
-                Some(k) => match k.parse::<volume::luks::PbkdfType>() {
-                    Ok(k) => Some(k),
-                    Err(e) => return Response::err(exit::BAD_ARGS, e.to_string()),
-                },
-                None => None,
-            };
-            let Ok(hash) = q.hash.parse() else {
-                return Response::err(exit::BAD_ARGS, format!("--hash: unknown hash {:?}", q.hash));
-            };
-            let params = ReencryptParams {
-                cipher: q.cipher.clone(),
-                key_bytes: q.key_bytes,
-                sector_size: None,
-                resilience: q.resilience.clone().unwrap_or_else(|| "checksum".into()),
-                resilience_hash: q.resilience_hash.clone(),
-                key_slot: q.key_slot,
-                pbkdf: volume::luks::PbkdfParams {
-                    kind,
-                    hash,
-                    iter_time: Duration::from_millis(q.iter_time_ms.max(1)),
-                    force_iterations: q.pbkdf_force_iterations,
-                    memory_kib: q.pbkdf_memory,
-                    parallel: q.pbkdf_parallel,
-                },
-                kdf_limits: l.kdf_limits,
-                layout: Default::default(),
+            let params = match reencrypt_params(q, l.kdf_limits) {
+                Ok(p) => ReencryptParams { cipher: q.cipher.clone(), key_bytes: q.key_bytes, ..p },
+                Err(r) => return *r,
             };
             match re::init(&*meta.device, r.storage.size(), &mut luks, &pass, &params) {
                 Ok(slot) => log::info!("{}: reencryption initialized, new key in keyslot {slot}", self.name),
@@ -1093,34 +1069,9 @@ impl Live {
             },
             Err(e) => return Err(Box::new(fail(e))),
         };
-        let Ok(hash) = q.hash.parse() else {
-            return Err(Box::new(Response::err(
-                exit::BAD_ARGS,
-                format!("--hash: unknown hash {:?}", q.hash),
-            )));
-        };
-        let kind = match &q.pbkdf {
-            Some(k) => match k.parse::<volume::luks::PbkdfType>() {
-                Ok(k) => Some(k),
-                Err(e) => return Err(Box::new(Response::err(exit::BAD_ARGS, e.to_string()))),
-            },
-            None => None,
-        };
         let params = ReencryptParams {
-            resilience: q.resilience.clone().unwrap_or_else(|| "checksum".into()),
-            resilience_hash: q.resilience_hash.clone(),
-            key_slot: q.key_slot,
-            pbkdf: volume::luks::PbkdfParams {
-                kind,
-                hash,
-                iter_time: Duration::from_millis(q.iter_time_ms.max(1)),
-                force_iterations: q.pbkdf_force_iterations,
-                memory_kib: q.pbkdf_memory,
-                parallel: q.pbkdf_parallel,
-            },
-            kdf_limits: *limits,
             layout: EncryptLayout { hotzone_size: q.hotzone_size, ..EncryptLayout::default() },
-            ..ReencryptParams::default()
+            ..reencrypt_params(q, *limits)?
         };
         let made = std::fs::OpenOptions::new()
             .write(true)
@@ -1267,4 +1218,37 @@ pub fn start(claim: Claim, live: Arc<Live>) -> Result<ControlServer> {
         })
         .context("starting the control thread")?;
     Ok(ControlServer { path, _claim: claim })
+}
+
+/// The reencryption parameters a request asks for (resilience, keyslot, PBKDF of the new
+/// keyslot), or the response refusing it: an unknown PBKDF or hash.
+fn reencrypt_params(
+    q: &proto::Reencrypt,
+    kdf_limits: volume::luks::KdfLimits,
+) -> Result<volume::luks::reencrypt::ReencryptParams, Box<Response>> {
+    let kind = match &q.pbkdf {
+        Some(k) => Some(
+            k.parse::<volume::luks::PbkdfType>()
+                .map_err(|e| Box::new(Response::err(exit::BAD_ARGS, e.to_string())))?,
+        ),
+        None => None,
+    };
+    let Ok(hash) = q.hash.parse() else {
+        return Err(Box::new(Response::err(exit::BAD_ARGS, format!("--hash: unknown hash {:?}", q.hash))));
+    };
+    Ok(volume::luks::reencrypt::ReencryptParams {
+        resilience: q.resilience.clone().unwrap_or_else(|| "checksum".into()),
+        resilience_hash: q.resilience_hash.clone(),
+        key_slot: q.key_slot,
+        pbkdf: volume::luks::PbkdfParams {
+            kind,
+            hash,
+            iter_time: Duration::from_millis(q.iter_time_ms.max(1)),
+            force_iterations: q.pbkdf_force_iterations,
+            memory_kib: q.pbkdf_memory,
+            parallel: q.pbkdf_parallel,
+        },
+        kdf_limits,
+        ..Default::default()
+    })
 }
