@@ -197,6 +197,54 @@ fn cipher(spec: &str, vk: &VolumeKey, sector_size: u32) -> Result<SectorCipher, 
         .map_err(err)
 }
 
+/// The length of each piece when per-hotzone CPU work (checksums, crypto) on `len` bytes is
+/// cut across the cores: a multiple of `align`, at least 1 MiB; `len` itself when one
+/// piece it is.
+fn piece_len(len: usize, align: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = cores.min(len >> 20).max(1);
+    len.div_ceil(n).next_multiple_of(align.max(1))
+}
+
+/// Runs `f(offset, piece)` on each [`piece_len`] piece of `buf` (offsets in bytes from its
+/// start), one scoped thread per piece; the first error in piece order is returned.
+fn in_pieces<E: Send>(
+    buf: &mut [u8],
+    align: usize,
+    f: impl Fn(usize, &mut [u8]) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let per = piece_len(buf.len(), align);
+    if per >= buf.len() {
+        return f(0, buf);
+    }
+    let f = &f;
+    std::thread::scope(|s| {
+        let jobs: Vec<_> =
+            buf.chunks_mut(per).enumerate().map(|(i, c)| s.spawn(move || f(i * per, c))).collect();
+        jobs.into_iter().try_for_each(|j| j.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
+}
+
+/// The `hash` of each `bs`-byte block of `data` into `sums` (one digest after the other),
+/// the blocks cut across the cores.
+fn block_sums(hash: HashAlg, data: &[u8], bs: usize, sums: &mut [u8]) {
+    let hl = hash.output_len();
+    let per = piece_len(data.len(), bs);
+    let hash_all = |d: &[u8], out: &mut [u8]| {
+        for (blk, sum) in d.chunks(bs).zip(out.chunks_mut(hl)) {
+            hash.digest_into(&[blk], sum);
+        }
+    };
+    if per >= data.len() {
+        return hash_all(data, sums);
+    }
+    std::thread::scope(|s| {
+        for (d, out) in data.chunks(per).zip(sums.chunks_mut(per / bs * hl)) {
+            s.spawn(move || hash_all(d, out));
+        }
+    });
+}
+
 /// Starts a reencryption (cryptsetup `reencrypt --init-only`): unlocks the current key with
 /// `passphrase`, makes a new volume key with a keyslot for the same passphrase, and writes
 /// the reencryption metadata. No data is touched. Returns the new keyslot.
@@ -1757,9 +1805,7 @@ impl SumsArea {
         let hash = HashAlg::Sha256;
         let hl = hash.output_len();
         let mut sums = vec![0u8; chunk.len().div_ceil(self.block as usize) * hl];
-        for (b, blk) in chunk.chunks(self.block as usize).enumerate() {
-            hash.digest_into(&[blk], &mut sums[b * hl..(b + 1) * hl]);
-        }
+        block_sums(hash, chunk, self.block as usize, &mut sums);
         let rec = self
             .record(start, chunk.len() as u64)
             .encode(&sums)
@@ -1771,15 +1817,19 @@ impl SumsArea {
 
 impl Plan {
     /// Old content to new content, in place (`sector` in 512-byte units from the data
-    /// offset).
+    /// offset), cut across the cores in pieces of whole 4096-byte sectors (the largest
+    /// encryption sector, so each piece starts on a sector of both ciphers).
     fn rewrite(&self, sector: u64, buf: &mut [u8]) -> Result<(), LuksError> {
-        if let Some((c, spec)) = &self.old.cipher {
-            c.decrypt(sector, buf).map_err(crypto_err(spec))?;
-        }
-        if let Some((c, spec)) = &self.new.cipher {
-            c.encrypt(sector, buf).map_err(crypto_err(spec))?;
-        }
-        Ok(())
+        in_pieces(buf, 4096, |at, piece| {
+            let sector = sector + (at / 512) as u64;
+            if let Some((c, spec)) = &self.old.cipher {
+                c.decrypt(sector, piece).map_err(crypto_err(spec))?;
+            }
+            if let Some((c, spec)) = &self.new.cipher {
+                c.encrypt(sector, piece).map_err(crypto_err(spec))?;
+            }
+            Ok(())
+        })
     }
 
     /// The regular segments with the boundary at `pos` and, with `hot`, the hotzone of
@@ -2135,11 +2185,8 @@ pub fn run_unlocked(
         match (&rk.resilience, p.hash) {
             (Resilience::Checksum { block_size, .. }, Some(hash)) => {
                 let bs = *block_size as usize;
-                let hl = hash.output_len();
-                let mut sums = vec![0u8; chunk.len() / bs * hl];
-                for (b, blk) in chunk.chunks(bs).enumerate() {
-                    hash.digest_into(&[blk], &mut sums[b * hl..(b + 1) * hl]);
-                }
+                let mut sums = vec![0u8; chunk.len() / bs * hash.output_len()];
+                block_sums(hash, chunk, bs, &mut sums);
                 io::write_bytes(meta, rk.area_offset, &sums, "reencryption checksums")?;
             }
             (Resilience::Journal, _) => io::write_bytes(meta, rk.area_offset, chunk, "reencryption journal")?,
