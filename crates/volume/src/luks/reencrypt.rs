@@ -1336,10 +1336,9 @@ fn run_decrypt_shift(
             while off < len {
                 let n = (len - off).min(buf.len() as u64) as usize;
                 dev.read_at(off, &mut buf[..n]).map_err(io_err("data shift hotzone"))?;
-                for (i, blk) in buf[..n].chunks(bs as usize).enumerate() {
-                    let b = (off / bs) as usize + i;
-                    hash.digest_into(&[blk], &mut sums[b * hl..(b + 1) * hl]);
-                }
+                let first = (off / bs) as usize * hl;
+                let count = (n as u64).div_ceil(bs) as usize;
+                block_sums(hash, &buf[..n], bs as usize, &mut sums[first..first + count * hl]);
                 off += n as u64;
             }
             io::write_bytes(meta, area_offset, &sums, "reencryption checksums")?;
