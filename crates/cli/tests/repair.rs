@@ -163,3 +163,20 @@ fn bad_input_gets_cryptsetup_errors() {
     assert_eq!(s.status.code(), Some(5), "repair of a served volume: {}", stderr(&s));
     srv.stop_ok();
 }
+
+/// A hostile LUKS1 header (a 4 GiB key size, a damaged keyslot): refused on the key size
+/// before anything is sized by it, nothing written.
+#[test]
+fn a_hostile_key_size_is_refused_before_use() {
+    if !available() {
+        return;
+    }
+    let v = luks("luks1");
+    poke_u32(&v.img, 108, 0xffff_fff0); // keyBytes
+    poke_u32(&v.img, keyslot_fields(7).0, 9999);
+    let before = std::fs::read(&v.img).unwrap();
+    let s = sealdisk(&["repair", "--batch-mode", v.img()]);
+    assert_eq!(s.status.code(), Some(1), "{}", stderr(&s));
+    assert!(stderr(&s).contains("Non standard key size"), "{}", stderr(&s));
+    assert!(std::fs::read(&v.img).unwrap() == before, "a refused repair wrote");
+}

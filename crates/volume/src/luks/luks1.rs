@@ -39,6 +39,8 @@ pub(super) fn repair(meta: &dyn BlockDevice) -> Result<Vec<String>, LuksError> {
         h.check_device_size(size).map_err(LuksError::Luks1)?;
         return Ok(Vec::new());
     }
+    // First: it bounds the key size (16, 32 or 64 bytes) the cipher check below allocates.
+    let notes = h.repair_keyslots(&bytes).map_err(LuksError::Luks1Repair)?;
     let spec = h.cipher_spec();
     let err = |source| LuksError::Cipher { spec: spec.clone(), source };
     // A throwaway key with distinct halves (XTS refuses equal ones).
@@ -46,7 +48,6 @@ pub(super) fn repair(meta: &dyn BlockDevice) -> Result<Vec<String>, LuksError> {
     let params = sector_crypto::SectorParams { sector_size: 512, iv_offset: 0, iv_large_sectors: false };
     sector_crypto::SectorCipher::new(&spec.parse().map_err(err)?, &VolumeKey::from_slice(&probe), params)
         .map_err(err)?;
-    let notes = h.repair_keyslots(&bytes).map_err(LuksError::Luks1Repair)?;
     h.check_device_size(size).map_err(LuksError::Luks1)?;
     if !notes.is_empty() {
         log::info!("Writing LUKS header to disk.");
