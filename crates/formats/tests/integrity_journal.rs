@@ -170,3 +170,27 @@ fn commit_ids_are_made_distinct() {
     let p = CommitIds::plain();
     assert_eq!(p.commit_id(1, 2, 0), (0x1111_1111_1111_1111u64 ^ (1 << 32) ^ 2).to_le_bytes());
 }
+
+#[test]
+fn restore_entry_puts_the_written_block_back_in_place() {
+    // 4096-byte blocks: the commit overwrites bytes 504..512 of each of the 8 data sectors.
+    let g = JournalGeometry::new(4, 3, false);
+    let ids = CommitIds::plain();
+    let mut s = vec![0u8; g.section_bytes()];
+    journal::init_section(&g, &ids, &mut s, 0, 0);
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 512) as u8).collect();
+    journal::write_entry(&g, &mut s, 3, 64, &block, &[9, 8, 7, 6]);
+    journal::commit_section(&g, &ids, &mut s, 0, 1);
+    let at = g.data_sector(3) as usize * 512;
+    assert_ne!(&s[at..at + 4096], &block[..], "the commit stamps the sector tails");
+    assert_eq!(journal::entry_tag(&g, &s, 3), &[9, 8, 7, 6]);
+    assert!(journal::restore_entry(&g, &mut s, 3));
+    assert_eq!(&s[at..at + 4096], &block[..]);
+    // Idempotent, and what a reader restores from the entry stays the same.
+    assert!(journal::restore_entry(&g, &mut s, 3));
+    assert_eq!(JournalView::new(g, 1, &s).unwrap().entry_data(0, 3), block);
+    // An unused entry is left alone.
+    let before = s.clone();
+    assert!(!journal::restore_entry(&g, &mut s, 4));
+    assert_eq!(s, before);
+}

@@ -437,6 +437,34 @@ pub fn write_entry(
     e.encode_into(geom, &mut section[off..off + geom.entry_size as usize]);
 }
 
+/// The kernel's `restore_last_bytes`, in place: puts entry `n`'s saved bytes 504..512 back
+/// into each of its data sectors, so that the section holds the block as it was written (and
+/// no longer the commit ids there). Only for a section whose commit is durable, which is
+/// never written to the journal again until it is reused. Returns false for an entry that
+/// is not in use (left alone).
+pub fn restore_entry(geom: &JournalGeometry, section: &mut [u8], n: u32) -> bool {
+    let off = geom.entry_offset(n);
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&section[off..off + 8]);
+    let hi = (u64::from_le_bytes(raw) >> 32) as u32;
+    if hi == SECTOR_HI_UNUSED || hi == SECTOR_HI_INPROGRESS {
+        return false;
+    }
+    let start = geom.data_sector(n) as usize * 512;
+    for s in 0..geom.sectors_per_block() as usize {
+        let lb = off + 8 + 8 * s;
+        let dst = start + s * 512 + JOURNAL_SECTOR_DATA;
+        section.copy_within(lb..lb + 8, dst);
+    }
+    true
+}
+
+/// The tag of entry `n` (`tag_size` bytes), without decoding the rest of the entry.
+pub fn entry_tag<'a>(geom: &JournalGeometry, section: &'a [u8], n: u32) -> &'a [u8] {
+    let t = geom.entry_offset(n) + 8 + 8 * geom.sectors_per_block() as usize;
+    &section[t..t + geom.tag_size as usize]
+}
+
 /// How the kernel goes on after replay (what `replay_journal` leaves in `ic`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JournalResume {

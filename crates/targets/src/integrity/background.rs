@@ -74,6 +74,14 @@ pub(super) fn writer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
     }
 }
 
+/// The journal committer (journal.rs): commits sections as they fill.
+pub(super) fn committer_loop<D: BlockDevice>(weak: Weak<Inner<D>>) {
+    let Some(i) = weak.upgrade() else { return };
+    if let Some(j) = &i.journal {
+        j.committer_loop(&*i);
+    }
+}
+
 pub(super) fn recalc_loop<D: BlockDevice>(weak: Weak<Inner<D>>, stop: Arc<Stop>) {
     let mut chunks = 0u32;
     loop {

@@ -92,11 +92,25 @@ pub(crate) struct JournalState {
     crypt: Option<Arc<JournalCrypt>>,
 }
 
-/// Journal and copy-out writes are cut into pieces of at most this many bytes, written on up
-/// to [`IO_THREADS`] threads: the device below takes requests in parallel (the kernel submits
-/// many bios at once; one synchronous stream would leave an O_DIRECT file or disk idle).
+/// Journal and copy-out writes are cut into pieces of at most this many bytes, written on
+/// several threads ([`io_threads`]): the device below takes requests in parallel (the kernel
+/// submits many bios at once; one synchronous stream would leave an O_DIRECT file or disk
+/// idle).
 const IO_PIECE: usize = 256 << 10;
-const IO_THREADS: usize = 4;
+/// Bytes a commit or copy-out keeps in flight, in as many synchronous writes as that takes
+/// (at least [`MIN_IO_THREADS`], at most [`MAX_IO_THREADS`]): a copy-out of scattered 4 KiB
+/// blocks needs many writes in flight to keep the disk busy (4 threads held 4 KiB random
+/// copy-outs to 40k blocks/s where 32 reached 80k), large pieces need few (more threads
+/// only contended).
+const IO_IN_FLIGHT: usize = 1 << 20;
+const MIN_IO_THREADS: usize = 4;
+const MAX_IO_THREADS: usize = 32;
+
+/// How many threads write `items` pieces of `bytes` in all.
+fn io_threads(items: usize, bytes: usize) -> usize {
+    let avg = (bytes / items.max(1)).max(1);
+    (IO_IN_FLIGHT / avg).clamp(MIN_IO_THREADS, MAX_IO_THREADS).min(items)
+}
 
 /// I/O threads (`dm-integrity-io-N` for commits, `dm-integrity-co-N` for copy-outs), one
 /// pool per kind and journal, started on first use: a thread spawned per commit cost more
@@ -110,7 +124,7 @@ impl IoPool {
         self.0
             .get_or_init(|| {
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(IO_THREADS)
+                    .num_threads(MAX_IO_THREADS)
                     .thread_name(move |i| format!("{prefix}-{i}"))
                     .build()
                     .map_err(|e| log::warn!("dm-integrity: no journal I/O threads ({e}); writing serially"))
@@ -120,18 +134,19 @@ impl IoPool {
     }
 }
 
-/// Runs `f` on every item, spread over `pool` (serially for one item, or without a pool); the
-/// first error.
+/// Runs `f` on every item, spread over `threads` threads of `pool` (serially for one item, or
+/// without a pool); the first error.
 fn parallel<T: Sync>(
     pool: Option<&rayon::ThreadPool>,
     items: &[T],
+    threads: usize,
     f: impl Fn(&T) -> BlockResult<()> + Sync,
 ) -> BlockResult<()> {
     let pool = match pool {
-        Some(p) if items.len() > 1 => p,
+        Some(p) if items.len() > 1 && threads > 1 => p,
         _ => return items.iter().try_for_each(&f),
     };
-    let n = items.len().min(IO_THREADS);
+    let n = items.len().min(threads);
     let first: Mutex<Option<BlockError>> = Mutex::new(None);
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         pool.scope(|s| {
@@ -172,50 +187,59 @@ pub(crate) trait JournalSink: Sync {
     fn fail(&self, what: &str, e: &BlockError);
 }
 
-/// One run of consecutive blocks a copy-out writes.
+/// One run a copy-out writes: consecutive entries of one section holding consecutive
+/// blocks, so that their data lies contiguous in the section buffer.
+#[derive(Debug, Clone, Copy)]
 struct Run {
+    /// Logical sector of the first block.
     sector: u64,
-    /// (absolute section, entry) of each block's copy to write.
-    from: Vec<(u64, u32)>,
+    /// Absolute section.
+    sec: u64,
+    /// First entry, and the number of entries.
+    first: u32,
+    n: u32,
 }
 
-/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes: (sector, entries).
-fn copy_pieces(runs: &[Run], bs: usize) -> Vec<(u64, &[(u64, u32)])> {
-    let per = (IO_PIECE / bs).max(1);
+/// The copy-out runs cut into pieces of at most [`IO_PIECE`] bytes.
+fn copy_pieces(runs: &[Run], bs: usize) -> Vec<Run> {
+    let per = (IO_PIECE / bs).max(1) as u32;
     let spb = bs as u64 / 512;
     runs.iter()
         .flat_map(|r| {
-            r.from.chunks(per).enumerate().map(move |(k, c)| (r.sector + (k * per) as u64 * spb, c))
+            (0..r.n).step_by(per as usize).map(move |k| Run {
+                sector: r.sector + u64::from(k) * spb,
+                sec: r.sec,
+                first: r.first + k,
+                n: per.min(r.n - k),
+            })
         })
         .collect()
 }
 
-/// The blocks (last bytes restored) and tags of journal entries `from`, read from their
-/// sections: what a copy-out piece writes. Runs on the copy-out threads without the journal
-/// lock: durable sections do not change until their copy-out has finished.
-fn fill_piece(
-    geom: &JournalGeometry,
-    secs: &[Section],
-    from: &[(u64, u32)],
-) -> BlockResult<(AlignedBuf, Vec<u8>)> {
+/// Writes one copy-out piece straight from its section buffer: the commit that made the
+/// section durable restored the blocks' last bytes in place (`restore_section`), so the
+/// entries' data sectors hold the blocks as written. Runs on the copy-out threads without
+/// the journal lock: durable sections do not change until their copy-out has finished.
+fn write_piece<S: JournalSink>(sink: &S, geom: &JournalGeometry, secs: &[Section], p: &Run) -> BlockResult<()> {
     let bs = geom.sectors_per_block() as usize * 512;
-    let mut data = AlignedBuf::for_direct_io(from.len() * bs);
-    let mut tags = Vec::with_capacity(from.len() * geom.tag_size as usize);
-    for (k, &(a, j)) in from.iter().enumerate() {
-        let g = rd(&secs[(a % secs.len() as u64) as usize]);
-        let v = JournalView::new(*geom, 1, g.as_slice()).map_err(|e| {
-            BlockError::new(BlockErrorKind::Io, "the journal does not fit its geometry").with_source(e)
-        })?;
-        let e = v.entry(0, j);
-        let start = geom.data_sector(j) as usize * 512;
-        let out = &mut data.as_mut_slice()[k * bs..(k + 1) * bs];
-        out.copy_from_slice(&v.section(0)[start..start + bs]);
-        for (s, lb) in e.last_bytes.iter().enumerate() {
-            out[s * 512 + fj::JOURNAL_SECTOR_DATA..(s + 1) * 512].copy_from_slice(lb);
-        }
-        tags.extend_from_slice(&e.tag);
+    let g = rd(&secs[(p.sec % secs.len() as u64) as usize]);
+    let b = g.as_slice();
+    let mut tags = Vec::with_capacity(p.n as usize * geom.tag_size as usize);
+    for e in p.first..p.first + p.n {
+        tags.extend_from_slice(fj::entry_tag(geom, b, e));
     }
-    Ok((data, tags))
+    let start = geom.data_sector(p.first) as usize * 512;
+    sink.write_blocks(p.sector, &b[start..start + p.n as usize * bs], &tags)
+}
+
+/// Restores the last bytes of every entry in use in section `s`, in place, once its commit
+/// is durable (what `do_journal_write` does before it writes the blocks out).
+fn restore_section(geom: &JournalGeometry, s: &Section) {
+    let mut g = wr(s);
+    let b = g.as_mut_slice();
+    for e in 0..geom.section_entries {
+        fj::restore_entry(geom, b, e);
+    }
 }
 
 impl JournalState {
@@ -440,8 +464,8 @@ impl JournalState {
             Some(&(na, ne)) => (na, ne) == (a, e) || na >= self.durable,
             None => false,
         };
-        // Runs of consecutive blocks; their data is copied out of the sections later, by the
-        // copy-out threads (`fill_piece`).
+        // Runs of consecutive blocks in consecutive entries of one section; the copy-out
+        // threads write them from the section buffers (`write_piece`).
         let mut runs: Vec<Run> = Vec::new();
         for a in self.copied..self.durable {
             let i = self.slot(a);
@@ -452,8 +476,10 @@ impl JournalState {
                 }
                 // The sink splits a merged write at interleave-area boundaries.
                 match runs.last_mut() {
-                    Some(r) if r.sector + r.from.len() as u64 * spb == sec => r.from.push((a, j)),
-                    _ => runs.push(Run { sector: sec, from: vec![(a, j)] }),
+                    Some(r) if r.sec == a && r.first + r.n == j && r.sector + u64::from(r.n) * spb == sec => {
+                        r.n += 1
+                    }
+                    _ => runs.push(Run { sector: sec, sec: a, first: j, n: 1 }),
                 }
             }
         }
@@ -465,9 +491,9 @@ impl JournalState {
     fn finish_copy_out(&mut self, runs: &[Run], upto: u64) {
         let spb = self.geom.sectors_per_block() as u64;
         for r in runs {
-            for (k, &(a, e)) in r.from.iter().enumerate() {
-                let sec = r.sector + k as u64 * spb;
-                if self.index.get(&sec) == Some(&(a, e)) {
+            for k in 0..r.n {
+                let sec = r.sector + u64::from(k) * spb;
+                if self.index.get(&sec) == Some(&(r.sec, r.first + k)) {
                     self.index.remove(&sec);
                 }
             }
@@ -554,6 +580,7 @@ impl Journal {
         fua: bool,
     ) -> BlockResult<usize> {
         let mut j = self.lock();
+        let head = j.head;
         let spb = j.geom.sectors_per_block() as u64;
         let bs = spb as usize * 512;
         let ts = j.geom.tag_size as usize;
@@ -580,17 +607,28 @@ impl Journal {
             let target = j.filled();
             j = self.commit_upto(sink, j, target)?;
         }
-        if j.wants_copy_out() {
+        if j.wants_copy_out() || (j.head > head && !j.committing) {
+            // Work for the writer, or full sections for the committer.
             self.cv.notify_all();
         }
         Ok(j.pending_entries())
     }
 
-    /// The journal is full: commit it and copy it out, here or by whoever is already at it.
+    /// The journal is full: one step towards room, here or by whoever is already at it (the
+    /// caller tries again): wait for a copy-out or commit running, copy out what is durable,
+    /// or commit.
     fn make_room<'a, S: JournalSink>(&'a self, sink: &S, j: Guard<'a>) -> BlockResult<Guard<'a>> {
+        if let Some(e) = sink.failed() {
+            return Err(e);
+        }
+        if j.copying || (j.durable == j.copied && j.committing) {
+            return Ok(self.wait(j));
+        }
+        if j.durable > j.copied {
+            return self.copy_out(sink, j);
+        }
         let target = j.filled();
-        let j = self.commit_upto(sink, j, target)?;
-        self.copy_out(sink, j)
+        self.commit_upto(sink, j, target)
     }
 
     /// Returns once sections below `target` are durable: either a commit in flight covers
@@ -614,7 +652,10 @@ impl Journal {
                 continue;
             }
             let pad = target > j.head;
+            let from = j.stamped;
             let (images, upto) = j.stamp(sink, pad);
+            let written: Vec<Section> = (from..upto).map(|a| j.secs[j.slot(a) as usize].clone()).collect();
+            let geom = j.geom;
             if upto < target {
                 // Cannot happen: `target` never passes what stamping can reach.
                 return Err(BlockError::new(BlockErrorKind::Io, "journal commit target beyond the journal"));
@@ -624,10 +665,19 @@ impl Journal {
             // One write per section, straight from its buffer (a torn commit is caught by
             // the replay's commit-id check whatever the pieces are).
             let pool = self.commit_io.get("dm-integrity-io");
-            let r = parallel(pool, &images, |(off, s)| {
+            let threads = io_threads(images.len(), images.len() * geom.section_bytes());
+            let r = parallel(pool, &images, threads, |(off, s)| {
                 sink.dev().write_at(*off, rd(s).as_slice(), WriteFlags::empty())
             })
             .and_then(|_| sink.dev().flush());
+            if r.is_ok() {
+                // Durable: the blocks' last bytes go back in place for the copy-out to write
+                // them straight from the sections. Still outside [copied, durable), so no
+                // copy-out reads them meanwhile; readers restore from the entries either way.
+                for s in &written {
+                    restore_section(&geom, s);
+                }
+            }
             j = self.lock();
             j.committing = false;
             self.cv.notify_all();
@@ -669,10 +719,9 @@ impl Journal {
         drop(j);
         let pieces = copy_pieces(&runs, geom.sectors_per_block() as usize * 512);
         let pool = self.copy_io.get("dm-integrity-co");
-        let r = parallel(pool, &pieces, |&(sec, from)| {
-            let (data, tags) = fill_piece(&geom, &secs, from)?;
-            sink.write_blocks(sec, data.as_slice(), &tags)
-        })
+        let bytes = pieces.iter().map(|p| p.n as usize).sum::<usize>() * geom.sectors_per_block() as usize * 512;
+        let threads = io_threads(pieces.len(), bytes);
+        let r = parallel(pool, &pieces, threads, |p| write_piece(sink, &geom, &secs, p))
         .and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;
@@ -705,20 +754,49 @@ impl Journal {
         Ok(j.pending_entries())
     }
 
-    /// The writer thread's loop: at the watermark, commit everything and copy it out, until
-    /// [`stop`](Self::stop).
+    /// The writer thread's loop: at the watermark, copy out what is durable; when nothing is
+    /// and no commit is running (every entry in the head section), commit, padding the head.
+    /// Until [`stop`](Self::stop).
     pub(crate) fn writer_loop<S: JournalSink>(&self, sink: &S) {
         let mut j = self.lock();
         loop {
             if j.stop || sink.failed().is_some() {
                 return;
             }
-            if !j.wants_copy_out() {
+            if !j.wants_copy_out() || (j.durable == j.copied && j.committing) {
                 j = self.wait(j);
                 continue;
             }
-            let target = j.filled();
-            j = match self.commit_upto(sink, j, target).and_then(|j| self.copy_out(sink, j)) {
+            let r = if j.durable > j.copied {
+                self.copy_out(sink, j)
+            } else {
+                let target = j.filled();
+                self.commit_upto(sink, j, target)
+            };
+            j = match r {
+                Ok(j) => j,
+                Err(_) => return,
+            };
+        }
+    }
+
+    /// The committer thread's loop: commits full sections as soon as they are full and no
+    /// commit is running (grouping whatever filled meanwhile), so that the writer finds them
+    /// durable at the watermark and copies out while the next ones commit: the journal and
+    /// the data area are written side by side instead of one after the other. Never pads the
+    /// head (FLUSH, FUA and the timer do). Until [`stop`](Self::stop).
+    pub(crate) fn committer_loop<S: JournalSink>(&self, sink: &S) {
+        let mut j = self.lock();
+        loop {
+            if j.stop || sink.failed().is_some() {
+                return;
+            }
+            if j.committing || j.head <= j.stamped {
+                j = self.wait(j);
+                continue;
+            }
+            let target = j.head;
+            j = match self.commit_upto(sink, j, target) {
                 Ok(j) => j,
                 Err(_) => return,
             };

@@ -14,7 +14,7 @@ use formats::integrity::journal::{self as fj, CommitIds, JournalResume, JournalV
 use formats::integrity::superblock::{verify_sb_mac, write_sb_mac, SB_AREA_BYTES};
 use formats::integrity::{BitmapGeometry, DeviceParams, Layout, LayoutError, SbCheck, SbFlags, Superblock};
 
-use super::background::{bitmap_recalc_loop, recalc_loop, timer_loop, writer_loop};
+use super::background::{bitmap_recalc_loop, committer_loop, recalc_loop, timer_loop, writer_loop};
 use super::bitmap::BitmapState;
 use super::config::io;
 use super::journal::{Journal, JournalState};
@@ -166,6 +166,13 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
                     .name("dm-integrity-writer".into())
                     .spawn(move || writer_loop(w))
                     .map_err(|source| IntegrityError::Thread { thread: "journal writer", source })?,
+            );
+            let w = Arc::downgrade(&inner);
+            t.workers.push(
+                std::thread::Builder::new()
+                    .name("dm-integrity-commit".into())
+                    .spawn(move || committer_loop(w))
+                    .map_err(|source| IntegrityError::Thread { thread: "journal committer", source })?,
             );
         }
         if !inner.read_only && inner.bitmap_pending.load(Ordering::Relaxed) > 0 {
