@@ -127,6 +127,9 @@ pub struct IntegrityKnobs {
     /// `-j` journal size in bytes (`None`: the kernel's default, 1/128 of the device, at
     /// most 64 MiB: 2 MiB on a 256 MiB volume).
     pub journal_size: Option<u64>,
+    /// `journal_watermark` percent (`None`: the kernel's 50): the journal fill at which its
+    /// copy-out starts. Set at open, not in the format.
+    pub journal_watermark: Option<u32>,
     /// Where tags are computed: inline (shash), pool (ahash-like offload), auto.
     pub hash_mode: HashMode,
     /// Always read a metadata buffer before writing it, even when a write covers it whole
@@ -144,6 +147,7 @@ impl Default for IntegrityKnobs {
             interleave_sectors: None,
             tag_size: None,
             journal_size: None,
+            journal_watermark: None,
             hash_mode: HashMode::Auto,
             rmw: false,
         }
@@ -285,6 +289,13 @@ impl StackSpec {
             "interleave-sectors" => self.integrity.interleave_sectors = Some(num(value)?),
             "tag-size" => self.integrity.tag_size = Some(num(value)?),
             "journal-size" => self.integrity.journal_size = Some(parse_size(value)?),
+            "journal-watermark" => {
+                let w: u32 = num(value)?;
+                if w > 100 {
+                    return Err(BenchError::usage(format!("journal-watermark={w}: a percentage, 0..100")));
+                }
+                self.integrity.journal_watermark = Some(w)
+            }
             "hash-mode" => self.integrity.hash_mode = parse_hash_mode(value)?,
             "parallel-hash" | "hash-offload" => {
                 self.integrity.hash_mode =
@@ -335,6 +346,9 @@ impl StackSpec {
             if let Some(j) = i.journal_size {
                 s.push_str(&format!(", journal {}", crate::spec::format_size(j)));
             }
+            if let Some(w) = i.journal_watermark {
+                s.push_str(&format!(", journal_watermark {w}"));
+            }
             if i.rmw {
                 s.push_str(", rmw forced");
             }
@@ -355,6 +369,7 @@ impl StackSpec {
                 self.sector_size,
                 i.mode.letter(),
                 i.journal_size.map(|j| format!(", journal {}", crate::spec::format_size(j))).unwrap_or_default()
+                    + &i.journal_watermark.map(|w| format!(", journal_watermark {w}")).unwrap_or_default()
             ),
         };
         let reopen = if self.reopen { ", reopened before each job" } else { "" };
@@ -467,6 +482,9 @@ impl StackSpec {
             hash_mode: i.hash_mode,
             ..IntegrityParams::default()
         };
+        if let Some(w) = i.journal_watermark {
+            p.journal_watermark = w;
+        }
         if let Some(n) = i.interleave_sectors {
             p.interleave_sectors = n;
         }
@@ -651,6 +669,9 @@ impl StackSpec {
                 l.version = Some(volume::luks::LuksVersion::V2);
                 l.integrity_no_journal =
                     self.kind == StackKind::Luks2Integrity && self.integrity.mode == Mode::Direct;
+                if self.kind == StackKind::Luks2Integrity && !l.integrity_no_journal {
+                    l.integrity_journal.watermark = self.integrity.journal_watermark;
+                }
                 return self.open(Spec::Luks(l), storage, &opts, p);
             }
         };
@@ -884,6 +905,7 @@ mod tests {
             ("buffer-sectors", "1"),
             ("interleave-sectors", "65536"),
             ("journal-size", "8M"),
+            ("journal-watermark", "25"),
             ("hash-mode", "pool"),
             ("rmw", "1"),
         ] {
@@ -894,7 +916,7 @@ mod tests {
         assert_eq!(
             s.describe(),
             "integrity(sha256, B, 512-byte blocks, buffer_sectors=1, hash pool, interleave_sectors=65536, \
-             journal 8M, rmw forced) over file (buffered)"
+             journal 8M, journal_watermark 25, rmw forced) over file (buffered)"
         );
         s.check().unwrap();
         assert!(s.set("integrity-mode", "R").is_err());
@@ -906,7 +928,8 @@ mod tests {
             (p.sector_size, p.buffer_sectors, p.interleave_sectors, p.skip_rmw),
             (512, 1, 65536, false)
         );
-        assert_eq!(p.journal_size, Some(8 << 20));
+        assert_eq!((p.journal_size, p.journal_watermark), (Some(8 << 20), 25));
+        assert!(s.set("journal-watermark", "101").is_err());
         assert!(p.key.is_none(), "sha256 takes no key");
         s.set("integrity-alg", "hmac-sha256").unwrap();
         assert!(s.integrity_params(&[7; 32]).key.is_some());

@@ -146,6 +146,9 @@ pub struct BenchArgs {
     /// dm-integrity journal size (default: 1/128 of the device, at most 64M).
     #[arg(long)]
     pub journal_size: Option<String>,
+    /// dm-integrity journal_watermark percent: copy-out starts at this fill (default 50).
+    #[arg(long)]
+    pub journal_watermark: Option<u32>,
     /// dm-integrity tag hashing: inline, pool, auto (default: inline up to 64 KiB).
     #[arg(long, value_name = "inline|pool|auto")]
     pub hash_mode: Option<String>,
@@ -216,6 +219,7 @@ impl BenchArgs {
             || self.buffer_sectors.is_some()
             || self.interleave_sectors.is_some()
             || self.journal_size.is_some()
+            || self.journal_watermark.is_some()
             || self.hash_mode.is_some()
             || self.rmw.is_some()
     }
@@ -286,6 +290,7 @@ fn stack(a: &BenchArgs) -> Result<StackSpec> {
         ("buffer-sectors", a.buffer_sectors.map(|x| x.to_string())),
         ("interleave-sectors", a.interleave_sectors.map(|x| x.to_string())),
         ("journal-size", a.journal_size.clone()),
+        ("journal-watermark", a.journal_watermark.map(|x| x.to_string())),
         ("hash-mode", a.hash_mode.clone()),
         ("rmw", a.rmw.clone()),
     ];
