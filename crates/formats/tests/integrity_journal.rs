@@ -184,6 +184,11 @@ fn restore_entry_puts_the_written_block_back_in_place() {
     let at = g.data_sector(3) as usize * 512;
     assert_ne!(&s[at..at + 4096], &block[..], "the commit stamps the sector tails");
     assert_eq!(journal::entry_tag(&g, &s, 3), &[9, 8, 7, 6]);
+    let e = JournalView::new(g, 1, &s).unwrap().entry(0, 3);
+    assert_eq!((e.raw_sector, &e.tag[..]), (64, &[9u8, 8, 7, 6][..]));
+    for (k, lb) in e.last_bytes.iter().enumerate() {
+        assert_eq!(&lb[..], &block[k * 512 + 504..(k + 1) * 512], "last bytes of sector {k}");
+    }
     assert!(journal::restore_entry(&g, &mut s, 3));
     assert_eq!(&s[at..at + 4096], &block[..]);
     // Idempotent, and what a reader restores from the entry stays the same.

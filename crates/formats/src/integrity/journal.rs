@@ -421,20 +421,20 @@ pub fn write_entry(
     data: &[u8],
     tag: &[u8],
 ) {
+    // The layout of `JournalEntry::encode_into`, written in place (no allocation per block:
+    // this runs for every block written in mode J).
     let spb = geom.sectors_per_block() as usize;
     let start = geom.data_sector(n) as usize * 512;
     section[start..start + spb * 512].copy_from_slice(&data[..spb * 512]);
-    let last_bytes = (0..spb)
-        .map(|s| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&data[s * 512 + JOURNAL_SECTOR_DATA..(s + 1) * 512]);
-            a
-        })
-        .collect();
-    let e =
-        JournalEntry { raw_sector: logical_sector, last_bytes, tag: tag[..geom.tag_size as usize].to_vec() };
     let off = geom.entry_offset(n);
-    e.encode_into(geom, &mut section[off..off + geom.entry_size as usize]);
+    for s in 0..spb {
+        let lb = off + 8 + 8 * s;
+        section[lb..lb + 8].copy_from_slice(&data[s * 512 + JOURNAL_SECTOR_DATA..(s + 1) * 512]);
+    }
+    let t = off + 8 + 8 * spb;
+    let ts = geom.tag_size as usize;
+    section[t..t + ts].copy_from_slice(&tag[..ts]);
+    section[off..off + 8].copy_from_slice(&logical_sector.to_le_bytes());
 }
 
 /// The kernel's `restore_last_bytes`, in place: puts entry `n`'s saved bytes 504..512 back
