@@ -58,6 +58,9 @@ pub struct IntegrityConfig {
     pub hash_mode: HashMode,
     /// Metadata buffer cache size in bytes.
     pub metadata_cache_bytes: usize,
+    /// Most threads a journal commit or copy-out writes on (0: sized by the pieces, up to
+    /// 32; 1: every write from the thread that commits or copies out, no I/O threads).
+    pub journal_io_threads: usize,
 }
 
 impl IntegrityConfig {
@@ -83,6 +86,7 @@ impl IntegrityConfig {
             skip_rmw: true,
             hash_mode: HashMode::Auto,
             metadata_cache_bytes: 32 << 20,
+            journal_io_threads: 0,
         }
     }
 }

@@ -106,10 +106,11 @@ const IO_IN_FLIGHT: usize = 1 << 20;
 const MIN_IO_THREADS: usize = 4;
 const MAX_IO_THREADS: usize = 32;
 
-/// How many threads write `items` pieces of `bytes` in all.
-fn io_threads(items: usize, bytes: usize) -> usize {
+/// How many threads write `items` pieces of `bytes` in all, at most `cap` (0: no cap).
+fn io_threads(items: usize, bytes: usize, cap: usize) -> usize {
     let avg = (bytes / items.max(1)).max(1);
-    (IO_IN_FLIGHT / avg).clamp(MIN_IO_THREADS, MAX_IO_THREADS).min(items)
+    let cap = if cap == 0 { MAX_IO_THREADS } else { cap.min(MAX_IO_THREADS) };
+    (IO_IN_FLIGHT / avg).clamp(MIN_IO_THREADS, MAX_IO_THREADS).min(items).min(cap)
 }
 
 /// I/O threads (`dm-integrity-io-N` for commits, `dm-integrity-co-N` for copy-outs), one
@@ -120,7 +121,11 @@ fn io_threads(items: usize, bytes: usize) -> usize {
 struct IoPool(OnceLock<Option<rayon::ThreadPool>>);
 
 impl IoPool {
-    fn get(&self, prefix: &'static str) -> Option<&rayon::ThreadPool> {
+    /// The pool, started on the first call that needs more than one thread.
+    fn get(&self, prefix: &'static str, threads: usize) -> Option<&rayon::ThreadPool> {
+        if threads <= 1 {
+            return self.0.get().and_then(Option::as_ref);
+        }
         self.0
             .get_or_init(|| {
                 rayon::ThreadPoolBuilder::new()
@@ -220,7 +225,12 @@ fn copy_pieces(runs: &[Run], bs: usize) -> Vec<Run> {
 /// section durable restored the blocks' last bytes in place (`restore_section`), so the
 /// entries' data sectors hold the blocks as written. Runs on the copy-out threads without
 /// the journal lock: durable sections do not change until their copy-out has finished.
-fn write_piece<S: JournalSink>(sink: &S, geom: &JournalGeometry, secs: &[Section], p: &Run) -> BlockResult<()> {
+fn write_piece<S: JournalSink>(
+    sink: &S,
+    geom: &JournalGeometry,
+    secs: &[Section],
+    p: &Run,
+) -> BlockResult<()> {
     let bs = geom.sectors_per_block() as usize * 512;
     let g = rd(&secs[(p.sec % secs.len() as u64) as usize]);
     let b = g.as_slice();
@@ -541,6 +551,8 @@ pub(crate) struct Journal {
     cv: Condvar,
     commit_io: IoPool,
     copy_io: IoPool,
+    /// `IntegrityConfig::journal_io_threads`.
+    io_cap: usize,
 }
 
 fn lock(m: &Mutex<JournalState>) -> MutexGuard<'_, JournalState> {
@@ -550,12 +562,13 @@ fn lock(m: &Mutex<JournalState>) -> MutexGuard<'_, JournalState> {
 type Guard<'a> = MutexGuard<'a, JournalState>;
 
 impl Journal {
-    pub(crate) fn new(state: JournalState) -> Self {
+    pub(crate) fn new(state: JournalState, io_cap: usize) -> Self {
         Journal {
             state: Mutex::new(state),
             cv: Condvar::new(),
             commit_io: IoPool::default(),
             copy_io: IoPool::default(),
+            io_cap,
         }
     }
 
@@ -664,8 +677,8 @@ impl Journal {
             drop(j);
             // One write per section, straight from its buffer (a torn commit is caught by
             // the replay's commit-id check whatever the pieces are).
-            let pool = self.commit_io.get("dm-integrity-io");
-            let threads = io_threads(images.len(), images.len() * geom.section_bytes());
+            let threads = io_threads(images.len(), images.len() * geom.section_bytes(), self.io_cap);
+            let pool = self.commit_io.get("dm-integrity-io", threads);
             let r = parallel(pool, &images, threads, |(off, s)| {
                 sink.dev().write_at(*off, rd(s).as_slice(), WriteFlags::empty())
             })
@@ -718,11 +731,12 @@ impl Journal {
         j.copying = true;
         drop(j);
         let pieces = copy_pieces(&runs, geom.sectors_per_block() as usize * 512);
-        let pool = self.copy_io.get("dm-integrity-co");
-        let bytes = pieces.iter().map(|p| p.n as usize).sum::<usize>() * geom.sectors_per_block() as usize * 512;
-        let threads = io_threads(pieces.len(), bytes);
+        let bytes =
+            pieces.iter().map(|p| p.n as usize).sum::<usize>() * geom.sectors_per_block() as usize * 512;
+        let threads = io_threads(pieces.len(), bytes, self.io_cap);
+        let pool = self.copy_io.get("dm-integrity-co", threads);
         let r = parallel(pool, &pieces, threads, |p| write_piece(sink, &geom, &secs, p))
-        .and_then(|_| sink.flush_all());
+            .and_then(|_| sink.flush_all());
         let mut j = self.lock();
         j.copying = false;
         if let Err(e) = r {

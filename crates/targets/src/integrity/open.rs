@@ -317,7 +317,7 @@ impl<D: BlockDevice> Inner<D> {
                 new_sb.flags.set(SbFlags::DIRTY_BITMAP, false);
                 sb_dirty = true;
                 if self.mode == Mode::Journal {
-                    self.journal = Some(Journal::new(j));
+                    self.journal = Some(Journal::new(j, cfg.journal_io_threads));
                 }
             }
         } else {
@@ -327,7 +327,7 @@ impl<D: BlockDevice> Inner<D> {
             let (section, seq) = self.replay(&mut bytes)?;
             let j = self.journal_state(bytes, section, seq, cfg);
             match self.mode {
-                Mode::Journal => self.journal = Some(Journal::new(j)),
+                Mode::Journal => self.journal = Some(Journal::new(j, cfg.journal_io_threads)),
                 Mode::Bitmap => {
                     new_sb.flags.set(SbFlags::DIRTY_BITMAP, true);
                     new_sb.log2_blocks_per_bitmap_bit = l.log2_blocks_per_bitmap_bit;
