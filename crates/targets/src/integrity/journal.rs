@@ -9,15 +9,18 @@
 //!    copied ≤ durable ≤ stamped ≤ head,   head − copied ≤ sections
 //!  │ copied: free │ durable, being copied out │ stamped, commit in flight │ full │ head (partly) │ free │
 //!  write:    entries allocated at head in ring order; data, last_bytes and tag copied in
-//!            (memory); a full journal makes the writer commit and copy out itself
-//!  commit:   one leader at a time (group commit): pads the head section if a waiter needs it,
-//!            stamps [stamped, head) with commit_ids[commit_seq] (seq advances on wrap) and
-//!            section MACs, then writes them and flushes WITHOUT the lock; every request
-//!            waiting for a position below the new `durable` is released at once
+//!            (memory); a full journal makes the writer copy out (or commit) itself
+//!  commit:   one leader at a time (group commit): the committer thread as soon as a section
+//!            is full, FLUSH/FUA/timer (padding the head section if a waiter needs it); stamps
+//!            [stamped, head) with commit_ids[commit_seq] (seq advances on wrap) and section
+//!            MACs, then writes them and flushes WITHOUT the lock, then restores the blocks'
+//!            last bytes in place; every request waiting for a position below the new
+//!            `durable` is released at once
 //!  copy-out: one at a time (the writer thread at the watermark, or a writer finding the
 //!            journal full, or drain): for durable sections, every entry whose block has no
-//!            newer *durable* copy is written to data + tag areas (merged runs), flush, then
-//!            the index forgets the copies still newest, and the sections are free
+//!            newer *durable* copy is written to data + tag areas straight from the section
+//!            (runs of consecutive entries), flush, then the index forgets the copies still
+//!            newest, and the sections are free
 //!  reads:    blocks with an entry in `index` are served from the journal
 //! ```
 //!
