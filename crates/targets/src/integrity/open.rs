@@ -147,56 +147,48 @@ impl<D: BlockDevice + 'static> IntegrityTarget<D> {
         // wait for a stop that never comes) and closes the volume as a close would.
         let mut t = IntegrityTarget { inner, stop, workers: Vec::new() };
         let (inner, stop) = (t.inner.clone(), t.stop.clone());
-        if !inner.read_only
+        let ro = inner.read_only;
+        if !ro
             && ((inner.journal.is_some() && inner.commit_time.is_some())
                 || (inner.bitmap.is_some() && inner.bitmap_flush_interval.is_some()))
         {
             let (w, s) = (Arc::downgrade(&inner), stop.clone());
-            t.workers.push(
-                std::thread::Builder::new()
-                    .name("dm-integrity-timer".into())
-                    .spawn(move || timer_loop(w, s))
-                    .map_err(|source| IntegrityError::Thread { thread: "timer", source })?,
-            );
+            t.spawn("timer", "timer", move || timer_loop(w, s))?;
         }
-        if !inner.read_only && inner.journal.is_some() {
+        if !ro && inner.journal.is_some() {
             let w = Arc::downgrade(&inner);
-            t.workers.push(
-                std::thread::Builder::new()
-                    .name("dm-integrity-writer".into())
-                    .spawn(move || writer_loop(w))
-                    .map_err(|source| IntegrityError::Thread { thread: "journal writer", source })?,
-            );
+            t.spawn("writer", "journal writer", move || writer_loop(w))?;
             let w = Arc::downgrade(&inner);
-            t.workers.push(
-                std::thread::Builder::new()
-                    .name("dm-integrity-commit".into())
-                    .spawn(move || committer_loop(w))
-                    .map_err(|source| IntegrityError::Thread { thread: "journal committer", source })?,
-            );
+            t.spawn("commit", "journal committer", move || committer_loop(w))?;
         }
-        if !inner.read_only && inner.bitmap_pending.load(Ordering::Relaxed) > 0 {
+        if !ro && inner.bitmap_pending.load(Ordering::Relaxed) > 0 {
             let (w, s) = (Arc::downgrade(&inner), stop.clone());
-            t.workers.push(
-                std::thread::Builder::new()
-                    .name("dm-integrity-bitmap-recalc".into())
-                    .spawn(move || bitmap_recalc_loop(w, s))
-                    .map_err(|source| IntegrityError::Thread { thread: "bitmap recalc", source })?,
-            );
+            t.spawn("bitmap-recalc", "bitmap recalc", move || bitmap_recalc_loop(w, s))?;
         }
-        if !inner.read_only
+        if !ro
             && inner.hash.is_some()
             && inner.recalc_sector.load(Ordering::Relaxed) < inner.layout.provided_data_sectors
         {
             let (w, s) = (Arc::downgrade(&inner), stop.clone());
-            t.workers.push(
-                std::thread::Builder::new()
-                    .name("dm-integrity-recalc".into())
-                    .spawn(move || recalc_loop(w, s))
-                    .map_err(|source| IntegrityError::Thread { thread: "recalc", source })?,
-            );
+            t.spawn("recalc", "recalc", move || recalc_loop(w, s))?;
         }
         Ok(t)
+    }
+
+    /// Starts background thread `dm-integrity-{name}` (`what` names it in errors); the
+    /// target joins it on close.
+    fn spawn(
+        &mut self,
+        name: &str,
+        what: &'static str,
+        f: impl FnOnce() + Send + 'static,
+    ) -> Result<(), IntegrityError> {
+        let h = std::thread::Builder::new()
+            .name(format!("dm-integrity-{name}"))
+            .spawn(f)
+            .map_err(|source| IntegrityError::Thread { thread: what, source })?;
+        self.workers.push(h);
+        Ok(())
     }
 }
 
