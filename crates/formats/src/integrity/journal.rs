@@ -129,6 +129,14 @@ impl JournalGeometry {
         let slot = n / JOURNAL_BLOCK_SECTORS;
         rel_sector as usize * 512 + (slot * self.entry_size) as usize
     }
+    /// Byte offset, within an entry, of data sector `s`'s saved bytes 504..512 (`last_bytes`).
+    fn entry_last_bytes(s: usize) -> usize {
+        8 + 8 * s
+    }
+    /// Byte offset, within an entry, of the tag.
+    fn entry_tag_offset(&self) -> usize {
+        Self::entry_last_bytes(self.sectors_per_block() as usize)
+    }
     /// Sector, within its section, of the first data sector of entry `n` (`access_journal_data`).
     pub fn data_sector(&self, n: u32) -> u32 {
         (n << self.log2_sectors_per_block) + JOURNAL_BLOCK_SECTORS
@@ -196,6 +204,17 @@ pub enum EntryState {
     Sector(u64),
 }
 
+impl EntryState {
+    /// What the raw le64 sector field says.
+    pub fn of(raw_sector: u64) -> Self {
+        match (raw_sector >> 32) as u32 {
+            SECTOR_HI_UNUSED => EntryState::Unused,
+            SECTOR_HI_INPROGRESS => EntryState::InProgress,
+            _ => EntryState::Sector(raw_sector),
+        }
+    }
+}
+
 /// A decoded journal entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalEntry {
@@ -215,12 +234,13 @@ impl JournalEntry {
         let spb = geom.sectors_per_block() as usize;
         let last_bytes = (0..spb)
             .map(|s| {
+                let lb = JournalGeometry::entry_last_bytes(s);
                 let mut a = [0u8; 8];
-                a.copy_from_slice(&bytes[8 + 8 * s..16 + 8 * s]);
+                a.copy_from_slice(&bytes[lb..lb + 8]);
                 a
             })
             .collect();
-        let t = 8 + 8 * spb;
+        let t = geom.entry_tag_offset();
         JournalEntry {
             raw_sector: u64::from_le_bytes(raw),
             last_bytes,
@@ -231,18 +251,15 @@ impl JournalEntry {
     pub fn encode_into(&self, geom: &JournalGeometry, bytes: &mut [u8]) {
         bytes[0..8].copy_from_slice(&self.raw_sector.to_le_bytes());
         for (s, lb) in self.last_bytes.iter().enumerate() {
-            bytes[8 + 8 * s..16 + 8 * s].copy_from_slice(lb);
+            let at = JournalGeometry::entry_last_bytes(s);
+            bytes[at..at + 8].copy_from_slice(lb);
         }
-        let t = 8 + 8 * geom.sectors_per_block() as usize;
+        let t = geom.entry_tag_offset();
         bytes[t..t + geom.tag_size as usize].copy_from_slice(&self.tag);
     }
     /// `journal_entry_is_unused` / `journal_entry_is_inprogress` / the sector.
     pub fn state(&self) -> EntryState {
-        match (self.raw_sector >> 32) as u32 {
-            SECTOR_HI_UNUSED => EntryState::Unused,
-            SECTOR_HI_INPROGRESS => EntryState::InProgress,
-            _ => EntryState::Sector(self.raw_sector),
-        }
+        EntryState::of(self.raw_sector)
     }
 }
 
@@ -428,10 +445,10 @@ pub fn write_entry(
     section[start..start + spb * 512].copy_from_slice(&data[..spb * 512]);
     let off = geom.entry_offset(n);
     for s in 0..spb {
-        let lb = off + 8 + 8 * s;
+        let lb = off + JournalGeometry::entry_last_bytes(s);
         section[lb..lb + 8].copy_from_slice(&data[s * 512 + JOURNAL_SECTOR_DATA..(s + 1) * 512]);
     }
-    let t = off + 8 + 8 * spb;
+    let t = off + geom.entry_tag_offset();
     let ts = geom.tag_size as usize;
     section[t..t + ts].copy_from_slice(&tag[..ts]);
     section[off..off + 8].copy_from_slice(&logical_sector.to_le_bytes());
@@ -446,13 +463,12 @@ pub fn restore_entry(geom: &JournalGeometry, section: &mut [u8], n: u32) -> bool
     let off = geom.entry_offset(n);
     let mut raw = [0u8; 8];
     raw.copy_from_slice(&section[off..off + 8]);
-    let hi = (u64::from_le_bytes(raw) >> 32) as u32;
-    if hi == SECTOR_HI_UNUSED || hi == SECTOR_HI_INPROGRESS {
+    if !matches!(EntryState::of(u64::from_le_bytes(raw)), EntryState::Sector(_)) {
         return false;
     }
     let start = geom.data_sector(n) as usize * 512;
     for s in 0..geom.sectors_per_block() as usize {
-        let lb = off + 8 + 8 * s;
+        let lb = off + JournalGeometry::entry_last_bytes(s);
         let dst = start + s * 512 + JOURNAL_SECTOR_DATA;
         section.copy_within(lb..lb + 8, dst);
     }
@@ -461,7 +477,7 @@ pub fn restore_entry(geom: &JournalGeometry, section: &mut [u8], n: u32) -> bool
 
 /// The tag of entry `n` (`tag_size` bytes), without decoding the rest of the entry.
 pub fn entry_tag<'a>(geom: &JournalGeometry, section: &'a [u8], n: u32) -> &'a [u8] {
-    let t = geom.entry_offset(n) + 8 + 8 * geom.sectors_per_block() as usize;
+    let t = geom.entry_offset(n) + geom.entry_tag_offset();
     &section[t..t + geom.tag_size as usize]
 }
 

@@ -127,7 +127,7 @@ impl IoPool {
     /// The pool, started on the first call that needs more than one thread.
     fn get(&self, prefix: &'static str, threads: usize) -> Option<&rayon::ThreadPool> {
         if threads <= 1 {
-            return self.0.get().and_then(Option::as_ref);
+            return None;
         }
         self.0
             .get_or_init(|| {
@@ -151,7 +151,7 @@ fn parallel<T: Sync>(
     f: impl Fn(&T) -> BlockResult<()> + Sync,
 ) -> BlockResult<()> {
     let pool = match pool {
-        Some(p) if items.len() > 1 && threads > 1 => p,
+        Some(p) if threads > 1 => p,
         _ => return items.iter().try_for_each(&f),
     };
     let n = items.len().min(threads);
