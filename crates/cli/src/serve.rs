@@ -62,16 +62,26 @@ pub struct ServeArgs {
     /// net.core.wmem_max; 0 = the kernel's default). Large reads leave in fewer pieces.
     #[arg(long, value_name = "BYTES", default_value_t = ServerConfig::default().unix_send_buffer)]
     pub send_buffer: usize,
-    /// Queue-depth-1 fast path: with nothing else of a connection in flight, the worker that
-    /// read a small request runs it without handing the socket to another worker. Less CPU
-    /// per request; slower QD1 reads where an idle CPU wakes slowly (VMs).
-    #[arg(long)]
+    /// Queue-depth-1 fast path (the default): with nothing else of a connection in flight,
+    /// the worker that read a small request runs it without handing the socket to another
+    /// worker. Less CPU per request.
+    #[arg(long, overrides_with = "no_inline_qd1")]
     pub inline_qd1: bool,
+    /// Hand every request to another worker, even at queue depth 1 (with --busy-poll 0 this
+    /// keeps a second CPU awake, which wakes faster on VMs).
+    #[arg(long, overrides_with = "inline_qd1")]
+    pub no_inline_qd1: bool,
     /// Run every request on its own worker: no batches of requests that arrived together
     /// (by default the worker that read a small request runs it itself while the next one
     /// has already arrived, and their replies leave together).
     #[arg(long)]
     pub no_inline_batch: bool,
+    /// Busy polling, in microseconds (0 = off): a worker about to wait for a connection's
+    /// next request first watches the socket this long without sleeping, so a queue-depth-1
+    /// client's next request needs no wake-up of an idle CPU. Only connections whose
+    /// requests came close together poll, and at most half the CPUs at once.
+    #[arg(long, value_name = "USECS", default_value_t = 50)]
+    pub busy_poll: u64,
 
     // Limits against hostile or broken clients (SECURITY.md, "Hostile clients").
     /// Server-wide budget for request payloads in flight (reads and writes being received,
@@ -164,8 +174,9 @@ impl ServeArgs {
         ServerConfig {
             threads_per_connection: self.threads.max(1),
             unix_send_buffer: self.send_buffer,
-            inline_qd1: self.inline_qd1,
+            inline_qd1: !self.no_inline_qd1,
             inline_batch: !self.no_inline_batch,
+            busy_poll: (self.busy_poll > 0).then(|| Duration::from_micros(self.busy_poll)),
             memory_budget: self.memory_budget,
             connection_budget: self.connection_budget,
             max_request: self.max_request,

@@ -125,6 +125,7 @@ mod budget;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
+mod poll;
 mod server;
 mod stream;
 pub mod tls;

@@ -19,6 +19,7 @@ use rustix::net::{bind, listen, socket_with, AddressFamily, SocketAddrUnix, Sock
 
 use crate::addr::{connectable_tcp, ListenAddr};
 use crate::budget::Budget;
+use crate::poll::BusyPoll;
 use crate::stream::Stream;
 use crate::tls::TlsConfig;
 use crate::wire::tflag;
@@ -94,13 +95,13 @@ pub struct ServerConfig {
     /// 1 MiB here measured +12–15% on 1M sequential reads over fio's libnbd engine
     /// (BENCHMARKS.md). TCP connections keep the kernel's autotuning.
     pub unix_send_buffer: usize,
-    /// The queue-depth-1 fast path (off by default): when nothing else of a connection is
+    /// The queue-depth-1 fast path (on by default): when nothing else of a connection is
     /// in flight and no further request is buffered, the worker that read a small READ or
     /// WRITE runs it while keeping the reader, instead of waking another worker to read the
-    /// next one. Measured on the 2-vCPU VM (BENCHMARKS.md, issue 16): 25–30% less server CPU
-    /// per 4 KiB QD1 request, but QD1 reads took twice as long, because the idle vCPU that
-    /// the hand-off kept awake now sleeps between requests and wakes slowly. For hosts where
-    /// CPU, not wake-up latency, is the limit.
+    /// next one: 25–30% less server CPU per 4 KiB QD1 request (BENCHMARKS.md, issue 16).
+    /// Best with `busy_poll`: without it the worker sleeps in `recv` between requests and
+    /// an idle CPU wakes slowly (on the 2-vCPU VM QD1 reads then took twice as long as with
+    /// the hand-off, which kept the other vCPU awake).
     pub inline_qd1: bool,
     /// Batches (on by default): while the whole next request has already arrived with the
     /// one just read (one `recv` brings many pipelined requests), the worker that read a
@@ -109,6 +110,12 @@ pub struct ServerConfig {
     /// instead of a hand-off to another worker per request. A request slower than 200 µs
     /// turns batching off for a while, so a slow device keeps its parallel workers.
     pub inline_batch: bool,
+    /// Busy polling (default 50 µs): a worker about to wait for a connection's next
+    /// request first peeks at the socket without sleeping for up to this long, so a
+    /// queue-depth-1 client's next request is seen without a wake-up of an idle CPU
+    /// (`crate::poll`). Only a connection whose last wait was short polls, and at most half
+    /// the CPUs poll at once. `None` or zero: workers sleep in `recv` at once.
+    pub busy_poll: Option<Duration>,
 }
 
 /// The default server-wide memory budget: 1 GiB, but at most a quarter of physical memory
@@ -133,8 +140,9 @@ impl Default for ServerConfig {
             socket_mode: 0o600,
             shutdown_grace: Duration::from_secs(10),
             unix_send_buffer: 1 << 20,
-            inline_qd1: false,
+            inline_qd1: true,
             inline_batch: true,
+            busy_poll: Some(Duration::from_micros(50)),
         }
     }
 }
@@ -166,6 +174,8 @@ pub(crate) struct Shared {
     pub(crate) budget: Budget,
     /// `NBD_OPT_STARTTLS` credentials and policy; `None`: TLS is off.
     pub(crate) tls: Option<TlsConfig>,
+    /// Busy polling for the next request (`ServerConfig::busy_poll`).
+    pub(crate) poll: BusyPoll,
 }
 
 impl Shared {
@@ -283,7 +293,8 @@ impl Server {
             );
         }
         let budget = Budget::new(config.effective_budget());
-        Server { shared: Arc::new(Shared { exports, config, budget, tls }) }
+        let poll = BusyPoll::new(config.busy_poll);
+        Server { shared: Arc::new(Shared { exports, config, budget, tls, poll }) }
     }
 
     /// The exports, in the order given.
@@ -772,6 +783,12 @@ impl ServerStats {
         self.shared.budget.limit()
     }
 
+    /// Busy polls (`ServerConfig::busy_poll`) that saw the next request arrive, and those
+    /// that gave up and slept, over every connection of the server.
+    pub fn busy_polls(&self) -> (u64, u64) {
+        self.shared.poll.counts()
+    }
+
     /// Connections of this listener, in handshake or transmission.
     pub fn connections(&self) -> usize {
         lock(&self.state.registry).conns.len()
@@ -863,6 +880,7 @@ fn run_connection(stream: Stream, shared: &Shared, state: &ShutdownState, id: u6
                 config: &shared.config,
                 budget: &shared.budget,
                 stopping: &state.stopping,
+                poll: &shared.poll,
             };
             transmission::serve(reader, writer, export, limits, session, peer);
         }

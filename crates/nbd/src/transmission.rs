@@ -14,13 +14,14 @@
 //! to read, it starts one more (up to `threads_per_connection`), so a connection grows
 //! exactly as many threads as its clients' queue depth needs.
 //!
-//! The queue-depth-1 fast path (`ServerConfig::inline_qd1`, off by default): when nothing
+//! The queue-depth-1 fast path (`ServerConfig::inline_qd1`, on by default): when nothing
 //! else of the connection is in flight and no further request is buffered, the worker runs
 //! a small READ or WRITE while keeping the reader (`Conn::run_holding_reader`), so a QD1
 //! client is served by one thread with no hand-off per request (a futex wake and a thread
 //! switch: 25-30% of the server's CPU per 4 KiB request). A request slower than 200 µs
-//! turns it off for the next 256 requests, so a slow device keeps its parallel workers. Off
-//! by default because on the 2-vCPU VM QD1 reads got slower with it (see `ServerConfig`).
+//! turns it off for the next 256 requests, so a slow device keeps its parallel workers.
+//! Before it reads the next request header, the worker busy-polls the socket for a short
+//! while (`crate::poll`), so that the client's next request needs no wake-up of an idle CPU.
 //!
 //! A READ or WRITE takes its payload buffer from the server's budget (`crate::budget`)
 //! before the worker lets go of the reader, and gives it back after the reply has left: a
@@ -62,6 +63,7 @@ use log::{debug, info, warn};
 
 use crate::budget::{Budget, ConnBudget};
 use crate::handshake::{Session, BASE_ALLOCATION_ID};
+use crate::poll::{BusyPoll, PollState};
 use crate::server::{Export, ExportParams, ServerConfig};
 use crate::stream::{write_all_vectored, Stream};
 use crate::wire::{self, cmd, cmd_flag, errno, state, tflag, Request};
@@ -82,6 +84,8 @@ pub(crate) struct Limits<'a> {
     pub(crate) budget: &'a Budget,
     /// Set when the server shuts down.
     pub(crate) stopping: &'a AtomicBool,
+    /// Busy polling for the next request.
+    pub(crate) poll: &'a BusyPoll,
 }
 
 /// Serves requests until the client disconnects, breaks the protocol, or the socket is shut
@@ -100,6 +104,8 @@ pub(crate) fn serve(
         budget: limits.budget,
         conn_budget: ConnBudget::new(config.effective_connection_budget()),
         stopping: limits.stopping,
+        poll: limits.poll,
+        poll_state: PollState::default(),
         idle_timeout: config.idle_timeout.is_some(),
         device: &*export.device,
         tflags: params.tflags(session.structured),
@@ -130,6 +136,9 @@ struct Conn<'a> {
     conn_budget: ConnBudget,
     /// The server is shutting down.
     stopping: &'a AtomicBool,
+    /// Busy polling for the next request (`crate::poll`), and this connection's history.
+    poll: &'a BusyPoll,
+    poll_state: PollState,
     /// The socket has read and write timeouts (`ServerConfig::idle_timeout`).
     idle_timeout: bool,
     device: &'a dyn BlockDevice,
@@ -313,8 +322,17 @@ impl<'a> Conn<'a> {
                     }
                     match next {
                         Ok(Next::Run(req, buf)) if self.run_holding_reader(&req, r.buffer()) => {
+                            // A quick one here shows the device fast, as on the ordinary
+                            // path: it counts towards the batches' warm-up.
+                            self.count_down_batch_skip(&req);
                             self.run_timed(&req, buf);
-                            clock = None;
+                            // The next read may wait for the client, which may be waiting
+                            // for the replies a batch held back: let them out first.
+                            if corked {
+                                self.uncork();
+                                corked = false;
+                            }
+                            (batched, clock) = (0, None);
                         }
                         Ok(Next::Run(req, buf)) if self.batch_next(&req, r.buffer()) => {
                             if !corked {
@@ -392,11 +410,7 @@ impl<'a> Conn<'a> {
                     self.slow_skip.store(skip - 1, Ordering::Relaxed);
                 }
             }
-            if self.inline_batch && batchable(&req) {
-                let skip = self.batch_skip.load(Ordering::Relaxed);
-                if skip > 0 {
-                    self.batch_skip.store(skip - 1, Ordering::Relaxed);
-                }
+            if self.count_down_batch_skip(&req) {
                 // Timed: a slow one here turns batches off too.
                 self.run_timed(&req, buf);
             } else {
@@ -455,6 +469,19 @@ impl<'a> Conn<'a> {
         self.sent(&mut w, result);
     }
 
+    /// For a request that may run in a batch (batches on, a small WRITE): one request
+    /// fewer before batches may run again (`batch_skip`); returns whether it was one.
+    fn count_down_batch_skip(&self, req: &Request) -> bool {
+        if !(self.inline_batch && batchable(req)) {
+            return false;
+        }
+        let skip = self.batch_skip.load(Ordering::Relaxed);
+        if skip > 0 {
+            self.batch_skip.store(skip - 1, Ordering::Relaxed);
+        }
+        true
+    }
+
     /// `run` for the fast path and batches: a request slower than `INLINE_SLOW` (a device
     /// that sleeps, e.g. O_DIRECT on a disk) turns both off for the next `INLINE_BACKOFF`
     /// requests, so that a slow device keeps its parallel workers.
@@ -496,11 +523,13 @@ impl<'a> Conn<'a> {
     /// put it. A valid READ or WRITE waits here, holding the reader, until the budget has
     /// room for its payload: a connection over its share reads nothing more.
     fn read_next(&self, r: &mut BufReader<Stream>) -> Result<Next, Stop> {
+        let wait = self.poll.before_read(&self.poll_state, r);
         if self.idle_timeout {
             self.wait_for_request(r)?;
         }
         let mut hb = [0u8; Request::SIZE];
         r.read_exact(&mut hb).map_err(|e| read_stop(e, "a request header"))?;
+        self.poll.waited(&self.poll_state, wait);
         let req = Request::decode(&hb).map_err(|e| Stop::Fatal(e.to_string()))?;
         if req.typ == cmd::DISC {
             return Ok(Next::Disconnect);
@@ -514,6 +543,7 @@ impl<'a> Conn<'a> {
         }
         if req.typ == cmd::WRITE {
             if let Some(b) = buf.as_mut() {
+                self.poll.before_payload(r, len);
                 if let Err(e) = r.read_exact(&mut b[..len]) {
                     self.budget.release(&self.conn_budget, std::mem::take(b));
                     return Err(read_stop(e, "a write payload"));

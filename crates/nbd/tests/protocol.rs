@@ -564,6 +564,62 @@ fn queue_depth_one_requests_run_on_the_reading_thread() {
 }
 
 #[test]
+fn busy_polling_sees_queue_depth_one_requests_arrive() {
+    // A client that sends each request as soon as it has the last reply: the worker waiting
+    // for the next request polls the socket (`busy_poll`) and sees it arrive, instead of
+    // sleeping in recv. Most polls must see their request (a loaded machine may deschedule
+    // the client for longer than a poll now and then).
+    let (e, _) = mem_export("disk", 8 * MIB, 512);
+    let srv = TestServer::start_with(
+        vec![e],
+        ServerConfig { busy_poll: Some(Duration::from_millis(5)), ..Default::default() },
+    );
+    let mut c = srv.connect();
+    c.go("disk", true);
+    for i in 0..64u64 {
+        c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), pattern(i, 4096));
+    }
+    let (hits, misses) = srv.stats.busy_polls();
+    assert!(hits >= 64, "only {hits} of 128 requests were seen by polling ({misses} polls gave up)");
+}
+
+#[test]
+fn a_client_that_pauses_is_not_polled_for() {
+    // Polling pays only when requests come close together: after a wait longer than twice
+    // the poll, the connection sleeps in recv until its requests come quickly again. A
+    // client pausing 30 ms between requests costs at most one poll that gives up.
+    let (e, _) = mem_export("disk", 8 * MIB, 512);
+    let srv = TestServer::start_with(
+        vec![e],
+        ServerConfig { busy_poll: Some(Duration::from_millis(1)), ..Default::default() },
+    );
+    let mut c = srv.connect();
+    c.go("disk", true);
+    for i in 0..8u64 {
+        c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let (hits, misses) = srv.stats.busy_polls();
+    assert!(misses <= 1, "{misses} polls gave up on a client pausing 30 ms ({hits} saw a request)");
+    // Requests that come quickly again are polled for again.
+    for i in 0..32u64 {
+        c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
+    }
+    let (hits_after, _) = srv.stats.busy_polls();
+    assert!(hits_after > hits, "polling did not resume once requests came close together");
+    // Off: never polls.
+    let (e, _) = mem_export("disk", 8 * MIB, 512);
+    let off = TestServer::start_with(vec![e], ServerConfig { busy_poll: None, ..Default::default() });
+    let mut c = off.connect();
+    c.go("disk", true);
+    for i in 0..16u64 {
+        c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
+    }
+    assert_eq!(off.stats.busy_polls(), (0, 0));
+}
+
+#[test]
 fn a_slow_device_turns_the_fast_path_off() {
     // A request read alone runs on the reading thread (the fast path); one that turns out
     // slow must not hold up later requests for long: after it, requests are handed to other
@@ -645,6 +701,42 @@ fn writes_that_arrive_together_run_in_a_batch_until_one_is_slow() {
         for i in 0..80u64 {
             assert_eq!(c.read(65536 + i * 4096, 4096).unwrap(), pattern(i, 4096));
         }
+    }
+}
+
+#[test]
+fn a_batch_that_ends_on_the_fast_path_lets_its_replies_out() {
+    // A batch holds its replies back until it ends. When its last write finds nothing more
+    // buffered and nothing else in flight, the fast path runs it while keeping the reader,
+    // and the next read waits for the client: the held replies must have left by then, or
+    // client and server wait for each other (a client sending bursts of a few writes, as
+    // fio's randwrite at QD32 does, hung this way with both paths on).
+    let (e, _) = mem_export("disk", 8 * MIB, 512);
+    let srv = TestServer::start_with(
+        vec![e],
+        ServerConfig { inline_qd1: true, inline_batch: true, ..Default::default() },
+    );
+    let mut c = srv.connect();
+    c.go("disk", true);
+    for i in 0..80u64 {
+        c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
+    }
+    for burst in 0..50u64 {
+        let reqs = (0..3)
+            .map(|k| PipelinedRequest {
+                flags: 0,
+                typ: NBD_CMD_WRITE,
+                cookie: burst * 3 + k,
+                offset: (burst * 3 + k) * 4096,
+                len: 4096,
+                payload: pattern(1000 + burst * 3 + k, 4096),
+            })
+            .collect();
+        let replies = c.pipeline(reqs);
+        assert!(replies.iter().all(|r| r.error == 0));
+    }
+    for i in 0..150u64 {
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), pattern(1000 + i, 4096));
     }
 }
 

@@ -1,0 +1,221 @@
+//! Busy polling: a worker about to wait for a connection's next request watches the socket
+//! for a short while first, instead of going to sleep at once.
+//!
+//! At queue depth 1 a client sends its next request a few microseconds after it got the
+//! last reply. A worker that sleeps in `recv` in between has to be woken, and the scheduler
+//! puts a woken thread on an idle CPU where it can (its previous one, usually): the wake-up
+//! then costs an inter-processor interrupt and the idle CPU's exit from its sleep state,
+//! which on a VM without guest halt-polling is a VM exit and tens of microseconds, more than
+//! the request itself (BENCHMARKS.md, issue 16: 4 KiB QD1 requests ran at 14k/s with server
+//! and client pinned to different CPUs and 100k/s pinned to one). A worker that keeps its
+//! CPU busy with non-blocking peeks for up to `ServerConfig::busy_poll` sees the request
+//! as soon as it lands, with no wake-up; only the client's side of the exchange still pays
+//! one. It is the same trade as the kernel's `net.core.busy_read` and SPDK's pollers: CPU
+//! time for latency.
+//!
+//! What keeps it from wasting CPU:
+//! - **Only a waiting connection polls**, and only while its reader's buffer is empty: a
+//!   client that pipelines (QD > 1) always has data buffered or arriving, so the peek
+//!   succeeds at once.
+//! - **It stops when it does not pay**: a connection polls only if its last wait for a
+//!   request was short (at most twice the budget, polled or not). A client that pauses
+//!   costs one poll of at most `busy_poll`, then its connection sleeps in `recv` again
+//!   until its requests come close together once more.
+//! - **Few at once**: at most half the CPUs (at least one) poll at the same time, server
+//!   wide; a worker that finds them all taken sleeps as before.
+
+use std::io::BufReader;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::net::RecvFlags;
+
+use crate::stream::Stream;
+
+/// Server-wide busy-polling policy and counters.
+#[derive(Debug)]
+pub(crate) struct BusyPoll {
+    /// Longest poll, in nanoseconds; 0: never poll.
+    budget_ns: u64,
+    /// Most workers polling at once.
+    max_pollers: usize,
+    pollers: AtomicUsize,
+    /// Polls that saw a request arrive.
+    hits: AtomicU64,
+    /// Polls that gave up (the worker then slept in `recv`).
+    misses: AtomicU64,
+}
+
+/// One connection's history: how long its last wait for a request took, in nanoseconds
+/// (only the worker holding the reader touches it).
+#[derive(Debug, Default)]
+pub(crate) struct PollState {
+    last_wait_ns: AtomicU64,
+}
+
+/// A wait the caller times: started when no request was buffered and polling did not see
+/// one arrive, ended by `BusyPoll::waited` once the request header has been read.
+#[must_use]
+pub(crate) struct Wait(Option<Instant>);
+
+impl BusyPoll {
+    /// `budget`: the longest poll (`None` or zero: off).
+    pub(crate) fn new(budget: Option<Duration>) -> BusyPoll {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        BusyPoll {
+            budget_ns: budget.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            max_pollers: (cpus / 2).max(1),
+            pollers: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// Called by the worker holding the reader before it reads a request header: polls the
+    /// socket if no request is buffered and the policy allows. Returns a `Wait` to hand to
+    /// `waited` after the header has been read (a no-op when a request was already there).
+    pub(crate) fn before_read(&self, state: &PollState, r: &BufReader<Stream>) -> Wait {
+        if self.budget_ns == 0 || !r.buffer().is_empty() {
+            return Wait(None);
+        }
+        let start = Instant::now();
+        if state.last_wait_ns.load(Ordering::Relaxed) > self.budget_ns.saturating_mul(2) {
+            return Wait(Some(start));
+        }
+        if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
+            self.pollers.fetch_sub(1, Ordering::AcqRel);
+            return Wait(Some(start));
+        }
+        let arrived = poll_until(r.get_ref(), start, self.budget_ns);
+        self.pollers.fetch_sub(1, Ordering::AcqRel);
+        if arrived {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            state.last_wait_ns.store(elapsed_ns(start), Ordering::Relaxed);
+            Wait(None)
+        } else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            Wait(Some(start))
+        }
+    }
+
+    /// Called before reading a WRITE's payload of `len` bytes: if less than that is
+    /// buffered, polls until more arrives (a client may send the header and the payload
+    /// separately; the rest is due at once, so no history is asked). The read that follows
+    /// may still sleep for the remainder of a large payload.
+    pub(crate) fn before_payload(&self, r: &BufReader<Stream>, len: usize) {
+        if self.budget_ns == 0 || r.buffer().len() >= len {
+            return;
+        }
+        if self.pollers.fetch_add(1, Ordering::AcqRel) < self.max_pollers {
+            poll_until(r.get_ref(), Instant::now(), self.budget_ns);
+        }
+        self.pollers.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Records how long a wait that `before_read` did not end by polling took.
+    pub(crate) fn waited(&self, state: &PollState, wait: Wait) {
+        if let Wait(Some(start)) = wait {
+            state.last_wait_ns.store(elapsed_ns(start), Ordering::Relaxed);
+        }
+    }
+
+    /// Polls that saw a request arrive, and polls that gave up.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed))
+    }
+}
+
+fn elapsed_ns(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Peeks at the socket without blocking until a byte is there, the peer has closed or the
+/// socket failed (`true`: the read that follows will not sleep), or `budget_ns` have passed
+/// since `start` (`false`).
+fn poll_until(s: &Stream, start: Instant, budget_ns: u64) -> bool {
+    let mut byte = [0u8; 1];
+    loop {
+        match rustix::net::recv(s.as_fd(), &mut byte[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok(_) => return true,
+            Err(Errno::AGAIN | Errno::INTR) => {}
+            Err(_) => return true,
+        }
+        if elapsed_ns(start) >= budget_ns {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    fn pair() -> (BufReader<Stream>, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (BufReader::new(Stream::Unix(a)), b)
+    }
+
+    #[test]
+    fn a_request_already_buffered_is_not_waited_for() {
+        let bp = BusyPoll::new(Some(Duration::from_millis(1)));
+        let (mut r, mut w) = pair();
+        w.write_all(&[1, 2, 3]).unwrap();
+        let mut one = [0u8; 1];
+        std::io::Read::read_exact(&mut r, &mut one).unwrap();
+        assert!(matches!(bp.before_read(&PollState::default(), &r), Wait(None)));
+        assert_eq!(bp.counts(), (0, 0));
+    }
+
+    #[test]
+    fn a_poll_sees_data_and_a_closed_peer_and_gives_up_on_silence() {
+        let bp = BusyPoll::new(Some(Duration::from_millis(2)));
+        let st = PollState::default();
+        let (r, mut w) = pair();
+        // Nothing arrives: the poll gives up, and the caller times the wait.
+        assert!(matches!(bp.before_read(&st, &r), Wait(Some(_))));
+        assert_eq!(bp.counts(), (0, 1));
+        // Data that is there: a hit.
+        w.write_all(&[7]).unwrap();
+        bp.waited(&st, Wait(Some(Instant::now())));
+        assert!(matches!(bp.before_read(&st, &r), Wait(None)));
+        assert_eq!(bp.counts(), (1, 1));
+        // A closed peer ends the poll at once too (the read reports the end).
+        let (r, w) = pair();
+        drop(w);
+        assert!(matches!(bp.before_read(&PollState::default(), &r), Wait(None)));
+        assert_eq!(bp.counts(), (2, 1));
+    }
+
+    #[test]
+    fn a_connection_whose_last_wait_was_long_does_not_poll() {
+        let bp = BusyPoll::new(Some(Duration::from_micros(100)));
+        let st = PollState::default();
+        let (r, _w) = pair();
+        st.last_wait_ns.store(10_000_000, Ordering::Relaxed);
+        let wait = bp.before_read(&st, &r);
+        assert!(matches!(wait, Wait(Some(_))));
+        assert_eq!(bp.counts(), (0, 0), "it polled after a 10 ms wait");
+        // A short wait turns polling back on.
+        st.last_wait_ns.store(50_000, Ordering::Relaxed);
+        let _ = bp.before_read(&st, &r);
+        assert_eq!(bp.counts(), (0, 1));
+    }
+
+    #[test]
+    fn off_and_full_mean_no_poll() {
+        let (r, _w) = pair();
+        let off = BusyPoll::new(None);
+        let _ = off.before_read(&PollState::default(), &r);
+        assert_eq!(off.counts(), (0, 0));
+        let bp = BusyPoll::new(Some(Duration::from_millis(1)));
+        bp.pollers.store(bp.max_pollers, Ordering::Relaxed);
+        let _ = bp.before_read(&PollState::default(), &r);
+        assert_eq!(bp.counts(), (0, 0), "it polled with every polling slot taken");
+    }
+}
