@@ -21,8 +21,8 @@
 //!   request was short (at most twice the budget, polled or not). A client that pauses
 //!   costs one poll of at most `busy_poll`, then its connection sleeps in `recv` again
 //!   until its requests come close together once more.
-//! - **Few at once**: at most half the CPUs (at least one) poll at the same time, server
-//!   wide; a worker that finds them all taken sleeps as before.
+//! - **Few at once**: at most half the CPUs poll at the same time, server wide (none on a
+//!   one-CPU machine); a worker that finds them all taken sleeps as before.
 
 use std::io::BufReader;
 use std::os::fd::AsFd;
@@ -62,11 +62,17 @@ pub(crate) struct Wait(Option<Instant>);
 
 impl BusyPoll {
     /// `budget`: the longest poll (`None` or zero: off).
+    /// At most half the CPUs poll at once; none on a one-CPU machine, where the poll would
+    /// take the only CPU from the client it waits for.
     pub(crate) fn new(budget: Option<Duration>) -> BusyPoll {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        BusyPoll::with_pollers(budget, cpus / 2)
+    }
+
+    fn with_pollers(budget: Option<Duration>, max_pollers: usize) -> BusyPoll {
         BusyPoll {
             budget_ns: budget.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-            max_pollers: (cpus / 2).max(1),
+            max_pollers,
             pollers: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -163,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_request_already_buffered_is_not_waited_for() {
-        let bp = BusyPoll::new(Some(Duration::from_millis(1)));
+        let bp = BusyPoll::with_pollers(Some(Duration::from_millis(1)), 1);
         let (mut r, mut w) = pair();
         w.write_all(&[1, 2, 3]).unwrap();
         let mut one = [0u8; 1];
@@ -174,7 +180,7 @@ mod tests {
 
     #[test]
     fn a_poll_sees_data_and_a_closed_peer_and_gives_up_on_silence() {
-        let bp = BusyPoll::new(Some(Duration::from_millis(2)));
+        let bp = BusyPoll::with_pollers(Some(Duration::from_millis(2)), 1);
         let st = PollState::default();
         let (r, mut w) = pair();
         // Nothing arrives: the poll gives up, and the caller times the wait.
@@ -194,7 +200,7 @@ mod tests {
 
     #[test]
     fn a_connection_whose_last_wait_was_long_does_not_poll() {
-        let bp = BusyPoll::new(Some(Duration::from_micros(100)));
+        let bp = BusyPoll::with_pollers(Some(Duration::from_micros(100)), 1);
         let st = PollState::default();
         let (r, _w) = pair();
         st.last_wait_ns.store(10_000_000, Ordering::Relaxed);
@@ -210,12 +216,15 @@ mod tests {
     #[test]
     fn off_and_full_mean_no_poll() {
         let (r, _w) = pair();
-        let off = BusyPoll::new(None);
+        let off = BusyPoll::with_pollers(None, 1);
         let _ = off.before_read(&PollState::default(), &r);
         assert_eq!(off.counts(), (0, 0));
-        let bp = BusyPoll::new(Some(Duration::from_millis(1)));
-        bp.pollers.store(bp.max_pollers, Ordering::Relaxed);
+        let bp = BusyPoll::with_pollers(Some(Duration::from_millis(1)), 1);
+        bp.pollers.store(1, Ordering::Relaxed);
         let _ = bp.before_read(&PollState::default(), &r);
         assert_eq!(bp.counts(), (0, 0), "it polled with every polling slot taken");
+        let one_cpu = BusyPoll::with_pollers(Some(Duration::from_millis(1)), 0);
+        let _ = one_cpu.before_read(&PollState::default(), &r);
+        assert_eq!(one_cpu.counts(), (0, 0), "it polled with no polling slot at all");
     }
 }

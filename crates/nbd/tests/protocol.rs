@@ -581,6 +581,11 @@ fn busy_polling_sees_queue_depth_one_requests_arrive() {
         assert_eq!(c.read(i * 4096, 4096).unwrap(), pattern(i, 4096));
     }
     let (hits, misses) = srv.stats.busy_polls();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        // One CPU: polling is off (it would take the CPU from the client).
+        assert_eq!((hits, misses), (0, 0));
+        return;
+    }
     assert!(hits >= 64, "only {hits} of 128 requests were seen by polling ({misses} polls gave up)");
 }
 
@@ -601,6 +606,10 @@ fn a_client_that_pauses_is_not_polled_for() {
         std::thread::sleep(Duration::from_millis(30));
     }
     let (hits, misses) = srv.stats.busy_polls();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        assert_eq!((hits, misses), (0, 0), "polled on one CPU");
+        return;
+    }
     assert!(misses <= 1, "{misses} polls gave up on a client pausing 30 ms ({hits} saw a request)");
     // Requests that come quickly again are polled for again.
     for i in 0..32u64 {
