@@ -20,6 +20,8 @@ pub(crate) struct Session {
     /// `base:allocation` was selected for this export: `NBD_CMD_BLOCK_STATUS` is allowed and
     /// answers with [`BASE_ALLOCATION_ID`].
     pub(crate) base_allocation: bool,
+    /// The connection runs over TLS (its requests come through the pump's socket pair).
+    pub(crate) tls: bool,
 }
 
 /// The context id of `base:allocation` in `NBD_REP_META_CONTEXT` and block status replies.
@@ -111,7 +113,12 @@ pub(crate) fn negotiate(
                 };
                 let p = ExportParams::new(&shared.exports[i], &shared.config);
                 w.write_all(&wire::encode_export_name_reply(p.size, p.tflags(structured), no_zeroes))?;
-                return Ok(Some(Session { export: i, structured, base_allocation: meta == Some(i) }));
+                return Ok(Some(Session {
+                    export: i,
+                    structured,
+                    base_allocation: meta == Some(i),
+                    tls: tls.is_some(),
+                }));
             }
             opt::ABORT => {
                 wire::encode_option_reply(&mut out, hdr.option, rep::ACK, &[]);
@@ -155,7 +162,7 @@ pub(crate) fn negotiate(
                         if hdr.option == opt::GO {
                             w.write_all(&out)?;
                             let base_allocation = meta == Some(i);
-                            return Ok(Some(Session { export: i, structured, base_allocation }));
+                            return Ok(Some(Session { export: i, structured, base_allocation, tls: tls.is_some() }));
                         }
                     }
                 },

@@ -14,9 +14,10 @@
 //! time for latency.
 //!
 //! What keeps it from wasting CPU:
-//! - **Only a waiting connection polls**, and only while its reader's buffer is empty: a
-//!   client that pipelines (QD > 1) always has data buffered or arriving, so the peek
-//!   succeeds at once.
+//! - **Only an idle connection polls**: nothing else of it executing or replying (at
+//!   QD > 1 its other requests keep CPUs busy, so a wake-up is cheap, and a poll would take
+//!   CPU from them: a TLS connection's pump, for one), and only while its reader's buffer
+//!   is empty.
 //! - **It stops when it does not pay**: a connection polls only if its last wait for a
 //!   request was short (at most twice the budget, polled or not). A client that pauses
 //!   costs one poll of at most `busy_poll`, then its connection sleeps in `recv` again
@@ -82,12 +83,19 @@ impl BusyPoll {
     /// Called by the worker holding the reader before it reads a request header: polls the
     /// socket if no request is buffered and the policy allows. Returns a `Wait` to hand to
     /// `waited` after the header has been read (a no-op when a request was already there).
-    pub(crate) fn before_read(&self, state: &PollState, r: &BufReader<Stream>) -> Wait {
+    /// Whether polling can ever happen (a budget, and a CPU to spare for it).
+    pub(crate) fn is_on(&self) -> bool {
+        self.budget_ns > 0 && self.max_pollers > 0
+    }
+
+    /// `busy`: other requests of the connection are executing or replying, so its CPUs are
+    /// not about to go idle and a wake-up is cheap: no poll (it would take CPU from them).
+    pub(crate) fn before_read(&self, state: &PollState, r: &BufReader<Stream>, busy: bool) -> Wait {
         if self.budget_ns == 0 || !r.buffer().is_empty() {
             return Wait(None);
         }
         let start = Instant::now();
-        if state.last_wait_ns.load(Ordering::Relaxed) > self.budget_ns.saturating_mul(2) {
+        if busy || state.last_wait_ns.load(Ordering::Relaxed) > self.budget_ns.saturating_mul(2) {
             return Wait(Some(start));
         }
         if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
@@ -107,11 +115,11 @@ impl BusyPoll {
     }
 
     /// Called before reading a WRITE's payload of `len` bytes: if less than that is
-    /// buffered, polls until more arrives (a client may send the header and the payload
+    /// buffered and the connection is not `busy` (see `before_read`), polls until more arrives (a client may send the header and the payload
     /// separately; the rest is due at once, so no history is asked). The read that follows
     /// may still sleep for the remainder of a large payload.
-    pub(crate) fn before_payload(&self, r: &BufReader<Stream>, len: usize) {
-        if self.budget_ns == 0 || r.buffer().len() >= len {
+    pub(crate) fn before_payload(&self, r: &BufReader<Stream>, len: usize, busy: bool) {
+        if self.budget_ns == 0 || busy || r.buffer().len() >= len {
             return;
         }
         if self.pollers.fetch_add(1, Ordering::AcqRel) < self.max_pollers {
@@ -174,7 +182,7 @@ mod tests {
         w.write_all(&[1, 2, 3]).unwrap();
         let mut one = [0u8; 1];
         std::io::Read::read_exact(&mut r, &mut one).unwrap();
-        assert!(matches!(bp.before_read(&PollState::default(), &r), Wait(None)));
+        assert!(matches!(bp.before_read(&PollState::default(), &r, false), Wait(None)));
         assert_eq!(bp.counts(), (0, 0));
     }
 
@@ -184,17 +192,17 @@ mod tests {
         let st = PollState::default();
         let (r, mut w) = pair();
         // Nothing arrives: the poll gives up, and the caller times the wait.
-        assert!(matches!(bp.before_read(&st, &r), Wait(Some(_))));
+        assert!(matches!(bp.before_read(&st, &r, false), Wait(Some(_))));
         assert_eq!(bp.counts(), (0, 1));
         // Data that is there: a hit.
         w.write_all(&[7]).unwrap();
         bp.waited(&st, Wait(Some(Instant::now())));
-        assert!(matches!(bp.before_read(&st, &r), Wait(None)));
+        assert!(matches!(bp.before_read(&st, &r, false), Wait(None)));
         assert_eq!(bp.counts(), (1, 1));
         // A closed peer ends the poll at once too (the read reports the end).
         let (r, w) = pair();
         drop(w);
-        assert!(matches!(bp.before_read(&PollState::default(), &r), Wait(None)));
+        assert!(matches!(bp.before_read(&PollState::default(), &r, false), Wait(None)));
         assert_eq!(bp.counts(), (2, 1));
     }
 
@@ -204,12 +212,12 @@ mod tests {
         let st = PollState::default();
         let (r, _w) = pair();
         st.last_wait_ns.store(10_000_000, Ordering::Relaxed);
-        let wait = bp.before_read(&st, &r);
+        let wait = bp.before_read(&st, &r, false);
         assert!(matches!(wait, Wait(Some(_))));
         assert_eq!(bp.counts(), (0, 0), "it polled after a 10 ms wait");
         // A short wait turns polling back on.
         st.last_wait_ns.store(50_000, Ordering::Relaxed);
-        let _ = bp.before_read(&st, &r);
+        let _ = bp.before_read(&st, &r, false);
         assert_eq!(bp.counts(), (0, 1));
     }
 
@@ -217,14 +225,18 @@ mod tests {
     fn off_and_full_mean_no_poll() {
         let (r, _w) = pair();
         let off = BusyPoll::with_pollers(None, 1);
-        let _ = off.before_read(&PollState::default(), &r);
+        let _ = off.before_read(&PollState::default(), &r, false);
         assert_eq!(off.counts(), (0, 0));
         let bp = BusyPoll::with_pollers(Some(Duration::from_millis(1)), 1);
         bp.pollers.store(1, Ordering::Relaxed);
-        let _ = bp.before_read(&PollState::default(), &r);
+        let _ = bp.before_read(&PollState::default(), &r, false);
         assert_eq!(bp.counts(), (0, 0), "it polled with every polling slot taken");
         let one_cpu = BusyPoll::with_pollers(Some(Duration::from_millis(1)), 0);
-        let _ = one_cpu.before_read(&PollState::default(), &r);
+        let _ = one_cpu.before_read(&PollState::default(), &r, false);
         assert_eq!(one_cpu.counts(), (0, 0), "it polled with no polling slot at all");
+        let _ = bp.before_read(&PollState::default(), &r, true);
+        bp.pollers.store(0, Ordering::Relaxed);
+        let _ = bp.before_read(&PollState::default(), &r, true);
+        assert_eq!(bp.counts(), (0, 0), "it polled while other requests were in flight");
     }
 }
