@@ -162,7 +162,12 @@ pub(crate) fn negotiate(
                         if hdr.option == opt::GO {
                             w.write_all(&out)?;
                             let base_allocation = meta == Some(i);
-                            return Ok(Some(Session { export: i, structured, base_allocation, tls: tls.is_some() }));
+                            return Ok(Some(Session {
+                                export: i,
+                                structured,
+                                base_allocation,
+                                tls: tls.is_some(),
+                            }));
                         }
                     }
                 },

@@ -15,8 +15,8 @@
 //!
 //! What keeps it from wasting CPU:
 //! - **Only a queue-depth-1 connection polls**: one whose last 16 requests were each read
-//!   with nothing else of it executing or replying, and only while its reader's buffer is
-//!   empty. A pipelining client (QD > 1) keeps CPUs busy, so its wake-ups are cheap, and a
+//!   with nothing else of it executing or replying and nothing more already received, and
+//!   only while its reader's buffer is empty. A pipelining client (QD > 1) keeps CPUs busy, so its wake-ups are cheap, and a
 //!   poll would take CPU from it (4k QD32 reads measured a few percent slower with polls
 //!   between overlapping requests); over TLS the pump thread would lose the CPU, so TLS
 //!   connections never poll.
@@ -100,13 +100,20 @@ impl BusyPoll {
     /// `busy`: other requests of the connection are executing or replying, so its CPUs are
     /// not about to go idle and a wake-up is cheap: no poll (it would take CPU from them).
     pub(crate) fn before_read(&self, state: &PollState, r: &BufReader<Stream>, busy: bool) -> Wait {
-        if self.budget_ns == 0 || !r.buffer().is_empty() {
+        if self.budget_ns == 0 {
+            return Wait(None);
+        }
+        if !r.buffer().is_empty() {
+            // The next request came before this one was answered: the client pipelines.
+            state.idle_streak.store(0, Ordering::Relaxed);
             return Wait(None);
         }
         let streak = if busy { 0 } else { state.idle_streak.load(Ordering::Relaxed).saturating_add(1) };
         state.idle_streak.store(streak, Ordering::Relaxed);
         let start = Instant::now();
-        if streak < IDLE_STREAK || state.last_wait_ns.load(Ordering::Relaxed) > self.budget_ns.saturating_mul(2) {
+        if streak < IDLE_STREAK
+            || state.last_wait_ns.load(Ordering::Relaxed) > self.budget_ns.saturating_mul(2)
+        {
             return Wait(Some(start));
         }
         if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
@@ -198,8 +205,11 @@ mod tests {
         w.write_all(&[1, 2, 3]).unwrap();
         let mut one = [0u8; 1];
         std::io::Read::read_exact(&mut r, &mut one).unwrap();
-        assert!(matches!(bp.before_read(&qd1(), &r, false), Wait(None)));
+        let st = qd1();
+        assert!(matches!(bp.before_read(&st, &r, false), Wait(None)));
         assert_eq!(bp.counts(), (0, 0));
+        // A request received before the last was answered: the client pipelines.
+        assert_eq!(st.idle_streak.load(Ordering::Relaxed), 0);
     }
 
     #[test]
