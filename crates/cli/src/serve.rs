@@ -78,8 +78,9 @@ pub struct ServeArgs {
     pub no_inline_batch: bool,
     /// Busy polling, in microseconds (0 = off): a worker about to wait for a connection's
     /// next request first watches the socket this long without sleeping, so a queue-depth-1
-    /// client's next request needs no wake-up of an idle CPU. Only connections whose
-    /// requests came close together poll, and at most half the CPUs at once.
+    /// client's next request needs no wake-up of an idle CPU. Only queue-depth-1
+    /// connections whose requests come close together poll (never over TLS), and at most
+    /// half the CPUs at once.
     #[arg(long, value_name = "USECS", default_value_t = 50)]
     pub busy_poll: u64,
 
