@@ -116,12 +116,9 @@ impl BusyPoll {
         {
             return Wait(Some(start));
         }
-        if self.pollers.fetch_add(1, Ordering::AcqRel) >= self.max_pollers {
-            self.pollers.fetch_sub(1, Ordering::AcqRel);
+        let Some(arrived) = self.poll(r.get_ref(), start) else {
             return Wait(Some(start));
-        }
-        let arrived = poll_until(r.get_ref(), start, self.budget_ns);
-        self.pollers.fetch_sub(1, Ordering::AcqRel);
+        };
         if arrived {
             self.hits.fetch_add(1, Ordering::Relaxed);
             state.last_wait_ns.store(elapsed_ns(start), Ordering::Relaxed);
@@ -133,17 +130,24 @@ impl BusyPoll {
     }
 
     /// Called before reading a WRITE's payload of `len` bytes: if less than that is
-    /// buffered and the connection is not `busy` (see `before_read`), polls until more arrives (a client may send the header and the payload
-    /// separately; the rest is due at once, so no history is asked). The read that follows
-    /// may still sleep for the remainder of a large payload.
+    /// buffered and the connection is not `busy` (see `before_read`), polls until more
+    /// arrives (a client may send the header and the payload separately; the rest is due at
+    /// once, so no history is asked). The read that follows may still sleep for the
+    /// remainder of a large payload.
     pub(crate) fn before_payload(&self, r: &BufReader<Stream>, len: usize, busy: bool) {
         if self.budget_ns == 0 || busy || r.buffer().len() >= len {
             return;
         }
-        if self.pollers.fetch_add(1, Ordering::AcqRel) < self.max_pollers {
-            poll_until(r.get_ref(), Instant::now(), self.budget_ns);
-        }
+        let _ = self.poll(r.get_ref(), Instant::now());
+    }
+
+    /// Polls `s` (`poll_until`) in one of the server's polling slots: `None` if all are
+    /// taken, else whether data arrived.
+    fn poll(&self, s: &Stream, start: Instant) -> Option<bool> {
+        let free = self.pollers.fetch_add(1, Ordering::AcqRel) < self.max_pollers;
+        let arrived = free.then(|| poll_until(s, start, self.budget_ns));
         self.pollers.fetch_sub(1, Ordering::AcqRel);
+        arrived
     }
 
     /// Records how long a wait that `before_read` did not end by polling took.

@@ -563,19 +563,22 @@ fn queue_depth_one_requests_run_on_the_reading_thread() {
     panic!("QD1 reads ran on more than one thread in every attempt: {threads:?}");
 }
 
+/// A server of one 8 MiB disk with `busy_poll` set, and a client connected to it.
+fn polling_server(busy_poll: Option<Duration>) -> (TestServer, RawClient) {
+    let (e, _) = mem_export("disk", 8 * MIB, 512);
+    let srv = TestServer::start_with(vec![e], ServerConfig { busy_poll, ..Default::default() });
+    let mut c = srv.connect();
+    c.go("disk", true);
+    (srv, c)
+}
+
 #[test]
 fn busy_polling_sees_queue_depth_one_requests_arrive() {
     // A client that sends each request as soon as it has the last reply: the worker waiting
     // for the next request polls the socket (`busy_poll`) and sees it arrive, instead of
     // sleeping in recv. Most polls must see their request (a loaded machine may deschedule
     // the client for longer than a poll now and then).
-    let (e, _) = mem_export("disk", 8 * MIB, 512);
-    let srv = TestServer::start_with(
-        vec![e],
-        ServerConfig { busy_poll: Some(Duration::from_millis(5)), ..Default::default() },
-    );
-    let mut c = srv.connect();
-    c.go("disk", true);
+    let (srv, mut c) = polling_server(Some(Duration::from_millis(5)));
     for i in 0..64u64 {
         c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
         assert_eq!(c.read(i * 4096, 4096).unwrap(), pattern(i, 4096));
@@ -594,13 +597,7 @@ fn a_client_that_pauses_is_not_polled_for() {
     // Polling pays only when requests come close together: after a wait longer than twice
     // the poll, the connection sleeps in recv until its requests come quickly again. A
     // client pausing 30 ms between requests costs at most one poll that gives up.
-    let (e, _) = mem_export("disk", 8 * MIB, 512);
-    let srv = TestServer::start_with(
-        vec![e],
-        ServerConfig { busy_poll: Some(Duration::from_millis(1)), ..Default::default() },
-    );
-    let mut c = srv.connect();
-    c.go("disk", true);
+    let (srv, mut c) = polling_server(Some(Duration::from_millis(1)));
     for i in 0..8u64 {
         c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
         std::thread::sleep(Duration::from_millis(30));
@@ -618,10 +615,7 @@ fn a_client_that_pauses_is_not_polled_for() {
     let (hits_after, _) = srv.stats.busy_polls();
     assert!(hits_after > hits, "polling did not resume once requests came close together");
     // Off: never polls.
-    let (e, _) = mem_export("disk", 8 * MIB, 512);
-    let off = TestServer::start_with(vec![e], ServerConfig { busy_poll: None, ..Default::default() });
-    let mut c = off.connect();
-    c.go("disk", true);
+    let (off, mut c) = polling_server(None);
     for i in 0..16u64 {
         c.write(i * 4096, &pattern(i, 4096), 0).unwrap();
     }
