@@ -1,6 +1,6 @@
 //! The object-backed device: manifest, lease, per-object cache slots, write-back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -90,6 +90,44 @@ struct SlotState {
     /// Bumped by every write: an upload marks the slot clean only if nothing was written
     /// while it was in flight.
     generation: u64,
+    /// The sectors written since the object's last upload began, one bit each (allocated by
+    /// the first write), and how many.
+    covered: Vec<u64>,
+    covered_sectors: usize,
+    /// All of them: a writer filled the object (write-behind uploads it).
+    filled: bool,
+}
+
+impl SlotState {
+    /// Records a write of `[at, at + len)` of an `olen`-byte object; true once writes since
+    /// the last upload began have covered all of it.
+    fn cover(&mut self, at: usize, len: usize, olen: usize) -> bool {
+        const S: usize = BLOCK as usize;
+        let sectors = olen.div_ceil(S);
+        if self.covered.len() != sectors.div_ceil(64) {
+            self.covered = vec![0; sectors.div_ceil(64)];
+            self.covered_sectors = 0;
+        }
+        let (first, end) = (at.div_ceil(S), ((at + len) / S).min(sectors));
+        let mut k = first;
+        while k < end {
+            let n = (64 - k % 64).min(end - k);
+            let mask = (u64::MAX >> (64 - n)) << (k % 64);
+            let w = &mut self.covered[k / 64];
+            self.covered_sectors += (mask & !*w).count_ones() as usize;
+            *w |= mask;
+            k += n;
+        }
+        self.filled |= self.covered_sectors == sectors;
+        self.filled
+    }
+
+    /// Forgets what was written (an upload of it began).
+    fn uncover(&mut self) {
+        self.covered.fill(0);
+        self.covered_sectors = 0;
+        self.filled = false;
+    }
 }
 
 #[derive(Default)]
@@ -271,6 +309,264 @@ struct Lease {
     token: String,
 }
 
+/// What uploads share between the device and its background uploads' tasks (no reference to
+/// the device, so a task never keeps it alive): the store, which objects it holds, the lease,
+/// the write-back latch and the uploads under way.
+struct Store {
+    op: Operator,
+    timeout: Duration,
+    /// The volume's name and the endpoint, for messages.
+    name: String,
+    endpoint: String,
+    lease_key: String,
+    /// Uploads in flight at once, write-behind's and a flush's (or eviction's) each.
+    limit: usize,
+    /// Objects that exist in the store (from the listing at open, kept by uploads).
+    present: Mutex<HashSet<u64>>,
+    lease: Mutex<Option<Lease>>,
+    /// The lease was found taken over: nothing is written to the store any more.
+    lost: AtomicBool,
+    latch: WritebackLatch,
+    uploads: Mutex<Uploads>,
+    /// Signalled whenever an upload ends and its objects' claims are released.
+    ended: Condvar,
+}
+
+/// Uploads under way. An object is claimed by one upload at a time (queued or running
+/// write-behind, or a flush's or eviction's batch), so two uploads of one object never race
+/// and land out of order.
+#[derive(Default)]
+struct Uploads {
+    claimed: HashSet<u64>,
+    /// Filled objects waiting for their write-behind upload (index, slot, key), in the order
+    /// they were filled.
+    queue: VecDeque<(u64, Arc<Slot>, String)>,
+    /// Write-behind uploads running.
+    running: usize,
+    /// Write-behind uploads started since the lease was last checked.
+    unchecked: usize,
+    /// The tasks started (finished ones pruned at the next start), aborted at close.
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Store {
+    fn lost_lease(&self) -> BlockError {
+        err(
+            BlockErrorKind::Io,
+            format!(
+                "{}: lost the lease: another writer took the volume over; nothing more is written",
+                self.name
+            ),
+        )
+    }
+
+    /// Fails unless the lease in the store is still this device's. Uploads are preceded by
+    /// this check (a flush's and an eviction's batch, and write-behind's first upload after a
+    /// pause and every `limit`-th), so a writer whose lease was broken stops writing within
+    /// one window of uploads; once lost, the lease stays lost (latched), and it is not
+    /// deleted at close (it is the new writer's).
+    async fn check_lease(&self) -> BlockResult<()> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_lease());
+        }
+        let Some(token) = lock(&self.lease).as_ref().map(|l| l.token.clone()) else { return Ok(()) };
+        let bytes = retry(self.timeout, "checking the lease", || self.op.read(&self.lease_key))
+            .await
+            .map_err(|e| err(BlockErrorKind::Io, format!("{}: checking the lease failed: {e}", self.name)))?;
+        let holder = serde_json::from_slice::<serde_json::Value>(&bytes.to_vec())
+            .ok()
+            .and_then(|v| v.get("holder").and_then(|h| h.as_str()).map(str::to_owned));
+        if holder.as_deref() != Some(token.as_str()) {
+            *lock(&self.lease) = None;
+            self.lost.store(true, Ordering::SeqCst);
+            let e = self.lost_lease();
+            self.latch.record(&e);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The slot's bytes and generation to upload, when it is dirty; its coverage starts over.
+    fn snapshot(slot: &Slot) -> Option<(Arc<Vec<u8>>, u64)> {
+        let mut st = lock(&slot.state);
+        let d = match &st.data {
+            Some(ObjData::Owned(d)) if st.dirty => Arc::clone(d),
+            _ => return None,
+        };
+        st.uncover();
+        Some((d, st.generation))
+    }
+
+    /// Uploads `data` as object `idx` (deletes the object instead when it is all zeroes) and
+    /// marks the slot clean unless it was written since the snapshot of `generation`.
+    async fn put(
+        &self,
+        idx: u64,
+        key: &str,
+        slot: &Slot,
+        data: Arc<Vec<u8>>,
+        generation: u64,
+    ) -> BlockResult<()> {
+        let zero = is_zero(&data);
+        let body = (!zero).then(|| Buffer::from(bytes::Bytes::from_owner(Shared(data))));
+        let r = retry(self.timeout, "uploading", || {
+            let (op, key, body) = (self.op.clone(), key.to_owned(), body.clone());
+            async move {
+                match body {
+                    // A content type: some GCS servers (the emulator) answer an upload
+                    // without one with JSON OpenDAL cannot parse.
+                    Some(b) => {
+                        op.write_with(&key, b).content_type("application/octet-stream").await.map(|_| ())
+                    }
+                    None => op.delete(&key).await,
+                }
+            }
+        })
+        .await
+        .map_err(|e| {
+            err(
+                dal_kind(&e),
+                format!("{}: uploading object {idx} to {} failed: {e}", self.name, self.endpoint),
+            )
+        })?;
+        {
+            let mut p = lock(&self.present);
+            if zero {
+                p.remove(&idx);
+            } else {
+                p.insert(idx);
+            }
+        }
+        let mut st = lock(&slot.state);
+        if st.generation == generation {
+            st.dirty = false;
+        }
+        Ok(r)
+    }
+
+    /// Queues the write-behind upload of object `idx`, which a writer just filled, unless an
+    /// upload already has it.
+    fn write_behind(self: &Arc<Self>, rt: &tokio::runtime::Handle, idx: u64, slot: Arc<Slot>, key: String) {
+        if self.lost.load(Ordering::SeqCst) || self.latch.is_latched() {
+            return;
+        }
+        let mut u = lock(&self.uploads);
+        if !u.claimed.insert(idx) {
+            return;
+        }
+        u.queue.push_back((idx, slot, key));
+        drop(u);
+        self.pump(rt);
+    }
+
+    /// Starts queued write-behind uploads while fewer than `limit` run; each one ending
+    /// starts the next (the pipe stays full without waiting for the writer).
+    fn pump(self: &Arc<Self>, rt: &tokio::runtime::Handle) {
+        let mut u = lock(&self.uploads);
+        while u.running < self.limit {
+            let Some((idx, slot, key)) = u.queue.pop_front() else { break };
+            let check = u.running == 0 || u.unchecked >= self.limit;
+            if check {
+                u.unchecked = 0;
+            }
+            u.unchecked += 1;
+            u.running += 1;
+            let me = Arc::clone(self);
+            let task = rt.spawn(async move {
+                let r = me.upload_behind(idx, &slot, &key, check).await;
+                if let Err(e) = &r {
+                    log::warn!("{}: write-behind: {e}; the object stays dirty for the next flush", me.name);
+                }
+                // Filled again while it uploaded: once more.
+                let again = r.is_ok() && {
+                    let st = lock(&slot.state);
+                    st.dirty && st.filled
+                };
+                {
+                    let mut u = lock(&me.uploads);
+                    u.running -= 1;
+                    u.claimed.remove(&idx);
+                }
+                me.ended.notify_all();
+                let rt = tokio::runtime::Handle::current();
+                if again {
+                    me.write_behind(&rt, idx, slot, key);
+                }
+                me.pump(&rt);
+            });
+            u.tasks.retain(|t| !t.is_finished());
+            u.tasks.push(task.abort_handle());
+        }
+    }
+
+    async fn upload_behind(&self, idx: u64, slot: &Slot, key: &str, check: bool) -> BlockResult<()> {
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_lease());
+        }
+        let Some((data, generation)) = Self::snapshot(slot) else { return Ok(()) };
+        if check {
+            self.check_lease().await?;
+        }
+        // Another upload may have found the lease lost meanwhile.
+        if self.lost.load(Ordering::SeqCst) {
+            return Err(self.lost_lease());
+        }
+        self.put(idx, key, slot, data, generation).await
+    }
+
+    /// Claims `idxs` for a flush's or an eviction's upload: their queued write-behind is
+    /// taken over, running uploads of them are waited for.
+    fn claim(&self, idxs: &[u64]) {
+        let mut u = lock(&self.uploads);
+        let mut mine = vec![false; idxs.len()];
+        loop {
+            for (m, idx) in mine.iter_mut().zip(idxs) {
+                if *m {
+                    continue;
+                }
+                if let Some(p) = u.queue.iter().position(|q| q.0 == *idx) {
+                    u.queue.remove(p);
+                    *m = true;
+                } else {
+                    *m = u.claimed.insert(*idx);
+                }
+            }
+            if mine.iter().all(|m| *m) {
+                return;
+            }
+            u = self.ended.wait(u).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn release(&self, idxs: &[u64]) {
+        let mut u = lock(&self.uploads);
+        for i in idxs {
+            u.claimed.remove(i);
+        }
+        drop(u);
+        self.ended.notify_all();
+    }
+
+    /// Waits for a write-behind upload to end; false at once when none runs.
+    fn wait_for_one(&self) -> bool {
+        let u = lock(&self.uploads);
+        if u.running == 0 {
+            return false;
+        }
+        drop(self.ended.wait(u).unwrap_or_else(|e| e.into_inner()));
+        true
+    }
+
+    /// Drops the queued write-behind and aborts the running uploads (the device is closing).
+    fn stop(&self) {
+        let mut u = lock(&self.uploads);
+        u.queue.clear();
+        for t in u.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
 struct Inner {
     loc: Locator,
     rt: &'static tokio::runtime::Runtime,
@@ -281,16 +577,14 @@ struct Inner {
     concurrency: usize,
     timeout: Duration,
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
-    /// Objects that exist in the store (from the listing at open, kept by uploads).
-    present: Mutex<HashSet<u64>>,
     cached: AtomicU64,
     clock: AtomicU64,
-    latch: WritebackLatch,
     /// Serializes write-back (flush and cache eviction).
     writeback: Mutex<()>,
-    lease: Mutex<Option<Lease>>,
-    /// The lease was found taken over: nothing is written to the store any more.
-    lost: AtomicBool,
+    /// The store, the lease and the uploads, shared with the upload tasks.
+    st: Arc<Store>,
+    /// Upload an object as soon as a writer has filled it (`write_behind=`).
+    write_behind: bool,
     /// Read-ahead in flight or done, by object.
     inflight: Mutex<HashMap<u64, Arc<Prefetch>>>,
     /// The object of the last cache miss (sequential readers are read ahead of).
@@ -545,23 +839,35 @@ impl Inner {
         }
         let concurrency = loc.concurrency.unwrap_or(crate::DEFAULT_CONCURRENCY);
         let readahead = loc.readahead.unwrap_or(crate::DEFAULT_READAHEAD);
+        let st = Arc::new(Store {
+            op: op.clone(),
+            timeout,
+            name: shown.clone(),
+            endpoint: here.clone(),
+            lease_key: loc.key(LEASE),
+            limit: concurrency,
+            present: Mutex::new(present),
+            lease: Mutex::new(None),
+            lost: AtomicBool::new(false),
+            latch: WritebackLatch::new(),
+            uploads: Mutex::new(Uploads::default()),
+            ended: Condvar::new(),
+        });
         Ok(Inner {
             op: op.clone(),
             cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
             concurrency,
+            write_behind: loc.write_behind,
             loc,
             rt,
             size,
             object_size,
             timeout,
             slots: Mutex::new(HashMap::new()),
-            present: Mutex::new(present),
             cached: AtomicU64::new(0),
             clock: AtomicU64::new(0),
-            latch: WritebackLatch::new(),
             writeback: Mutex::new(()),
-            lease: Mutex::new(None),
-            lost: AtomicBool::new(false),
+            st,
             inflight: Mutex::new(HashMap::new()),
             last_miss: AtomicU64::new(u64::MAX),
             ahead: Arc::new(Ahead {
@@ -575,7 +881,7 @@ impl Inner {
     }
 
     fn acquire_lease(&self) -> BlockResult<()> {
-        let mut lease = lock(&self.lease);
+        let mut lease = lock(&self.st.lease);
         if lease.is_some() {
             return Ok(());
         }
@@ -628,41 +934,9 @@ impl Inner {
         }
     }
 
-    fn lost_lease(&self) -> BlockError {
-        err(
-            BlockErrorKind::Io,
-            format!(
-                "{}: lost the lease: another writer took the volume over; nothing more is written",
-                self.loc.display()
-            ),
-        )
-    }
-
-    /// Fails unless the lease in the store is still this device's. Every upload is preceded
-    /// by this check (flush and cache eviction alike), so a writer whose lease was broken
-    /// stops writing at its next upload; once lost, the lease stays lost (latched), and it is
-    /// not deleted at close (it is the new writer's).
+    /// [`Store::check_lease`], from a caller outside the runtime.
     fn check_lease(&self) -> BlockResult<()> {
-        let mut lease = lock(&self.lease);
-        if self.lost.load(Ordering::SeqCst) {
-            return Err(self.lost_lease());
-        }
-        let Some(l) = lease.as_ref() else { return Ok(()) };
-        let key = self.loc.key(LEASE);
-        let bytes = self.run("checking the lease", || self.op.read(&key)).map_err(|e| {
-            err(BlockErrorKind::Io, format!("{}: checking the lease failed: {e}", self.loc.display()))
-        })?;
-        let holder = serde_json::from_slice::<serde_json::Value>(&bytes.to_vec())
-            .ok()
-            .and_then(|v| v.get("holder").and_then(|h| h.as_str()).map(str::to_owned));
-        if holder.as_deref() != Some(l.token.as_str()) {
-            *lease = None;
-            self.lost.store(true, Ordering::SeqCst);
-            let e = self.lost_lease();
-            self.latch.record(&e);
-            return Err(e);
-        }
-        Ok(())
+        self.rt.block_on(self.st.check_lease())
     }
 
     fn data_key(&self, idx: u64) -> String {
@@ -682,7 +956,7 @@ impl Inner {
         let ahead = lock(&self.inflight).remove(&idx);
         let r = match ahead {
             Some(p) => p.take(),
-            None if !lock(&self.present).contains(&idx) => return Ok(Buffer::from(vec![0; want])),
+            None if !lock(&self.st.present).contains(&idx) => return Ok(Buffer::from(vec![0; want])),
             None => self.run("downloading", || self.op.read(&key)),
         };
         match r {
@@ -724,7 +998,7 @@ impl Inner {
         inflight.retain(|j, _| *j >= idx);
         let mut queued = Vec::new();
         for j in idx..(idx + 1 + self.ahead_window()).min(count) {
-            if inflight.contains_key(&j) || !lock(&self.present).contains(&j) {
+            if inflight.contains_key(&j) || !lock(&self.st.present).contains(&j) {
                 continue;
             }
             let cached = lock(&self.slots)
@@ -781,6 +1055,11 @@ impl Inner {
             if freed {
                 continue;
             }
+            // Write-behind uploads under way end with their objects clean: wait for one
+            // rather than start more.
+            if self.st.wait_for_one() {
+                continue;
+            }
             if dirty.is_empty() {
                 // Everything is busy: let the caller go over the limit for now.
                 return Ok(());
@@ -792,104 +1071,25 @@ impl Inner {
         }
     }
 
-    /// Uploads the given slots' current contents concurrently; each is marked clean if it
-    /// was not written meanwhile. The first failure is returned.
+    /// Uploads the given slots' current contents concurrently (once write-behind is done
+    /// with them); each is marked clean if it was not written meanwhile. The first failure
+    /// is returned.
     fn upload(&self, slots: Vec<(u64, Arc<Slot>)>) -> BlockResult<()> {
-        let snaps: Vec<Snapshot> = slots
-            .into_iter()
-            .filter_map(|(i, s)| {
-                let st = lock(&s.state);
-                let d = match &st.data {
-                    Some(ObjData::Owned(d)) if st.dirty => Arc::clone(d),
-                    _ => return None,
-                };
-                let g = st.generation;
-                drop(st);
-                Some((i, s, d, g))
-            })
-            .collect();
-        if snaps.is_empty() {
-            return Ok(());
-        }
-        let jobs: Vec<(u64, String, Option<Buffer>)> = snaps
-            .iter()
-            .map(|(i, _, d, _)| {
-                let zero = d.iter().all(|b| *b == 0);
-                let body = (!zero).then(|| Buffer::from(bytes::Bytes::from_owner(Shared(Arc::clone(d)))));
-                (*i, self.data_key(*i), body)
-            })
-            .collect();
-        let results: Vec<(u64, Result<bool, opendal::Error>)> = self.rt.block_on(
-            futures::stream::iter(jobs)
-                .map(|(i, key, body)| {
-                    let op = self.op.clone();
-                    let timeout = self.timeout;
-                    async move {
-                        let r = retry(timeout, "uploading", || {
-                            let op = op.clone();
-                            let key = key.clone();
-                            let body = body.clone();
-                            async move {
-                                match body {
-                                    // A content type: some GCS servers (the emulator) answer an
-                                    // upload without one with JSON OpenDAL cannot parse.
-                                    Some(b) => op
-                                        .write_with(&key, b)
-                                        .content_type("application/octet-stream")
-                                        .await
-                                        .map(|_| true),
-                                    None => op.delete(&key).await.map(|_| false),
-                                }
-                            }
-                        })
-                        .await;
-                        (i, r)
-                    }
-                })
+        let idxs: Vec<u64> = slots.iter().map(|(i, _)| *i).collect();
+        self.st.claim(&idxs);
+        let results: Vec<BlockResult<()>> = self.rt.block_on(
+            futures::stream::iter(slots)
+                .filter_map(|(i, s)| async move { Store::snapshot(&s).map(|(d, g)| (i, s, d, g)) })
+                .map(|(i, s, d, g)| async move { self.st.put(i, &self.data_key(i), &s, d, g).await })
                 .buffer_unordered(self.concurrency)
                 .collect(),
         );
-        let mut first = None;
-        let mut done = HashSet::new();
-        for (i, r) in results {
-            match r {
-                Ok(exists) => {
-                    let mut p = lock(&self.present);
-                    if exists {
-                        p.insert(i);
-                    } else {
-                        p.remove(&i);
-                    }
-                    done.insert(i);
-                }
-                Err(e) => {
-                    first.get_or_insert_with(|| {
-                        err(
-                            dal_kind(&e),
-                            format!(
-                                "{}: uploading object {i} to {} failed: {e}",
-                                self.loc.display(),
-                                self.where_()
-                            ),
-                        )
-                    });
-                }
-            }
-        }
-        for (i, s, _, g) in &snaps {
-            let mut st = lock(&s.state);
-            if done.contains(i) && st.generation == *g {
-                st.dirty = false;
-            }
-        }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.st.release(&idxs);
+        results.into_iter().collect()
     }
 
     fn flush(&self) -> BlockResult<()> {
-        self.latch.check("flush")?;
+        self.st.latch.check("flush")?;
         let _wb = lock(&self.writeback);
         let dirty: Vec<(u64, Arc<Slot>)> = lock(&self.slots)
             .iter()
@@ -899,7 +1099,7 @@ impl Inner {
         // The lease before uploading (fencing) and after (a takeover during the uploads).
         let before = if dirty.is_empty() { Ok(()) } else { self.check_lease() };
         let r = before.and_then(|()| self.upload(dirty)).and_then(|()| self.check_lease());
-        self.latch.guard(r)
+        self.st.latch.guard(r)
     }
 
     /// Calls `f(idx, offset in object, range in buf)` for each object `[off, off+len)` touches.
@@ -926,7 +1126,7 @@ impl Inner {
             let s = self.slot(idx);
             let mut st = lock(&s.state);
             if st.data.is_none() {
-                if !lock(&self.present).contains(&idx) {
+                if !lock(&self.st.present).contains(&idx) {
                     buf[r].fill(0);
                     return Ok(());
                 }
@@ -967,16 +1167,21 @@ impl Inner {
             }
             let mut st = lock(&s.state);
             let olen = object_len(self.size, self.object_size, idx) as usize;
+            let len = r.len();
             match st.data.as_mut() {
-                Some(d) => d.make_mut()[at..at + r.len()].copy_from_slice(&buf[r]),
+                Some(d) => d.make_mut()[at..at + len].copy_from_slice(&buf[r]),
                 None => {
-                    let d = if at == 0 && r.len() == olen {
+                    let d = if at == 0 && len == olen {
                         // Read-ahead of the old contents would be stale once this is evicted.
                         lock(&self.inflight).remove(&idx);
                         buf[r].to_vec()
                     } else {
-                        let mut d = self.fetch(idx)?.to_vec();
-                        d[at..at + r.len()].copy_from_slice(&buf[r]);
+                        let mut d = if lock(&self.st.present).contains(&idx) {
+                            self.fetch(idx)?.to_vec()
+                        } else {
+                            vec![0; olen]
+                        };
+                        d[at..at + len].copy_from_slice(&buf[r]);
                         d
                     };
                     self.cached.fetch_add(d.len() as u64, Ordering::Relaxed);
@@ -985,6 +1190,11 @@ impl Inner {
             }
             st.dirty = true;
             st.generation += 1;
+            let filled = self.write_behind && st.cover(at, len, olen);
+            drop(st);
+            if filled {
+                self.st.write_behind(self.rt.handle(), idx, s, self.data_key(idx));
+            }
             Ok(())
         })
     }
@@ -993,12 +1203,13 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.ahead.stop();
-        if !self.latch.is_latched() {
+        if !self.st.latch.is_latched() {
             if let Err(e) = self.flush() {
                 log::error!("{}: write-back at close failed: {e}", self.loc.display());
             }
         }
-        if lock(&self.lease).take().is_some() {
+        self.st.stop();
+        if lock(&self.st.lease).take().is_some() {
             let key = self.loc.key(LEASE);
             if let Err(e) = self.run("releasing the lease", || self.op.delete(&key)) {
                 log::warn!("{}: releasing the lease failed: {e}", self.loc.display());
@@ -1006,9 +1217,6 @@ impl Drop for Inner {
         }
     }
 }
-
-/// An object's bytes taken for upload: index, slot, contents, generation.
-type Snapshot = (u64, Arc<Slot>, Arc<Vec<u8>>, u64);
 
 /// Makes an `Arc<Vec<u8>>` a `Bytes` owner without copying.
 struct Shared(Arc<Vec<u8>>);
@@ -1240,7 +1448,7 @@ impl BlockDevice for ObjectDevice {
 
     fn flush(&self) -> BlockResult<()> {
         if self.read_only {
-            return self.inner.latch.check("flush");
+            return self.inner.st.latch.check("flush");
         }
         self.inner.flush()
     }
@@ -1263,7 +1471,7 @@ impl BlockDevice for ObjectDevice {
             // Cached: zero or not by its bytes; else absent objects are holes reading zeroes.
             let slot = lock(&i.slots).get(&idx).cloned();
             let zero = slot.and_then(|s| lock(&s.state).data.as_ref().map(|d| d.is_zero(at, r.len())));
-            let present = lock(&i.present).contains(&idx);
+            let present = lock(&i.st.present).contains(&idx);
             let flags = match (zero, present) {
                 (Some(true), false) | (None, false) => ExtentFlags::HOLE | ExtentFlags::ZERO,
                 (Some(true), true) => ExtentFlags::ZERO,
@@ -1297,6 +1505,12 @@ impl ObjectDevice {
     pub fn cached_bytes(&self) -> u64 {
         self.inner.cached.load(Ordering::Relaxed)
     }
+
+    /// Write-behind uploads queued or running now.
+    pub fn uploading(&self) -> usize {
+        let u = lock(&self.inner.st.uploads);
+        u.queue.len() + u.running
+    }
 }
 
 #[cfg(test)]
@@ -1317,6 +1531,41 @@ mod tests {
         }
         assert_eq!(object_len(10 << 20, 4 << 20, 2), 2 << 20);
         assert_eq!(object_len(8 << 20, 4 << 20, 1), 4 << 20);
+    }
+
+    #[test]
+    fn an_object_is_filled_once_writes_cover_all_of_it() {
+        let fill = |olen: usize, writes: &[(usize, usize)]| {
+            let mut st = SlotState::default();
+            writes.iter().map(|&(at, len)| st.cover(at, len, olen)).collect::<Vec<_>>()
+        };
+        // 1 MiB writes in order, and out of order, fill a 4 MiB object at the last one.
+        let m = 1 << 20;
+        assert_eq!(fill(4 * m, &[(0, m), (m, m), (2 * m, m), (3 * m, m)]), [false, false, false, true]);
+        assert_eq!(fill(4 * m, &[(3 * m, m), (0, m), (2 * m, m), (m, m)]), [false, false, false, true]);
+        // Writes that leave a gap (here a 4 KiB hole) do not; the sector that fills it does.
+        assert_eq!(fill(4 * m, &[(0, 2 * m), (2 * m + 4096, 2 * m - 4096)]), [false, false]);
+        assert_eq!(fill(64 << 10, &[(512, (64 << 10) - 512), (0, 512)]), [false, true]);
+        assert_eq!(
+            fill(64 << 10, &[(512, 1024), (0, 2048), (2048, (64 << 10) - 2048)]),
+            [false, false, true]
+        );
+        // Sequential 4 KiB writes (a file system's) fill it too, and overlaps count once.
+        let seq: Vec<(usize, usize)> = (0..1024).map(|k| (k * 4096, 4096)).collect();
+        assert_eq!(fill(4 * m, &seq).iter().filter(|f| **f).count(), 1);
+        assert_eq!(fill(4 * m, &[(0, 3 * m), (m, 2 * m), (3 * m - 512, m)]), [false, false, false]);
+        let mut st = SlotState::default();
+        assert!(!st.cover(0, 4 * m - 512, 4 * m));
+        st.uncover();
+        assert!(!st.cover(4 * m - 512, 512, 4 * m), "what was written before the upload began is forgotten");
+        // Random 4 KiB writes over most of an object leave it unfilled.
+        let mut st = SlotState::default();
+        for k in (0..1024).filter(|k| k % 17 != 3) {
+            assert!(!st.cover(k * 4096, 4096, 4 * m));
+        }
+        // An object shorter than 64 chunks (the volume's last, 5 sectors).
+        assert_eq!(fill(2560, &[(0, 2048), (2048, 512)]), [false, true]);
+        assert_eq!(fill(2560, &[(0, 2560)]), [true]);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct Locator {
     pub break_lease: bool,
     /// `virtual_host=1`: address the bucket as `bucket.endpoint` (S3).
     pub virtual_host: bool,
+    /// `write_behind=0`: upload objects only when the cache is full or at a flush, not as soon
+    /// as a writer has filled one (on by default).
+    pub write_behind: bool,
 }
 
 impl fmt::Debug for Locator {
@@ -160,6 +163,7 @@ impl Locator {
             timeout: None,
             break_lease: false,
             virtual_host: false,
+            write_behind: true,
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -196,6 +200,7 @@ impl Locator {
                 }
                 "break_lease" => l.break_lease = flag()?,
                 "virtual_host" => l.virtual_host = flag()?,
+                "write_behind" => l.write_behind = flag()?,
                 _ if ["key", "secret", "token", "password", "credential", "signature"]
                     .iter()
                     .any(|w| lk.contains(w)) =>
@@ -271,6 +276,8 @@ mod tests {
         assert_eq!(l.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!((l.size, l.object_size), (Some(1 << 30), Some(4 << 20)));
         assert_eq!(Locator::parse("s3://b/x?readahead=16M").unwrap().readahead, Some(16 << 20));
+        assert!(Locator::parse("s3://b/x").unwrap().write_behind);
+        assert!(!Locator::parse("s3://b/x?write_behind=0").unwrap().write_behind);
         assert_eq!(l.key("data/0"), "vols/one/data/0");
         assert_eq!(l.display(), "s3://b/vols/one");
         assert_eq!(Locator::parse("gs://b").unwrap().key("x"), "x");

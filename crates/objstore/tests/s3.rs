@@ -243,8 +243,9 @@ fn a_writer_whose_lease_was_broken_uploads_nothing_more_even_when_its_cache_is_f
     let dir = tempfile::tempdir().unwrap();
     let _e = env();
     let Some(s) = server(dir.path()) else { return };
-    // A cache of two 64 KiB objects: a write to a third object forces write-back.
-    let uri = fresh(&s, "size=1M&object_size=64k&cache=128k");
+    // A cache of two 64 KiB objects: a write to a third object forces write-back (and no
+    // write-behind: the objects stay in the cache until then).
+    let uri = fresh(&s, "size=1M&object_size=64k&cache=128k&write_behind=0");
     let p = prefix_of(&uri);
     let a = objstore::open(&uri, RW).unwrap();
     a.write_at(0, &[0xa1; 65536], WriteFlags::empty()).unwrap();
@@ -276,6 +277,53 @@ fn a_writer_whose_lease_was_broken_uploads_nothing_more_even_when_its_cache_is_f
     b.flush().unwrap();
     drop(b);
     assert!(!keys(&s, &p).iter().any(|k| k.ends_with(objstore::LEASE)), "b released its lease");
+}
+
+/// Waits (up to a minute) until `d` has no write-behind upload queued or running.
+fn settle(d: &objstore::ObjectDevice) {
+    let t0 = std::time::Instant::now();
+    while d.uploading() > 0 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "write-behind never ended");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_filled_object_is_uploaded_before_any_flush_and_a_broken_lease_stops_write_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = env();
+    let Some(s) = server(dir.path()) else { return };
+    let uri = fresh(&s, "size=1M&object_size=64k");
+    let p = prefix_of(&uri);
+    let a = objstore::open(&uri, RW).unwrap();
+    // Object 0 written whole in two halves, object 1 all but its last sector: object 0 is
+    // uploaded without a flush, object 1 stays in the cache.
+    a.write_at(32768, &pattern(1, 32768, 32768), WriteFlags::empty()).unwrap();
+    a.write_at(0, &pattern(1, 0, 32768), WriteFlags::empty()).unwrap();
+    a.write_at(65536, &pattern(1, 65536, 65536 - 512), WriteFlags::empty()).unwrap();
+    settle(&a);
+    assert!(object(&s, &p, 0) == Some(pattern(1, 0, 65536)), "the filled object was uploaded");
+    assert_eq!(object(&s, &p, 1), None, "a partly written object waits for the flush");
+    a.flush().unwrap();
+    assert!(object(&s, &p, 1).is_some());
+
+    // Another writer takes over and writes object 2; a's write-behind of object 2 must check
+    // the lease first, find it lost and upload nothing, and a's flush fails from then on.
+    let other = uri.replace("127.0.0.1", "localhost");
+    let b = objstore::open(&format!("{other}&break_lease=1"), RW).unwrap();
+    b.write_at(2 * 65536, &[0xb2; 65536], WriteFlags::empty()).unwrap();
+    b.flush().unwrap();
+    a.write_at(2 * 65536, &[0xa2; 65536], WriteFlags::empty()).unwrap();
+    settle(&a);
+    assert_eq!(object(&s, &p, 2), Some(vec![0xb2; 65536]), "b's object 2 was not overwritten");
+    let e = a.flush().unwrap_err();
+    assert!(e.to_string().contains("lost the lease"), "{e}");
+    a.write_at(3 * 65536, &[0xa3; 65536], WriteFlags::empty()).unwrap();
+    settle(&a);
+    drop(a);
+    assert_eq!(object(&s, &p, 3), None, "nothing more uploaded");
+    assert_eq!(object(&s, &p, 2), Some(vec![0xb2; 65536]));
+    drop(b);
 }
 
 /// Every object in bucket `vols`: key and bytes.
