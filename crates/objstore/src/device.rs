@@ -409,7 +409,7 @@ impl Store {
     ) -> BlockResult<()> {
         let zero = is_zero(&data);
         let body = (!zero).then(|| Buffer::from(bytes::Bytes::from_owner(Shared(data))));
-        let r = retry(self.timeout, "uploading", || {
+        retry(self.timeout, "uploading", || {
             let (op, key, body) = (self.op.clone(), key.to_owned(), body.clone());
             async move {
                 match body {
@@ -441,7 +441,7 @@ impl Store {
         if st.generation == generation {
             st.dirty = false;
         }
-        Ok(r)
+        Ok(())
     }
 
     /// Queues the write-behind upload of object `idx`, which a writer just filled, unless an

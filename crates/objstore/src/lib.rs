@@ -19,8 +19,10 @@
 //!   locator's `object_size=` says otherwise when the volume is created). An absent object
 //!   reads as zeroes; an object that becomes all zeroes is deleted instead of uploaded.
 //! * Writes land in a local write-back cache (memory, `cache=` bytes, [`DEFAULT_CACHE`]);
-//!   when it is full, the least recently used clean objects are dropped, and dirty ones are
-//!   uploaded first. `flush` returns only when every object dirty at its start is uploaded
+//!   an object that writes have covered whole is uploaded at once in the background
+//!   (write-behind, `concurrency=` at a time; `write_behind=0` turns it off); when the cache is
+//!   full, the least recently used clean objects are dropped, and dirty ones are uploaded
+//!   first. `flush` returns only when every object dirty at its start is uploaded
 //!   (uploads run `concurrency=` at once), and latches a failure ([`WritebackLatch`]).
 //! * A sequential reader is read ahead: the next objects are downloaded in order in the
 //!   background, at most `concurrency=` of them and at most `readahead=` bytes
