@@ -474,8 +474,15 @@ impl Store {
             let me = Arc::clone(self);
             let task = rt.spawn(async move {
                 let r = me.upload_behind(idx, &slot, &key, check).await;
-                if let Err(e) = &r {
-                    log::warn!("{}: write-behind: {e}; the object stays dirty for the next flush", me.name);
+                // (A lost lease is reported by every flush from then on, not once per object.)
+                match &r {
+                    Err(e) if !me.lost.load(Ordering::SeqCst) => {
+                        log::warn!(
+                            "{}: write-behind: {e}; the object stays dirty for the next flush",
+                            me.name
+                        )
+                    }
+                    _ => {}
                 }
                 // Filled again while it uploaded: once more.
                 let again = r.is_ok() && {

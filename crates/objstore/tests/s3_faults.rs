@@ -144,3 +144,32 @@ fn a_transient_error_is_retried_and_the_flush_succeeds() {
     d.read_at(0, &mut b).unwrap();
     assert!(b == pattern(3, 0, 1 << 20));
 }
+
+#[test]
+fn a_failed_write_behind_upload_leaves_the_object_for_the_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = env();
+    let Some(s) = S3Server::start(dir.path()) else { return };
+    s.create_bucket("vols");
+    let proxy = FaultProxy::start(s.port);
+    let uri = format!("s3://vols/wb?endpoint={}&size=1M&object_size=64k&timeout=10", proxy.endpoint());
+    let d = objstore::open(&uri, RW).unwrap();
+    // Every object filled while the server answers 500: each write-behind upload fails after
+    // its retries, and the objects stay dirty in the cache (not dropped, so nothing latches).
+    proxy.set(Fault::Error500);
+    d.write_at(0, &pattern(7, 0, 1 << 20), WriteFlags::empty()).unwrap();
+    // (Each failing upload takes its retries' 0.5 s of back-off: they are still under way.)
+    assert!(d.uploading() > 0, "the filled objects went to write-behind");
+    let t0 = std::time::Instant::now();
+    while d.uploading() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(120), "write-behind never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    proxy.set(Fault::Pass);
+    d.flush().expect("the flush uploads what write-behind could not");
+    drop(d);
+    let d = objstore::open(&uri, RO).unwrap();
+    let mut b = vec![0u8; 1 << 20];
+    d.read_at(0, &mut b).unwrap();
+    assert!(b == pattern(7, 0, 1 << 20), "every byte flushed reads back");
+}
