@@ -1575,6 +1575,59 @@ mod tests {
         assert_eq!(fill(2560, &[(0, 2560)]), [true]);
     }
 
+    /// A flush's claim on an object takes its queued write-behind over and waits for a
+    /// running upload of it to end, so two uploads of one object never overlap (the older
+    /// could land last).
+    #[test]
+    fn a_flush_claims_an_object_only_once_no_upload_has_it() {
+        let op = Operator::new(
+            opendal::services::S3::default().bucket("b").endpoint("http://127.0.0.1:9").region("us-east-1"),
+        )
+        .unwrap();
+        let st = Store {
+            op,
+            timeout: Duration::from_secs(1),
+            name: "s3://b".into(),
+            endpoint: "http://127.0.0.1:9".into(),
+            lease_key: LEASE.into(),
+            limit: 8,
+            present: Mutex::default(),
+            lease: Mutex::default(),
+            lost: AtomicBool::new(false),
+            latch: WritebackLatch::new(),
+            uploads: Mutex::default(),
+            ended: Condvar::new(),
+        };
+        {
+            let mut u = lock(&st.uploads);
+            // Object 5's write-behind runs; object 7's waits in the queue.
+            u.claimed.extend([5, 7]);
+            u.running = 1;
+            u.queue.push_back((7, Arc::default(), "data/7".into()));
+        }
+        st.claim(&[7]);
+        assert!(lock(&st.uploads).queue.is_empty(), "the queued upload was taken over");
+        let claimed = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                st.claim(&[5, 6]);
+                claimed.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!claimed.load(Ordering::SeqCst), "claimed while object 5's upload ran");
+            // The upload ends as a write-behind task ends it.
+            {
+                let mut u = lock(&st.uploads);
+                u.running -= 1;
+                u.claimed.remove(&5);
+            }
+            st.ended.notify_all();
+        });
+        assert!(claimed.load(Ordering::SeqCst));
+        st.release(&[5, 6, 7]);
+        assert!(lock(&st.uploads).claimed.is_empty());
+    }
+
     #[test]
     fn read_ahead_is_capped_by_requests_and_by_bytes() {
         let (c, b, cache) = (crate::DEFAULT_CONCURRENCY, crate::DEFAULT_READAHEAD, 64 << 20);

@@ -111,6 +111,80 @@ fn writes_survive_reopen_and_only_touched_objects_exist() {
     assert_eq!(d.write_at(0, &[0; 512], WriteFlags::empty()).unwrap_err().kind(), BlockErrorKind::ReadOnly);
 }
 
+/// Four threads write, overwrite and read back their own halves of shared objects at once,
+/// with flushes now and then, on a cache of 8 objects: write-behind, eviction and flushes
+/// run against each other and against writes to the objects they upload. Every read sees
+/// the thread's last write, and after a flush and reopen the store holds exactly that.
+#[test]
+fn concurrent_writers_with_write_behind_and_eviction_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = env();
+    let Some(s) = server(dir.path()) else { return };
+    const SIZE: usize = 4 << 20;
+    const STRIPE: usize = 32 << 10;
+    let uri = fresh(&s, &format!("size={SIZE}&object_size=64k&cache=512k"));
+    let d = objstore::open(&uri, RW).unwrap();
+    let stripes = SIZE / STRIPE;
+    let peak = AtomicU32::new(0);
+    let models: Vec<Vec<(usize, Vec<u8>)>> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..4usize)
+            .map(|t| {
+                let (d, peak) = (&d, &peak);
+                sc.spawn(move || {
+                    // Stripes t, t+4, …: objects 2k hold threads 0 and 1, objects 2k+1 threads 2 and 3.
+                    let mut model: Vec<(usize, Vec<u8>)> =
+                        (t..stripes).step_by(4).map(|i| (i, vec![0u8; STRIPE])).collect();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                    let mut next = move || {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x
+                    };
+                    for op in 0..400 {
+                        let k = (next() % model.len() as u64) as usize;
+                        let base = model[k].0 * STRIPE;
+                        let m = &mut model[k].1;
+                        match next() % 10 {
+                            // The whole stripe, or a run of sectors inside it.
+                            0..=7 => {
+                                let (a, n) = if next() % 10 < 5 {
+                                    (0, STRIPE)
+                                } else {
+                                    let a = (next() % 64) as usize * 512;
+                                    (a, ((next() % 64) as usize * 512).clamp(512, STRIPE - a))
+                                };
+                                let data = pattern(next(), (base + a) as u64, n);
+                                d.write_at((base + a) as u64, &data, WriteFlags::empty()).unwrap();
+                                m[a..a + n].copy_from_slice(&data);
+                            }
+                            8 => {
+                                let mut b = vec![0u8; STRIPE];
+                                d.read_at(base as u64, &mut b).unwrap();
+                                assert!(b == *m, "thread {t} op {op}: stripe {} reads back", model[k].0);
+                            }
+                            _ => d.flush().unwrap(),
+                        }
+                        peak.fetch_max(d.uploading() as u32, Ordering::Relaxed);
+                    }
+                    model
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    d.flush().unwrap();
+    drop(d);
+    eprintln!("most write-behind uploads queued or running at once: {}", peak.load(Ordering::Relaxed));
+    assert!(peak.load(Ordering::Relaxed) > 0, "write-behind ran");
+    let r = objstore::open(&uri, RO).unwrap();
+    let mut all = vec![0u8; SIZE];
+    r.read_at(0, &mut all).unwrap();
+    for (i, m) in models.iter().flatten() {
+        assert!(all[i * STRIPE..(i + 1) * STRIPE] == m[..], "stripe {i} after reopen");
+    }
+}
+
 #[test]
 fn a_sequential_reader_gets_streamed_objects_byte_exact_and_caches_them_whole() {
     let dir = tempfile::tempdir().unwrap();
