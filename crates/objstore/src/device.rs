@@ -332,6 +332,10 @@ struct Store {
     ended: Condvar,
 }
 
+/// One lease check shared by the write-behind uploads that wait for it: the first of them to
+/// run does the GET, the others wait for its outcome (an error message when it failed).
+type LeaseCheck = tokio::sync::OnceCell<Result<(), String>>;
+
 /// Uploads under way. An object is claimed by one upload at a time (queued or running
 /// write-behind, or a flush's or eviction's batch), so two uploads of one object never race
 /// and land out of order.
@@ -343,7 +347,10 @@ struct Uploads {
     queue: VecDeque<(u64, Arc<Slot>, String)>,
     /// Write-behind uploads running.
     running: usize,
-    /// Write-behind uploads started since the lease was last checked.
+    /// The lease check the write-behind uploads starting now wait for, and how many started
+    /// since it was made: a new one is made for the first upload after a pause and for
+    /// every `limit`-th.
+    check: Option<Arc<LeaseCheck>>,
     unchecked: usize,
     /// The tasks started (finished ones pruned at the next start), aborted at close.
     tasks: Vec<tokio::task::AbortHandle>,
@@ -361,10 +368,10 @@ impl Store {
     }
 
     /// Fails unless the lease in the store is still this device's. Uploads are preceded by
-    /// this check (a flush's and an eviction's batch, and write-behind's first upload after a
-    /// pause and every `limit`-th), so a writer whose lease was broken stops writing within
-    /// one window of uploads; once lost, the lease stays lost (latched), and it is not
-    /// deleted at close (it is the new writer's).
+    /// this check (a flush's and an eviction's batch; write-behind's per window of `limit`
+    /// uploads, [`LeaseCheck`]), so a writer whose lease was broken stops writing within one
+    /// window of uploads; once lost, the lease stays lost (latched), and it is not deleted at
+    /// close (it is the new writer's).
     async fn check_lease(&self) -> BlockResult<()> {
         if self.lost.load(Ordering::SeqCst) {
             return Err(self.lost_lease());
@@ -465,15 +472,18 @@ impl Store {
         let mut u = lock(&self.uploads);
         while u.running < self.limit {
             let Some((idx, slot, key)) = u.queue.pop_front() else { break };
-            let check = u.running == 0 || u.unchecked >= self.limit;
-            if check {
-                u.unchecked = 0;
-            }
+            let check = match &u.check {
+                Some(c) if u.running > 0 && u.unchecked < self.limit => Arc::clone(c),
+                _ => {
+                    u.unchecked = 0;
+                    Arc::clone(u.check.insert(Arc::new(LeaseCheck::new())))
+                }
+            };
             u.unchecked += 1;
             u.running += 1;
             let me = Arc::clone(self);
             let task = rt.spawn(async move {
-                let r = me.upload_behind(idx, &slot, &key, check).await;
+                let r = me.upload_behind(idx, &slot, &key, &check).await;
                 // (A lost lease is reported by every flush from then on, not once per object.)
                 match &r {
                     Err(e) if !me.lost.load(Ordering::SeqCst) => {
@@ -506,17 +516,20 @@ impl Store {
         }
     }
 
-    async fn upload_behind(&self, idx: u64, slot: &Slot, key: &str, check: bool) -> BlockResult<()> {
+    /// A write-behind upload: once its lease check passed (made by this upload or by
+    /// another of its window), unless the lease was found lost meanwhile.
+    async fn upload_behind(&self, idx: u64, slot: &Slot, key: &str, check: &LeaseCheck) -> BlockResult<()> {
         if self.lost.load(Ordering::SeqCst) {
             return Err(self.lost_lease());
         }
         let Some((data, generation)) = Self::snapshot(slot) else { return Ok(()) };
-        if check {
-            self.check_lease().await?;
-        }
-        // Another upload may have found the lease lost meanwhile.
+        let checked =
+            check.get_or_init(|| async { self.check_lease().await.map_err(|e| e.to_string()) }).await;
         if self.lost.load(Ordering::SeqCst) {
             return Err(self.lost_lease());
+        }
+        if let Err(why) = checked {
+            return Err(err(BlockErrorKind::Io, why.clone()));
         }
         self.put(idx, key, slot, data, generation).await
     }

@@ -381,22 +381,25 @@ fn a_filled_object_is_uploaded_before_any_flush_and_a_broken_lease_stops_write_b
     a.flush().unwrap();
     assert!(object(&s, &p, 1).is_some());
 
-    // Another writer takes over and writes object 2; a's write-behind of object 2 must check
-    // the lease first, find it lost and upload nothing, and a's flush fails from then on.
+    // Another writer takes over and writes objects 2 to 5; a fills the same four at once: the
+    // write-behind uploads of all four wait for one lease check, which finds the lease lost,
+    // so none is uploaded, and a's flush fails from then on.
     let other = uri.replace("127.0.0.1", "localhost");
     let b = objstore::open(&format!("{other}&break_lease=1"), RW).unwrap();
-    b.write_at(2 * 65536, &[0xb2; 65536], WriteFlags::empty()).unwrap();
+    b.write_at(2 * 65536, &[0xb2; 4 * 65536], WriteFlags::empty()).unwrap();
     b.flush().unwrap();
-    a.write_at(2 * 65536, &[0xa2; 65536], WriteFlags::empty()).unwrap();
+    a.write_at(2 * 65536, &[0xa2; 4 * 65536], WriteFlags::empty()).unwrap();
     settle(&a);
-    assert_eq!(object(&s, &p, 2), Some(vec![0xb2; 65536]), "b's object 2 was not overwritten");
+    for i in 2..6 {
+        assert!(object(&s, &p, i) == Some(vec![0xb2; 65536]), "b's object {i} was overwritten");
+    }
     let e = a.flush().unwrap_err();
     assert!(e.to_string().contains("lost the lease"), "{e}");
-    a.write_at(3 * 65536, &[0xa3; 65536], WriteFlags::empty()).unwrap();
+    a.write_at(6 * 65536, &[0xa3; 65536], WriteFlags::empty()).unwrap();
     settle(&a);
     drop(a);
-    assert_eq!(object(&s, &p, 3), None, "nothing more uploaded");
-    assert_eq!(object(&s, &p, 2), Some(vec![0xb2; 65536]));
+    assert!(object(&s, &p, 6).is_none(), "nothing more uploaded");
+    assert!(object(&s, &p, 2) == Some(vec![0xb2; 65536]));
     drop(b);
 }
 
