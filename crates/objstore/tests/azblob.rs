@@ -70,7 +70,8 @@ fn conformance_reopen_lease_and_fencing_on_azurite() {
 
     // One writer: Azurite honours `If-None-Match: *` on the lease's upload, so a second
     // writer (another spelling of the endpoint: not this process's shared cache) is refused.
-    let uri = fresh(&az, "size=1M&object_size=64k&cache=128k");
+    // (No write-behind: the objects stay in the cache until a full cache forces write-back.)
+    let uri = fresh(&az, "size=1M&object_size=64k&cache=128k&write_behind=0");
     let p = prefix_of(&uri);
     let a = objstore::open(&uri, RW).unwrap();
     a.write_at(0, &[0xa1; 65536], WriteFlags::empty()).unwrap();
