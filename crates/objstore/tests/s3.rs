@@ -4,7 +4,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod common;
+
 use blockdev::{BlockDevice, BlockErrorKind, WriteFlags};
+use common::settle;
 use objstore::OpenOptions;
 use testkit::pattern::pattern;
 use testkit::s3server::{http, http_with, S3Server, ACCESS_KEY, SECRET_KEY};
@@ -351,15 +354,6 @@ fn a_writer_whose_lease_was_broken_uploads_nothing_more_even_when_its_cache_is_f
     b.flush().unwrap();
     drop(b);
     assert!(!keys(&s, &p).iter().any(|k| k.ends_with(objstore::LEASE)), "b released its lease");
-}
-
-/// Waits (up to a minute) until `d` has no write-behind upload queued or running.
-fn settle(d: &objstore::ObjectDevice) {
-    let t0 = std::time::Instant::now();
-    while d.uploading() > 0 {
-        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "write-behind never ended");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 #[test]

@@ -3,6 +3,8 @@
 //! proxy, a second writer refused. After each, every byte written before the last
 //! successful flush reads back, and a failed flush stays failed until the volume is reopened.
 
+mod common;
+
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -160,11 +162,7 @@ fn a_failed_write_behind_upload_leaves_the_object_for_the_flush() {
     d.write_at(0, &pattern(7, 0, 1 << 20), WriteFlags::empty()).unwrap();
     // (Each failing upload takes its retries' 0.5 s of back-off: they are still under way.)
     assert!(d.uploading() > 0, "the filled objects went to write-behind");
-    let t0 = std::time::Instant::now();
-    while d.uploading() > 0 {
-        assert!(t0.elapsed() < Duration::from_secs(120), "write-behind never ended");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::settle(&d);
     proxy.set(Fault::Pass);
     d.flush().expect("the flush uploads what write-behind could not");
     drop(d);
