@@ -16,10 +16,10 @@
 //! What keeps it from wasting CPU:
 //! - **Only a queue-depth-1 connection polls**: one whose last 16 requests were each read
 //!   with nothing else of it executing or replying and nothing more already received, and
-//!   only while its reader's buffer is empty. A pipelining client (QD > 1) keeps CPUs busy, so its wake-ups are cheap, and a
-//!   poll would take CPU from it (4k QD32 reads measured a few percent slower with polls
-//!   between overlapping requests); over TLS the pump thread would lose the CPU, so TLS
-//!   connections never poll.
+//!   only while its reader's buffer is empty. A pipelining client (QD > 1) keeps CPUs
+//!   busy, so its wake-ups are cheap, and a poll would take CPU from it (4k QD32 reads
+//!   measured a few percent slower with polls between overlapping requests); over TLS the
+//!   pump thread would lose the CPU, so TLS connections never poll.
 //! - **It stops when it does not pay**: a connection polls only if its last wait for a
 //!   request was short (at most twice the budget, polled or not). A client that pauses
 //!   costs one poll of at most `busy_poll`, then its connection sleeps in `recv` again
@@ -89,14 +89,14 @@ impl BusyPoll {
         }
     }
 
-    /// Called by the worker holding the reader before it reads a request header: polls the
-    /// socket if no request is buffered and the policy allows. Returns a `Wait` to hand to
-    /// `waited` after the header has been read (a no-op when a request was already there).
     /// Whether polling can ever happen (a budget, and a CPU to spare for it).
     pub(crate) fn is_on(&self) -> bool {
         self.budget_ns > 0 && self.max_pollers > 0
     }
 
+    /// Called by the worker holding the reader before it reads a request header: polls the
+    /// socket if no request is buffered and the policy allows. Returns a `Wait` to hand to
+    /// `waited` after the header has been read (a no-op when a request was already there).
     /// `busy`: other requests of the connection are executing or replying, so its CPUs are
     /// not about to go idle and a wake-up is cheap: no poll (it would take CPU from them).
     pub(crate) fn before_read(&self, state: &PollState, r: &BufReader<Stream>, busy: bool) -> Wait {

@@ -114,8 +114,8 @@ pub struct ServerConfig {
     /// request first peeks at the socket without sleeping for up to this long, so a
     /// queue-depth-1 client's next request is seen without a wake-up of an idle CPU
     /// (`crate::poll`). Only a queue-depth-1 connection whose last wait was short polls,
-    /// never one over TLS, and at most half the CPUs poll at once (none on one CPU). `None` or zero: workers sleep in
-    /// `recv` at once.
+    /// never one over TLS, and at most half the CPUs poll at once (none on one CPU). `None`
+    /// or zero: workers sleep in `recv` at once.
     pub busy_poll: Option<Duration>,
 }
 

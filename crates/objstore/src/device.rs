@@ -590,12 +590,10 @@ impl Store {
 struct Inner {
     loc: Locator,
     rt: &'static tokio::runtime::Runtime,
-    op: Operator,
     size: u64,
     object_size: u64,
     cache_limit: u64,
     concurrency: usize,
-    timeout: Duration,
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
     cached: AtomicU64,
     clock: AtomicU64,
@@ -696,10 +694,6 @@ fn dal_kind(e: &opendal::Error) -> BlockErrorKind {
 }
 
 impl Inner {
-    fn where_(&self) -> String {
-        describe_endpoint(&self.loc)
-    }
-
     /// Runs `f` (built afresh per attempt) on the runtime with the request timeout, retrying
     /// temporary failures twice.
     fn run<T, F, Fut>(&self, what: &str, f: F) -> Result<T, opendal::Error>
@@ -707,7 +701,7 @@ impl Inner {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, opendal::Error>>,
     {
-        run_on(self.rt, self.timeout, what, f)
+        run_on(self.rt, self.st.timeout, what, f)
     }
 
     fn open(loc: Locator, create: bool) -> BlockResult<Inner> {
@@ -874,7 +868,6 @@ impl Inner {
             ended: Condvar::new(),
         });
         Ok(Inner {
-            op: op.clone(),
             cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
             concurrency,
             write_behind: loc.write_behind,
@@ -882,7 +875,6 @@ impl Inner {
             rt,
             size,
             object_size,
-            timeout,
             slots: Mutex::new(HashMap::new()),
             cached: AtomicU64::new(0),
             clock: AtomicU64::new(0),
@@ -920,11 +912,11 @@ impl Inner {
             "since": since,
         })
         .to_string();
-        let key = self.loc.key(LEASE);
-        let shown = self.loc.display();
+        let key = &self.st.lease_key;
+        let shown = &self.st.name;
         let conditional = !self.loc.break_lease;
         let r = self.run("taking the lease", || {
-            self.op.write_with(&key, body.clone()).if_not_exists(conditional).into_future()
+            self.st.op.write_with(key, body.clone()).if_not_exists(conditional).into_future()
         });
         match r {
             Ok(_) => {
@@ -936,7 +928,7 @@ impl Inner {
             }
             Err(e) if e.kind() == DalKind::ConditionNotMatch => {
                 let holder = self
-                    .run("reading the lease", || self.op.read(&key))
+                    .run("reading the lease", || self.st.op.read(key))
                     .map(|b| String::from_utf8_lossy(&b.to_vec()).into_owned())
                     .unwrap_or_else(|_| "unknown".into());
                 Err(err(
@@ -949,7 +941,7 @@ impl Inner {
             }
             Err(e) => Err(err(
                 BlockErrorKind::Io,
-                format!("{shown}: taking the lease at {} failed: {e}", self.where_()),
+                format!("{shown}: taking the lease at {} failed: {e}", self.st.endpoint),
             )),
         }
     }
@@ -977,7 +969,7 @@ impl Inner {
         let r = match ahead {
             Some(p) => p.take(),
             None if !lock(&self.st.present).contains(&idx) => return Ok(Buffer::from(vec![0; want])),
-            None => self.run("downloading", || self.op.read(&key)),
+            None => self.run("downloading", || self.st.op.read(&key)),
         };
         match r {
             Ok(b) if b.len() == want => Ok(b),
@@ -1230,8 +1222,7 @@ impl Drop for Inner {
         }
         self.st.stop();
         if lock(&self.st.lease).take().is_some() {
-            let key = self.loc.key(LEASE);
-            if let Err(e) = self.run("releasing the lease", || self.op.delete(&key)) {
+            if let Err(e) = self.run("releasing the lease", || self.st.op.delete(&self.st.lease_key)) {
                 log::warn!("{}: releasing the lease failed: {e}", self.loc.display());
             }
         }
