@@ -319,7 +319,8 @@ struct Store {
     name: String,
     endpoint: String,
     lease_key: String,
-    /// Uploads in flight at once, write-behind's and a flush's (or eviction's) each.
+    /// Requests in flight at once (`concurrency=`): write-behind uploads, a flush's or an
+    /// eviction's uploads, and read-ahead downloads each.
     limit: usize,
     /// Objects that exist in the store (from the listing at open, kept by uploads).
     present: Mutex<HashSet<u64>>,
@@ -593,7 +594,6 @@ struct Inner {
     size: u64,
     object_size: u64,
     cache_limit: u64,
-    concurrency: usize,
     slots: Mutex<HashMap<u64, Arc<Slot>>>,
     cached: AtomicU64,
     clock: AtomicU64,
@@ -869,7 +869,6 @@ impl Inner {
         });
         Ok(Inner {
             cache_limit: loc.cache.unwrap_or(crate::DEFAULT_CACHE).max(2 * object_size),
-            concurrency,
             write_behind: loc.write_behind,
             loc,
             rt,
@@ -990,7 +989,7 @@ impl Inner {
     /// reach it), fewer when that would hold more than the cache's size (never fewer than
     /// may download at once).
     fn ahead_window(&self) -> u64 {
-        ahead_sizes(self.concurrency, self.ahead.budget, self.object_size, self.cache_limit).1
+        ahead_sizes(self.st.limit, self.ahead.budget, self.object_size, self.cache_limit).1
     }
 
     /// After a miss on `idx` right behind the previous miss (a sequential reader), queues
@@ -1052,7 +1051,7 @@ impl Inner {
                 let Ok(mut st) = s.state.try_lock() else { continue };
                 let Some(d) = st.data.as_ref() else { continue };
                 if st.dirty {
-                    if dirty.len() < self.concurrency {
+                    if dirty.len() < self.st.limit {
                         dirty.push((*idx, Arc::clone(s)));
                     }
                     continue;
@@ -1093,7 +1092,7 @@ impl Inner {
             futures::stream::iter(slots)
                 .filter_map(|(i, s)| async move { Store::snapshot(&s).map(|(d, g)| (i, s, d, g)) })
                 .map(|(i, s, d, g)| async move { self.st.put(i, &self.data_key(i), &s, d, g).await })
-                .buffer_unordered(self.concurrency)
+                .buffer_unordered(self.st.limit)
                 .collect(),
         );
         self.st.release(&idxs);
