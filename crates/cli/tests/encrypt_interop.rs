@@ -822,7 +822,7 @@ fn data_shift_decryption_killed_mid_run_resumes_in_the_other_tool() {
     let src = luks_on_device(size, "32M");
     let prepare = || clone_disk(&src);
     // cryptsetup killed, sealdisk resumes.
-    let (d, _) = killed_mid_run(prepare, |d| {
+    let (d, cs_hot) = killed_mid_run(prepare, |d| {
         let mut c = Command::new("cryptsetup");
         // Killed while it copies the header, it leaves its temporary file in its directory.
         c.args(cs_args(d, &["--decrypt"])).current_dir(d._dir.path());
@@ -835,6 +835,24 @@ fn data_shift_decryption_killed_mid_run_resumes_in_the_other_tool() {
         let copy = clone_disk(&d);
         let n = (size - reduce) as usize;
         let model = serve_mid_shift_decryption(&copy, &plaintext(size as usize, 0)[..n], reduce);
+        // Serving recovers only a last hotzone (the moved ciphertext decrypted in place); a
+        // forward hotzone left in reencryption is served from its intact source and stays
+        // flagged, so cryptsetup still asks for its repair, as it does before any open.
+        if cs_hot && copy.in_progress() == Some(true) {
+            eprintln!("a forward hotzone is still flagged after serving: cryptsetup repair");
+            ok(
+                &cs(&[
+                    "repair",
+                    "--batch-mode",
+                    "--header",
+                    copy.hdr(),
+                    "--key-file",
+                    copy.pass(),
+                    copy.data(),
+                ]),
+                "cryptsetup repair after sealdisk's writes",
+            );
+        }
         ok(&csr(&copy, &["--resume-only"]), "cryptsetup resume after sealdisk's writes");
         assert_shift_decrypted_to(&copy, &model);
     }
