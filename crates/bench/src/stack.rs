@@ -37,7 +37,7 @@ use targets::CryptMode;
 use volume::integrity::IntegrityParams;
 use volume::luks::CryptOptions;
 use volume::plain::PlainParams;
-use volume::{FormatSpec, Layer, Spec, Storage};
+use volume::{FormatSpec, Keys, Layer, Spec, Storage};
 
 use crate::locks::GlobalLocked;
 use crate::spec::{parse_bool, parse_size};
@@ -655,7 +655,8 @@ impl StackSpec {
                     return Ok(below);
                 }
                 let storage = Storage::new(below, storage.name);
-                return self.open(Spec::Plain(self.plain_params(&secrets.crypt_key)), storage, &opts, p);
+                let spec = Spec::Plain(self.plain_params(&secrets.crypt_key));
+                return self.open(spec, Keys::none(), storage, &opts, p);
             }
             StackKind::Integrity => Spec::Integrity(self.integrity_params(&secrets.hmac_key)),
             StackKind::CryptIntegrity => Spec::Layers(vec![
@@ -665,27 +666,30 @@ impl StackSpec {
             StackKind::Luks2 | StackKind::Luks2Integrity => {
                 let pass = secrets.passphrase();
                 let mut once = volume::OnePassphrase::new(&pass);
-                let mut l = volume::LuksSpec::new(&mut once);
-                l.version = Some(volume::luks::LuksVersion::V2);
-                l.integrity_no_journal =
-                    self.kind == StackKind::Luks2Integrity && self.integrity.mode == Mode::Direct;
+                let mut l = volume::LuksSpec {
+                    version: Some(volume::luks::LuksVersion::V2),
+                    integrity_no_journal: self.kind == StackKind::Luks2Integrity
+                        && self.integrity.mode == Mode::Direct,
+                    ..volume::LuksSpec::default()
+                };
                 if self.kind == StackKind::Luks2Integrity && !l.integrity_no_journal {
                     l.integrity_journal.watermark = self.integrity.journal_watermark;
                 }
-                return self.open(Spec::Luks(l), storage, &opts, p);
+                return self.open(Spec::Luks(l), Keys::passphrase(&mut once), storage, &opts, p);
             }
         };
-        self.open(spec, storage, &opts, p)
+        self.open(spec, Keys::none(), storage, &opts, p)
     }
 
     fn open(
         &self,
-        spec: Spec<'_>,
+        spec: Spec,
+        keys: Keys<'_>,
         storage: Storage,
         opts: &volume::OpenOptions,
         p: &str,
     ) -> Result<Arc<dyn BlockDevice>, BenchError> {
-        volume::open(spec, storage, opts)
+        volume::open_storage(storage, spec, keys, opts)
             .map(|v| v.device)
             .map_err(|e| BenchError::setup(format!("opening {} on {p}", self.describe()), e))
     }
