@@ -10,6 +10,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
         *sorted((ROOT / "docs/decisions").glob("*.md")),
         *sorted((ROOT / "docs/book/src").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# Pages another branch is adding (docs/LIBRARY.md comes with bindings/): a link to one of them
+# is reported but not failed while it is missing.
+PENDING = {ROOT / "docs/LIBRARY.md"}
 
 
 def prose(text):
@@ -43,8 +46,12 @@ def broken_links():
         for target in LINK.findall(prose(doc.read_text())):
             if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
                 continue  # a URL or an anchor in the same page
-            path = target.split("#", 1)[0]
-            if not (doc.parent / path).exists():
+            path = (doc.parent / target.split("#", 1)[0]).resolve()
+            if path.exists():
+                continue
+            if path in PENDING:
+                print(f"doccheck: pending (not yet in the tree): {doc.relative_to(ROOT)}: {target}")
+            else:
                 bad.append(f"{doc.relative_to(ROOT)}: {target}")
     return bad
 
