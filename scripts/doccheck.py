@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the docs: every relative link in README.md, docs/*.md and the book resolves to an
-existing file (anchors are not checked); with --moved OLD_README, also that every line of
+"""Checks the docs: every relative link in README.md, docs/*.md, docs/decisions and the book
+resolves to an existing file (anchors are not checked), and so does every path of the tree
+they quote in backticks (`crates/…`, `scripts/…`, `testdata/…`; not patterns); with --moved OLD_README, also that every line of
 OLD_README's fenced code blocks appears in a fenced block of README.md or the book (the
 check run when the README's reference moved into docs/book)."""
 import pathlib, re, sys
@@ -56,6 +57,19 @@ def broken_links():
     return bad
 
 
+def stale_paths():
+    bad = []
+    for doc in DOCS:
+        if not doc.exists():
+            continue
+        for path in re.findall(r"`((?:crates|scripts|testdata|schemas|fuzz)/[^`\s]+)`", doc.read_text()):
+            if any(c in path for c in "<*{"):
+                continue  # a pattern, not a path
+            if not (ROOT / path.rstrip(".,:)")).exists():
+                bad.append(f"{doc.relative_to(ROOT)}: {path}")
+    return bad
+
+
 def lost_lines(old):
     have = set(fenced((ROOT / "README.md").read_text()))
     for doc in (ROOT / "docs/book/src").rglob("*.md"):
@@ -65,6 +79,7 @@ def lost_lines(old):
 
 def main():
     problems = [f"broken link: {b}" for b in broken_links()]
+    problems += [f"no such file: {b}" for b in stale_paths()]
     if len(sys.argv) == 3 and sys.argv[1] == "--moved":
         problems += [f"lost command line: {l}" for l in lost_lines(sys.argv[2])]
     for p in problems:
