@@ -164,20 +164,7 @@ fn parse_integrity_mode(s: &str) -> Result<Mode, BenchError> {
 }
 
 fn parse_hash_mode(s: &str) -> Result<HashMode, BenchError> {
-    Ok(match s {
-        "inline" => HashMode::Inline,
-        "pool" => HashMode::Pool,
-        "auto" => HashMode::Auto,
-        _ => return Err(BenchError::usage(format!("hash-mode={s}: expected inline, pool or auto"))),
-    })
-}
-
-fn hash_mode_name(m: HashMode) -> &'static str {
-    match m {
-        HashMode::Inline => "inline",
-        HashMode::Pool => "pool",
-        HashMode::Auto => "auto",
-    }
+    s.parse().map_err(|_| BenchError::usage(format!("hash-mode={s}: expected inline, pool or auto")))
 }
 
 /// PBKDF2 iterations of the bench's LUKS2 keyslot: the minimum, so that opening costs nothing.
@@ -233,20 +220,7 @@ impl Default for StackSpec {
 }
 
 fn parse_mode(s: &str) -> Result<CryptMode, BenchError> {
-    Ok(match s {
-        "auto" => CryptMode::Auto,
-        "pool" => CryptMode::Pool,
-        "inline" => CryptMode::Inline,
-        _ => return Err(BenchError::usage(format!("crypt-mode={s}: expected auto, pool or inline"))),
-    })
-}
-
-fn mode_name(m: CryptMode) -> &'static str {
-    match m {
-        CryptMode::Auto => "auto",
-        CryptMode::Pool => "pool",
-        CryptMode::Inline => "inline",
-    }
+    s.parse().map_err(|_| BenchError::usage(format!("crypt-mode={s}: expected auto, pool or inline")))
 }
 
 impl StackSpec {
@@ -324,7 +298,7 @@ impl StackSpec {
                 self.key_bits,
                 self.sector_size,
                 if self.iv_large_sectors { ", iv_large_sectors" } else { "" },
-                mode_name(self.crypt_mode)
+                self.crypt_mode.name()
             )
         };
         let i = &self.integrity;
@@ -335,7 +309,7 @@ impl StackSpec {
                 i.mode.letter(),
                 i.block_size,
                 i.buffer_sectors,
-                hash_mode_name(i.hash_mode)
+                i.hash_mode.name()
             );
             if let Some(n) = i.interleave_sectors {
                 s.push_str(&format!(", interleave_sectors={n}"));

@@ -352,7 +352,7 @@ pub fn open_storage(
             crypt_volume(storage, table, opts, VolumeKind::Plain, Vec::new(), None)
         }
         Spec::Table(t) => crypt_volume(storage, t, opts, VolumeKind::Plain, Vec::new(), None),
-        Spec::Integrity(p) => open_integrity(&p, storage),
+        Spec::Integrity(p) => open_integrity(&p, storage, opts),
         Spec::Layers(layers) => open_layers(layers, storage, opts),
         Spec::Tcrypt(t) => crate::tcrypt::open(t, &mut keys, storage, opts),
         Spec::Fvault2(f) => open_fvault2(f, &mut keys, storage, opts),
@@ -376,7 +376,7 @@ fn open_auto(
     log::info!("{}: {} found.", storage.name, found.name());
     match found {
         Format::Luks1 | Format::Luks2 { .. } => open_luks(a.luks, keys, storage, opts),
-        Format::Integrity => open_integrity(&a.integrity, storage),
+        Format::Integrity => open_integrity(&a.integrity, storage, opts),
         Format::Bitlk => open_bitlk(keys, storage, opts),
         Format::Fvault2 => open_fvault2(Fvault2Spec { kdf_limits: a.luks.kdf_limits }, keys, storage, opts),
         _ => match a.tcrypt {
@@ -387,7 +387,9 @@ fn open_auto(
     }
 }
 
-fn open_integrity(p: &IntegrityParams, storage: Storage) -> Result<Volume, VolumeError> {
+/// A standalone dm-integrity volume; read-only when either `p` or `opts` says so.
+fn open_integrity(p: &IntegrityParams, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    let p = &IntegrityParams { read_only: p.read_only || opts.read_only, ..p.clone() };
     let t = crate::integrity::open_on(storage.device, &storage.name, p)?;
     let layer = crate::integrity::layer_table(&t, &storage.name, p);
     Ok(Volume {

@@ -96,12 +96,17 @@ impl Storage {
         if bytes <= self.size() {
             return Ok(self.clone());
         }
-        let Some(file) = &self.file else {
-            let source = blockdev::BlockError::new(
-                blockdev::BlockErrorKind::Unsupported,
-                format!("{} ({:?} storage) cannot be grown here", self.name, self.kind),
-            );
-            return Err(VolumeError::Device { path: self.name.clone(), source });
+        let what = match self.kind {
+            StorageKind::File => None,
+            StorageKind::BlockDevice => Some("a block device"),
+            StorageKind::Object => Some("object storage"),
+            StorageKind::Other => Some("a device the caller built"),
+        };
+        let (None, Some(file)) = (what, &self.file) else {
+            return Err(VolumeError::NotGrowable {
+                path: self.name.clone(),
+                what: what.unwrap_or("unknown"),
+            });
         };
         file.grow_file(bytes).map_err(|source| VolumeError::Device { path: self.name.clone(), source })?;
         self.remeasured()

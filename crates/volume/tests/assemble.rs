@@ -309,7 +309,13 @@ fn open_by_locator_reads_a_file() {
     let path = dir.path().join("integrity.img");
     std::fs::File::create(&path).unwrap().set_len(16 << 20).unwrap();
     let path = path.to_str().unwrap().to_owned();
-    let ip = IntegrityParams { integrity: "crc32c".into(), ..IntegrityParams::default() };
+    // Direct mode: what was written is on the data area once flushed, so the read-only
+    // open below has no journal to replay.
+    let ip = IntegrityParams {
+        integrity: "crc32c".into(),
+        mode: volume::integrity::Mode::Direct,
+        ..IntegrityParams::default()
+    };
     let rw = OpenOptions::default();
     let s = volume::storage::open(&path, &rw.storage()).unwrap();
     volume::format(FormatSpec::Integrity { params: ip.clone(), salt: [1; 16], no_wipe: false }, &s, go)

@@ -166,23 +166,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn mode_name(m: volume::CryptMode) -> &'static str {
-    match m {
-        volume::CryptMode::Auto => "auto",
-        volume::CryptMode::Pool => "pool",
-        volume::CryptMode::Inline => "inline",
-    }
-}
-
-fn parse_mode(s: &str) -> Option<volume::CryptMode> {
-    match s {
-        "auto" => Some(volume::CryptMode::Auto),
-        "pool" => Some(volume::CryptMode::Pool),
-        "inline" => Some(volume::CryptMode::Inline),
-        _ => None,
-    }
-}
-
 /// The flag words of `cryptsetup status` for `o`.
 fn flag_words(o: &CryptOptions) -> Vec<String> {
     [
@@ -222,7 +205,7 @@ impl Live {
             base.offset = t.offset;
             base.size = t.len;
             base.skipped = t.iv_offset;
-            base.crypt_mode = Some(mode_name(rebuild.opts.crypt_mode).into());
+            base.crypt_mode = Some(rebuild.opts.crypt_mode.name().into());
             rebuild.flags = CryptOptions { integrity_aead: None, ..t.options };
             // One table cannot rebuild a volume mid-reencryption (two segments, two keys):
             // `refresh` and `resize` refuse it as they refuse an authenticated one, and the
@@ -316,7 +299,7 @@ impl Live {
         if let Some(r) = &*lock(&self.rebuild) {
             s.flags = flag_words(&r.flags);
             if s.crypt_mode.is_some() {
-                s.crypt_mode = Some(mode_name(r.opts.crypt_mode).into());
+                s.crypt_mode = Some(r.opts.crypt_mode.name().into());
             }
         }
         if s.suspended {
@@ -433,7 +416,7 @@ impl Live {
         }
         let mut opts = r.opts;
         if let Some(m) = &want.crypt_mode {
-            match parse_mode(m) {
+            match m.parse::<volume::CryptMode>().ok() {
                 Some(m) => opts.crypt_mode = m,
                 None => return Response::err(exit::BAD_ARGS, format!("invalid --crypt-mode {m:?}")),
             }
