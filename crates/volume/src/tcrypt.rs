@@ -187,6 +187,58 @@ impl TcryptUnlocked {
     pub fn volume_key(&self) -> Option<VolumeKey> {
         self.chain.volume_key(&self.header.keys[..]).map(|k| VolumeKey::from_slice(&k))
     }
+
+    /// cryptsetup's `tcryptDump` text of this header (`TCRYPT_dump`) for `device`.
+    pub fn dump(&self, device: &str) -> String {
+        let h = &self.header;
+        let who = if h.magic == formats::tcrypt::Magic::TrueCrypt { "TCRYPT" } else { "VERACRYPT" };
+        format!(
+            "{who} header information for {device}\n\
+             Version:       \t{}\n\
+             Driver req.:\t{:x}.{:x}\n\
+             Sector size:\t{}\n\
+             MK offset:\t{}\n\
+             PBKDF2 hash:\t{}\n\
+             Cipher chain:\t{}\n\
+             Cipher mode:\t{}\n\
+             MK bits:       \t{}\n",
+            h.version,
+            h.version_tc >> 8,
+            h.version_tc & 0xff,
+            h.sector_size,
+            h.mk_offset,
+            self.kdf.hash,
+            self.chain.name,
+            self.chain.mode.name(),
+            self.chain.key_size * 8
+        )
+    }
+
+    /// cryptsetup's `tcryptDump --dump-volume-key` text for `device` of `device_size`
+    /// bytes (the payload offset is the layout's there, 0 when it has none), in zeroizing
+    /// memory: it holds the key.
+    pub fn dump_volume_key(&self, device: &str, device_size: u64) -> Option<Zeroizing<String>> {
+        use std::fmt::Write as _;
+        let vk = self.volume_key()?;
+        let offset = layout(self, device_size).map(|l| l.offset).unwrap_or(0);
+        let mut hex = Zeroizing::new(String::with_capacity(vk.len() * 3 + vk.len() / 16 * 3));
+        for (i, b) in vk.as_bytes().iter().enumerate() {
+            if i > 0 {
+                hex.push_str(if i % 16 == 0 { "\n\t\t" } else { " " });
+            }
+            let _ = write!(hex, "{b:02x}");
+        }
+        let mut out = Zeroizing::new(String::with_capacity(hex.len() + 256));
+        let _ = write!(
+            out,
+            "TCRYPT header information for {device}\nCipher chain:  \t{}\nCipher mode:   \t{}\nPayload offset:\t{offset}\nMK bits:       \t{}\nMK dump:\t{}\n",
+            self.chain.name,
+            self.chain.mode.name(),
+            vk.len() * 8,
+            hex.as_str()
+        );
+        Some(out)
+    }
 }
 
 fn wrap(path: &str) -> impl Fn(TcryptVolumeError) -> VolumeError + '_ {

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use formats::tcrypt::{HeaderFlags, Magic, KEYFILE_MAX};
+use formats::tcrypt::{HeaderFlags, KEYFILE_MAX};
 use sector_crypto::kdf::Passphrase;
 use volume::tcrypt::{TcryptSpec, TcryptUnlocked};
 use volume::{OpenOptions, PassphraseSource, VolumeError};
@@ -229,32 +229,6 @@ pub struct DumpArgs {
     pub tcrypt: TcryptArgs,
 }
 
-/// cryptsetup's `tcryptDump` text (`TCRYPT_dump`).
-pub fn dump_text(u: &TcryptUnlocked, device: &str) -> String {
-    let h = &u.header;
-    let who = if h.magic == Magic::TrueCrypt { "TCRYPT" } else { "VERACRYPT" };
-    format!(
-        "{who} header information for {device}\n\
-         Version:       \t{}\n\
-         Driver req.:\t{:x}.{:x}\n\
-         Sector size:\t{}\n\
-         MK offset:\t{}\n\
-         PBKDF2 hash:\t{}\n\
-         Cipher chain:\t{}\n\
-         Cipher mode:\t{}\n\
-         MK bits:       \t{}\n",
-        h.version,
-        h.version_tc >> 8,
-        h.version_tc & 0xff,
-        h.sector_size,
-        h.mk_offset,
-        u.kdf.hash,
-        u.chain.name,
-        u.chain.mode.name(),
-        u.chain.key_size * 8
-    )
-}
-
 /// Runs `sealdisk tcryptDump`.
 pub fn dump(a: DumpArgs) -> Result<()> {
     a.tcrypt.check()?;
@@ -263,7 +237,7 @@ pub fn dump(a: DumpArgs) -> Result<()> {
     let storage = volume::storage::open(&a.device, &opts.storage())?;
     let u = unlock(&a.device, &a.tcrypt, &a.key_file, a.cipher.as_deref(), a.tries, &storage)?;
     if !a.dump_volume_key {
-        print!("{}", dump_text(&u, &a.device));
+        print!("{}", u.dump(&a.device));
         return Ok(());
     }
     confirm(
@@ -272,23 +246,9 @@ pub fn dump(a: DumpArgs) -> Result<()> {
          This dump should be always stored encrypted on safe place.",
         a.batch_mode,
     )?;
-    let vk = u.volume_key().context("volume key")?;
-    let offset = volume::tcrypt::layout(&u, storage.size()).map(|l| l.offset).unwrap_or(0);
-    let mut hex = zeroize::Zeroizing::new(String::new());
-    for (i, b) in vk.as_bytes().iter().enumerate() {
-        if i > 0 {
-            hex.push_str(if i % 16 == 0 { "\n\t\t" } else { " " });
-        }
-        hex.push_str(&format!("{b:02x}"));
-    }
-    print!(
-        "TCRYPT header information for {}\nCipher chain:  \t{}\nCipher mode:   \t{}\nPayload offset:\t{offset}\nMK bits:       \t{}\nMK dump:\t{}\n",
-        a.device,
-        u.chain.name,
-        u.chain.mode.name(),
-        vk.len() * 8,
-        hex.as_str()
-    );
+    let text = u.dump_volume_key(&a.device, storage.size()).context("volume key")?;
+    // Straight to stdout: no copy of the key outside zeroizing memory.
+    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()).context("writing the dump")?;
     Ok(())
 }
 

@@ -117,7 +117,12 @@ impl Live {
     /// opens again at the new size (`volume::integrity::regrow`). `--size` maps fewer
     /// sectors than the volume provides (a window of it); more are refused with
     /// cryptsetup's "Device ... is too small.".
-    pub(super) fn resize_integrity(&self, g: &mut IntegrityRegrow, sectors: Option<u64>, wipe: bool) -> Response {
+    pub(super) fn resize_integrity(
+        &self,
+        g: &mut IntegrityRegrow,
+        sectors: Option<u64>,
+        wipe: bool,
+    ) -> Response {
         if self.gate.is_held() {
             return Response::err(exit::BUSY, format!("Device {} is suspended.", self.name));
         }
