@@ -122,7 +122,8 @@ static void luks2(const char *path, const char *pass, const char *new_pass) {
     FAILS_WITH(SEALDISK_E_NULL_ARG, sealdisk_open(path, u8(pass), strlen(pass), 0, NULL));
     FAILS_WITH(SEALDISK_E_NULL_ARG, sealdisk_open(path, NULL, 5, 0, &vol));
     FAILS_WITH(SEALDISK_E_USAGE, sealdisk_open(path, u8(pass), strlen(pass), 0x80, &vol));
-    FAILS_WITH(SEALDISK_E_USAGE, sealdisk_open(path, NULL, 0, SEALDISK_READ_ONLY, &vol));
+    /* No passphrase: nothing to try, as a wrong one. */
+    FAILS_WITH(SEALDISK_E_WRONG_KEY, sealdisk_open(path, NULL, 0, SEALDISK_READ_ONLY, &vol));
     FAILS_WITH(SEALDISK_E_NULL_ARG, sealdisk_read(NULL, 0, (uint8_t *)&checks, 1));
     FAILS_WITH(SEALDISK_E_NULL_ARG, sealdisk_write(NULL, 0, u8("x"), 1));
     FAILS_WITH(SEALDISK_E_NULL_ARG, sealdisk_flush(NULL));

@@ -67,7 +67,12 @@ fn json_to_py<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
     py.import("json")?.call_method1("loads", (text,))
 }
 
-fn pbkdf(kind: Option<String>, iterations: Option<u32>, memory_kib: Option<u32>, parallel: Option<u32>) -> Pbkdf {
+fn pbkdf(
+    kind: Option<String>,
+    iterations: Option<u32>,
+    memory_kib: Option<u32>,
+    parallel: Option<u32>,
+) -> Pbkdf {
     Pbkdf { kind, iterations, memory_kib, parallel }
 }
 
@@ -174,7 +179,12 @@ impl Volume {
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { ", closed" } else { "" };
-        format!("<sealdisk.Volume {} {} bytes{}{state}>", self.kind, self.size, if self.read_only { ", read-only" } else { "" })
+        format!(
+            "<sealdisk.Volume {} {} bytes{}{state}>",
+            self.kind,
+            self.size,
+            if self.read_only { ", read-only" } else { "" }
+        )
     }
 }
 
@@ -183,7 +193,12 @@ impl Volume {
 /// (shared when read-only, exclusive when read-write) until the volume is closed.
 #[pyfunction]
 #[pyo3(signature = (path, passphrase=None, read_only=true))]
-fn open(py: Python<'_>, path: &str, passphrase: Option<&Bound<'_, PyAny>>, read_only: bool) -> PyResult<Volume> {
+fn open(
+    py: Python<'_>,
+    path: &str,
+    passphrase: Option<&Bound<'_, PyAny>>,
+    read_only: bool,
+) -> PyResult<Volume> {
     let pass = passphrase.map(|p| pass_bytes(p, "passphrase")).transpose()?;
     let v = py.detach(|| embed::Volume::open(path, pass, read_only)).map_err(to_py)?;
     Ok(Volume {
@@ -275,9 +290,9 @@ fn dump_json<'py>(py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyAny>> {
 mod sealdisk {
     #[pymodule_export]
     use super::{
-        dump_json, keyslot_add, keyslot_kill, keyslot_remove, luks_format, open, probe, BusyError, CorruptError,
-        DeviceIOError, Error, InternalError, PermissionDeniedError, TooSmallError, UnsupportedError, UsageError,
-        Volume, WrongKeyError,
+        dump_json, keyslot_add, keyslot_kill, keyslot_remove, luks_format, open, probe, BusyError,
+        CorruptError, DeviceIOError, Error, InternalError, PermissionDeniedError, TooSmallError,
+        UnsupportedError, UsageError, Volume, WrongKeyError,
     };
 
     #[pymodule_init]

@@ -117,14 +117,14 @@ def test_errors_by_kind(luks2, tmp_path):
         sealdisk.open(luks2, "not it")
     assert "not it" not in str(e.value) and "No key available" in str(e.value)
     assert isinstance(e.value, sealdisk.Error)
-    with pytest.raises(sealdisk.UsageError):
-        sealdisk.open(luks2)  # no passphrase
+    with pytest.raises(sealdisk.WrongKeyError):
+        sealdisk.open(luks2)  # no passphrase: nothing to try
     with pytest.raises(sealdisk.DeviceIOError):
         sealdisk.open(str(tmp_path / "missing.img"), PASS)
     blank = tmp_path / "blank.img"
     blank.write_bytes(bytes(1 << 20))
-    with pytest.raises(sealdisk.UnsupportedError):
-        sealdisk.open(str(blank), PASS)
+    with pytest.raises(sealdisk.UsageError, match="not a valid LUKS device"):
+        sealdisk.open(str(blank), PASS)  # nothing recognised
     with pytest.raises(sealdisk.UsageError):
         sealdisk.keyslot_remove(str(blank), PASS)  # not LUKS
     with pytest.raises(TypeError):
