@@ -177,9 +177,11 @@ void sealdisk_string_free(char *s);
 int sealdisk_probe(const char *path, char **out_json);
 
 /**
- * Opens the volume on `path` (probed: LUKS1, LUKS2 (also authenticated), BitLocker,
- * FileVault2, ...) with the passphrase's `passphrase_len` bytes (NULL with length 0: no
- * passphrase). `flags`: `SEALDISK_READ_ONLY`, or 0 for read-write. The device is locked
+ * Opens the volume on `path` (probed by the library: LUKS1, LUKS2 (also authenticated),
+ * dm-integrity, BitLocker, FileVault2) with the passphrase's `passphrase_len` bytes (NULL
+ * with length 0: no passphrase, and an encrypted volume fails with `SEALDISK_E_WRONG_KEY`;
+ * a device with nothing recognised fails with `SEALDISK_E_USAGE`). `flags`:
+ * `SEALDISK_READ_ONLY`, or 0 for read-write. The device is locked
  * (shared when read-only, exclusive when read-write) until `sealdisk_close`. On success
  * `*out_volume` is the volume; on failure NULL.
  *

@@ -327,9 +327,11 @@ pub unsafe extern "C" fn sealdisk_probe(path: *const c_char, out_json: *mut *mut
     })
 }
 
-/// Opens the volume on `path` (probed: LUKS1, LUKS2 (also authenticated), BitLocker,
-/// FileVault2, ...) with the passphrase's `passphrase_len` bytes (NULL with length 0: no
-/// passphrase). `flags`: `SEALDISK_READ_ONLY`, or 0 for read-write. The device is locked
+/// Opens the volume on `path` (probed by the library: LUKS1, LUKS2 (also authenticated),
+/// dm-integrity, BitLocker, FileVault2) with the passphrase's `passphrase_len` bytes (NULL
+/// with length 0: no passphrase, and an encrypted volume fails with `SEALDISK_E_WRONG_KEY`;
+/// a device with nothing recognised fails with `SEALDISK_E_USAGE`). `flags`:
+/// `SEALDISK_READ_ONLY`, or 0 for read-write. The device is locked
 /// (shared when read-only, exclusive when read-write) until `sealdisk_close`. On success
 /// `*out_volume` is the volume; on failure NULL.
 ///

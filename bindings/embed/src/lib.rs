@@ -201,8 +201,9 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// Opens the volume at `path` (probed: LUKS1, LUKS2, BitLocker, FileVault2, ...)
-    /// with `passphrase`, read-only or read-write. The storage is locked as cryptsetup
+    /// Opens the volume at `path` (probed: LUKS1, LUKS2, dm-integrity, BitLocker,
+    /// FileVault2) with `passphrase` (`None`: no key, so an encrypted volume fails as a
+    /// wrong key would), read-only or read-write. The storage is locked as cryptsetup
     /// locks it: shared when read-only, exclusive when read-write.
     ///
     /// This is `volume::open` with `Spec::auto()`: the library probes and picks the format;
