@@ -138,6 +138,13 @@ impl Volume {
     /// Reads `length` bytes at byte `offset` (any offset and length inside the volume).
     fn read<'py>(&self, py: Python<'py>, offset: u64, length: usize) -> PyResult<Bound<'py, PyBytes>> {
         let v = self.get()?;
+        // Checked before the buffer is allocated: a huge length is an error, not an abort.
+        if (length as u64).checked_add(offset).is_none_or(|end| end > self.size) {
+            let size = self.size;
+            return Err(UsageError::new_err(format!(
+                "a read of {length} bytes at offset {offset} goes past the end of the volume ({size} bytes)"
+            )));
+        }
         let mut buf = vec![0u8; length];
         py.detach(|| v.read_at(offset, &mut buf)).map_err(to_py)?;
         Ok(PyBytes::new(py, &buf))

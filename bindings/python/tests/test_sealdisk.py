@@ -136,6 +136,10 @@ def test_errors_by_kind(luks2, tmp_path):
             v.write(1, b"x" * v.block_size)  # unaligned
         with pytest.raises(sealdisk.UsageError):
             v.read(v.size - 1, 2)  # past the end
+        with pytest.raises(sealdisk.UsageError):
+            v.read(0, 1 << 62)  # refused before anything is allocated
+        with pytest.raises(OverflowError):
+            v.read(-1, 1)
     with pytest.raises(sealdisk.UsageError):
         v.read(0, 512)  # closed
     v.close()  # twice is fine
