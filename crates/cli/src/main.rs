@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod actions;
+mod args;
 mod control;
 mod daemon;
 mod hardening;

@@ -1,4 +1,5 @@
-//! The README's "A LUKS2 volume's life" block, run as written: each `sealdisk` line is run
+//! The book's "A LUKS2 volume's life" block (docs/book/src/keyslots-tokens.md, the
+//! walkthrough the README links to), run as written: each `sealdisk` line is run
 //! (with the test's binary, its own runtime directory and socket path, and cheap KDF
 //! options added to the commands that make keyslots), `keyctl padd` is done with the same
 //! add_key call, and a comment after `sealdisk status` is text the status must show.
@@ -11,9 +12,9 @@ use std::process::{Command, Stdio};
 use common::{bin, runtime_dir, FAST_PBKDF2};
 
 fn block() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
-    let sec = readme.split("### A LUKS2 volume's life").nth(1).expect("the walkthrough section");
+    let chapter = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/book/src/keyslots-tokens.md");
+    let text = std::fs::read_to_string(&chapter).unwrap();
+    let sec = text.split("# A LUKS2 volume's life").nth(1).expect("the walkthrough section");
     let code = sec.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
     code.lines().map(str::to_owned).collect()
 }
@@ -76,7 +77,7 @@ fn the_lifecycle_walkthrough_runs_as_written() {
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 assert!(
                     out.status.success(),
-                    "README line `{line}` failed ({}): {text}\n{}",
+                    "walkthrough line `{line}` failed ({}): {text}\n{}",
                     out.status,
                     String::from_utf8_lossy(&out.stderr)
                 );
@@ -85,11 +86,11 @@ fn the_lifecycle_walkthrough_runs_as_written() {
                 }
                 if args[0] == "status" {
                     if let Some(want) = comment {
-                        assert!(text.contains(&want), "README line `{line}`: status lacks {want:?}:\n{text}");
+                        assert!(text.contains(&want), "line `{line}`: status lacks {want:?}:\n{text}");
                     }
                 }
             }
-            other => panic!("README walkthrough line with an unknown command {other:?}: {line}"),
+            other => panic!("walkthrough line with an unknown command {other:?}: {line}"),
         }
     }
     assert!(!servers.is_empty());

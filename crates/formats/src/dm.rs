@@ -145,6 +145,40 @@ pub struct CryptOptions {
 }
 
 impl CryptOptions {
+    /// These flags with those a LUKS2 header stores (`config.flags`, or a segment's
+    /// `flags`: `allow-discards`, `same-cpu-crypt`, `submit-from-crypt-cpus`,
+    /// `no-read-workqueue`, `no-write-workqueue`, `high_priority`) added; other names (and
+    /// every other field) are left as they are.
+    pub fn with_persistent<S: AsRef<str>>(&self, stored: &[S]) -> CryptOptions {
+        let has = |f: &str| stored.iter().any(|x| x.as_ref() == f);
+        CryptOptions {
+            allow_discards: self.allow_discards || has("allow-discards"),
+            same_cpu_crypt: self.same_cpu_crypt || has("same-cpu-crypt"),
+            submit_from_crypt_cpus: self.submit_from_crypt_cpus || has("submit-from-crypt-cpus"),
+            no_read_workqueue: self.no_read_workqueue || has("no-read-workqueue"),
+            no_write_workqueue: self.no_write_workqueue || has("no-write-workqueue"),
+            high_priority: self.high_priority || has("high_priority"),
+            ..*self
+        }
+    }
+
+    /// The LUKS2 persistent flag names of these flags, with `no-journal` (an authenticated
+    /// volume's dm-integrity layer) when `no_journal`, in cryptsetup's order: what
+    /// `open --persistent` stores.
+    pub fn persistent_names(&self, no_journal: bool) -> Vec<&'static str> {
+        [
+            (self.allow_discards, "allow-discards"),
+            (self.same_cpu_crypt, "same-cpu-crypt"),
+            (self.submit_from_crypt_cpus, "submit-from-crypt-cpus"),
+            (no_journal, "no-journal"),
+            (self.no_read_workqueue, "no-read-workqueue"),
+            (self.no_write_workqueue, "no-write-workqueue"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
     /// The effective sector size.
     pub fn sector_size(&self) -> u32 {
         self.sector_size.unwrap_or(512)
@@ -370,6 +404,18 @@ mod tests {
     use super::*;
 
     const KEY: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn persistent_flags_round_trip_in_cryptsetups_order() {
+        let o = CryptOptions { allow_discards: true, no_write_workqueue: true, ..CryptOptions::default() };
+        let names = o.persistent_names(true);
+        assert_eq!(names, ["allow-discards", "no-journal", "no-write-workqueue"]);
+        let back =
+            CryptOptions { sector_size: Some(4096), ..CryptOptions::default() }.with_persistent(&names);
+        assert_eq!(back, CryptOptions { sector_size: Some(4096), ..o });
+        let none: [&str; 1] = ["unknown-flag"];
+        assert_eq!(CryptOptions::default().with_persistent(&none), CryptOptions::default());
+    }
 
     #[test]
     fn parse_issue_example_round_trips() {

@@ -656,16 +656,7 @@ fn with_persistent_flags(luks: &Luks, extra: &CryptOptions) -> CryptOptions {
         luks::LuksHeader::V2(s) => s.header.metadata.config.flags.clone().unwrap_or_default(),
         luks::LuksHeader::V1(_) => Vec::new(),
     };
-    let has = |f: &str| stored.iter().any(|x| x == f);
-    CryptOptions {
-        allow_discards: extra.allow_discards || has("allow-discards"),
-        same_cpu_crypt: extra.same_cpu_crypt || has("same-cpu-crypt"),
-        submit_from_crypt_cpus: extra.submit_from_crypt_cpus || has("submit-from-crypt-cpus"),
-        no_read_workqueue: extra.no_read_workqueue || has("no-read-workqueue"),
-        no_write_workqueue: extra.no_write_workqueue || has("no-write-workqueue"),
-        high_priority: extra.high_priority || has("high_priority"),
-        ..*extra
-    }
+    extra.with_persistent(&stored)
 }
 
 /// Reads the FileVault2 metadata on `storage` and tries the passphrases of `f` until one

@@ -4,7 +4,6 @@
 //! passphrases (`--tries`) and prints.
 
 use anyhow::{bail, Context, Result};
-use formats::dm::CryptOptions;
 use volume::luks::LuksVersion;
 use volume::{Format, LuksSpec, OpenOptions, VolumeError};
 
@@ -70,14 +69,7 @@ pub fn run(a: &OpenArgs, version: Option<LuksVersion>, opts: &OpenOptions) -> Re
         version,
         header,
         key_slot: a.key_slot,
-        flags: CryptOptions {
-            allow_discards: a.allow_discards,
-            same_cpu_crypt: a.perf_same_cpu_crypt,
-            submit_from_crypt_cpus: a.perf_submit_from_crypt_cpus,
-            no_read_workqueue: a.perf_no_read_workqueue,
-            no_write_workqueue: a.perf_no_write_workqueue,
-            ..CryptOptions::default()
-        },
+        flags: a.perf.crypt_options(a.allow_discards),
         integrity_no_journal: a.integrity_no_journal,
         integrity_journal: journal_tuning(a),
         kdf_limits: a.kdf_limits.limits(),

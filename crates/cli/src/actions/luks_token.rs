@@ -432,20 +432,7 @@ pub fn test_unbound(
 
 /// The persistent flag names (LUKS2 `config.flags`) of `open`'s activation options.
 pub fn persistent_flags(f: &formats::dm::CryptOptions, no_journal: bool) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    for (on, name) in [
-        (f.allow_discards, "allow-discards"),
-        (f.same_cpu_crypt, "same-cpu-crypt"),
-        (f.submit_from_crypt_cpus, "submit-from-crypt-cpus"),
-        (no_journal, "no-journal"),
-        (f.no_read_workqueue, "no-read-workqueue"),
-        (f.no_write_workqueue, "no-write-workqueue"),
-    ] {
-        if on {
-            out.push(name);
-        }
-    }
-    out
+    f.persistent_names(no_journal)
 }
 
 /// Writes `flags` as the LUKS2 header's persistent flags on `meta` (already opened and

@@ -94,18 +94,8 @@ pub struct OpenArgs {
     /// flush and FUA).
     #[arg(long, value_name = "MS")]
     pub journal_commit_time: Option<u64>,
-    /// Keep each request's crypto on one pool thread.
-    #[arg(long = "perf-same_cpu_crypt")]
-    pub perf_same_cpu_crypt: bool,
-    /// With pooled crypto, the pool thread that encrypts a write also submits it.
-    #[arg(long = "perf-submit_from_crypt_cpus")]
-    pub perf_submit_from_crypt_cpus: bool,
-    /// Decrypt on the request's thread, not the crypto pool.
-    #[arg(long = "perf-no_read_workqueue")]
-    pub perf_no_read_workqueue: bool,
-    /// Encrypt on the request's thread, not the crypto pool.
-    #[arg(long = "perf-no_write_workqueue")]
-    pub perf_no_write_workqueue: bool,
+    #[command(flatten)]
+    pub perf: crate::args::PerfArgs,
     /// Where crypto runs when no --perf-no_*_workqueue flag says inline: `auto` (inline up
     /// to 64 KiB, larger requests split across cores), `pool` (always handed to the crypto
     /// pool, like dm-crypt's kcryptd), `inline` (always on the request's thread).
@@ -371,15 +361,9 @@ fn plain_params(a: &OpenArgs) -> Result<PlainParams> {
         read_key(&src, a.key_size / 8)?
     };
     let options = CryptOptions {
-        allow_discards: a.allow_discards,
-        same_cpu_crypt: a.perf_same_cpu_crypt,
-        submit_from_crypt_cpus: a.perf_submit_from_crypt_cpus,
-        no_read_workqueue: a.perf_no_read_workqueue,
-        no_write_workqueue: a.perf_no_write_workqueue,
-        high_priority: false,
         sector_size: (a.sector_size != 512).then_some(a.sector_size),
         iv_large_sectors: a.iv_large_sectors,
-        integrity_aead: None,
+        ..a.perf.crypt_options(a.allow_discards)
     };
     Ok(PlainParams { cipher: cipher.to_owned(), key, offset: a.offset, skip: a.skip, size: a.size, options })
 }

@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use formats::dm::CryptOptions;
 use formats::tcrypt::{HeaderFlags, Magic, KEYFILE_MAX};
 use sector_crypto::kdf::Passphrase;
 use volume::tcrypt::{TcryptSpec, TcryptUnlocked};
@@ -306,14 +305,7 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
     let Some(listener) = listener else {
         return Ok(());
     };
-    let options = CryptOptions {
-        allow_discards: a.allow_discards,
-        same_cpu_crypt: a.perf_same_cpu_crypt,
-        submit_from_crypt_cpus: a.perf_submit_from_crypt_cpus,
-        no_read_workqueue: a.perf_no_read_workqueue,
-        no_write_workqueue: a.perf_no_write_workqueue,
-        ..CryptOptions::default()
-    };
+    let options = a.perf.crypt_options(a.allow_discards);
     let vol = volume::tcrypt::assemble(&u, storage.clone(), options, opts)
         .with_context(|| format!("opening {device} as TCRYPT"))?;
     if a.print_table {

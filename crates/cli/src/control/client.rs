@@ -43,18 +43,8 @@ pub struct RefreshArgs {
     /// Accepted for cryptsetup compatibility.
     #[arg(long = "type", short = 't', value_name = "TYPE")]
     pub kind: Option<String>,
-    /// Keep each request's crypto on one pool thread.
-    #[arg(long = "perf-same_cpu_crypt")]
-    pub perf_same_cpu_crypt: bool,
-    /// With pooled crypto, the pool thread that encrypts a write also submits it.
-    #[arg(long = "perf-submit_from_crypt_cpus")]
-    pub perf_submit_from_crypt_cpus: bool,
-    /// Decrypt on the request's thread, not the crypto pool.
-    #[arg(long = "perf-no_read_workqueue")]
-    pub perf_no_read_workqueue: bool,
-    /// Encrypt on the request's thread, not the crypto pool.
-    #[arg(long = "perf-no_write_workqueue")]
-    pub perf_no_write_workqueue: bool,
+    #[command(flatten)]
+    pub perf: crate::args::PerfArgs,
     /// Where crypto runs when no --perf-no_*_workqueue flag says inline (default: unchanged).
     #[arg(long, value_enum)]
     pub crypt_mode: Option<CryptModeArg>,
@@ -288,10 +278,10 @@ pub fn close(a: CloseArgs) -> Result<()> {
 pub fn refresh(a: RefreshArgs) -> Result<()> {
     super::check_name(&a.name)?;
     let r = Refresh {
-        same_cpu_crypt: a.perf_same_cpu_crypt,
-        submit_from_crypt_cpus: a.perf_submit_from_crypt_cpus,
-        no_read_workqueue: a.perf_no_read_workqueue,
-        no_write_workqueue: a.perf_no_write_workqueue,
+        same_cpu_crypt: a.perf.same_cpu_crypt,
+        submit_from_crypt_cpus: a.perf.submit_from_crypt_cpus,
+        no_read_workqueue: a.perf.no_read_workqueue,
+        no_write_workqueue: a.perf.no_write_workqueue,
         crypt_mode: a.crypt_mode.map(|m| volume::CryptMode::from(m).to_string()),
         allow_discards: a.allow_discards,
     };

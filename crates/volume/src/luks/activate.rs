@@ -152,17 +152,11 @@ impl Luks {
                 seg.offset
             )));
         }
-        let has = |f: &str| seg.flags.iter().any(|x| x == f);
         let options = CryptOptions {
-            allow_discards: extra.allow_discards || has("allow-discards"),
-            same_cpu_crypt: extra.same_cpu_crypt || has("same-cpu-crypt"),
-            submit_from_crypt_cpus: extra.submit_from_crypt_cpus || has("submit-from-crypt-cpus"),
-            no_read_workqueue: extra.no_read_workqueue || has("no-read-workqueue"),
-            no_write_workqueue: extra.no_write_workqueue || has("no-write-workqueue"),
-            high_priority: extra.high_priority || has("high_priority"),
             sector_size: (seg.sector_size != 512).then_some(seg.sector_size),
             iv_large_sectors: false,
             integrity_aead: None,
+            ..extra.with_persistent(&seg.flags)
         };
         Ok(CryptTable {
             len: len / 512,

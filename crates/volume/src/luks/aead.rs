@@ -183,11 +183,11 @@ pub(crate) fn open(
     let below = IntegrityTarget::open(data, cfg).map_err(integrity_err)?;
     // Crypto placement as for plain LUKS: the perf flags (given now or stored in the header)
     // keep a direction inline, otherwise the opener's mode (auto by default).
-    let has = |f: &str| seg.flags.iter().any(|x| x == f);
+    let flags = p.flags.with_persistent(&seg.flags);
     let place = |inline: bool| if inline { CryptMode::Inline } else { p.open.crypt_mode };
     let crypt = CryptConfig {
-        read_mode: place(p.flags.no_read_workqueue || has("no-read-workqueue")),
-        write_mode: place(p.flags.no_write_workqueue || has("no-write-workqueue")),
+        read_mode: place(flags.no_read_workqueue),
+        write_mode: place(flags.no_write_workqueue),
         read_only,
         ..CryptConfig::default()
     };
