@@ -17,7 +17,7 @@
 //!
 //!  format(FormatParams) ── header + keyslot 0                             format.rs
 //!      (crate::format adds the dm-integrity area of --integrity: aead.rs)
-//!  reencrypt: init / run / recover / finish (cryptsetup's on-disk state)  reencrypt.rs
+//!  reencrypt: init / shift / run / recover (cryptsetup's on-disk state)  reencrypt/
 //!  LuksError (typed by cause: LuksError::kind)                            error.rs
 //! ```
 //!
