@@ -147,10 +147,11 @@ impl Luks {
             None => data_size.saturating_sub(seg.offset) / per * per,
         };
         if len == 0 {
-            return Err(LuksError::Params(format!(
-                "device {data_device} is too small: no data after the LUKS data offset ({} bytes)",
-                seg.offset
-            )));
+            return Err(super::ParamError::NoDataAfterOffset {
+                device: data_device.to_string(),
+                offset: seg.offset,
+            }
+            .into());
         }
         let has = |f: &str| seg.flags.iter().any(|x| x == f);
         let options = CryptOptions {

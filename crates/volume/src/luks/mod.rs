@@ -63,7 +63,7 @@ pub use aead::{
     LuksIntegrity, WipeEnd,
 };
 pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
-pub use error::LuksError;
+pub use error::{key_bytes, LuksError, ParamError, ReencryptError};
 pub use format::{default_key_bits, format, header_size, luks2_layout, open_header_for_format, FormatParams};
 pub(crate) use format::{parse_hash, SlotKey};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).

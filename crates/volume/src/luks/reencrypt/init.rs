@@ -22,6 +22,7 @@ use super::{
     ReencryptParams,
 };
 use crate::luks::{io, luks2, parse_hash, Luks, LuksError, LuksHeader, PbkdfParams};
+use crate::luks::{ParamError, ReencryptError};
 
 /// Starts a reencryption (cryptsetup `reencrypt --init-only`): unlocks the current key with
 /// `passphrase`, makes a new volume key with a keyslot for the same passphrase, and writes
@@ -34,7 +35,7 @@ pub fn init(
     p: &ReencryptParams,
 ) -> Result<u32, LuksError> {
     if status(luks)?.is_some() {
-        return Err(LuksError::Params("LUKS2 reencryption already initialized. Aborting operation.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::AlreadyInitialized));
     }
     luks.check_supported()?;
     if luks.aead()?.is_some() {
@@ -44,10 +45,10 @@ pub fn init(
     }
     let resilience_name = p.resilience.as_str();
     if !matches!(resilience_name, "checksum" | "journal" | "none") {
-        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+        return Err(LuksError::Reencrypt(ReencryptError::Resilience(resilience_name.to_owned())));
     }
     let rhash = parse_hash(&p.resilience_hash)
-        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+        .map_err(|_| LuksError::Reencrypt(ReencryptError::ResilienceHash(p.resilience_hash.clone())))?;
     // Only the keyslot of the passphrase given gets a new-key keyslot; the others are
     // removed when the run finishes. With several, the caller must name the one to keep.
     if let LuksHeader::V2(s) = &luks.header {
@@ -64,12 +65,7 @@ pub fn init(
             })
             .unwrap_or_default();
         if bound.len() > 1 && p.key_slot.is_none() {
-            return Err(LuksError::Params(format!(
-                "The volume has {} keyslots ({}): reencryption keeps only one passphrase and removes the other \
-                 keyslots at the end. Name the one to keep with --key-slot.",
-                bound.len(),
-                bound.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-            )));
+            return Err(LuksError::Reencrypt(ReencryptError::KeyslotNotNamed { keyslots: bound }));
         }
     }
     let (old_slot, vk_old) = luks.unlock_with(meta, passphrase, p.key_slot, &p.kdf_limits)?;
@@ -83,7 +79,7 @@ pub fn init(
     };
     let new_ss = p.sector_size.unwrap_or(seg.sector_size);
     if ![512, 1024, 2048, 4096].contains(&new_ss) {
-        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
+        return Err(LuksError::Param(ParamError::SectorSize { size: new_ss }));
     }
     let mut vk_new = SecretBuf::zeroed(key_bytes);
     kdf::random_bytes(&mut vk_new).map_err(LuksError::Kdf)?;
@@ -95,12 +91,10 @@ pub fn init(
     let data_offset = seg.offset;
     let device_size = data_size.saturating_sub(data_offset);
     if device_size == 0 {
-        return Err(LuksError::Params("Device is too small.".into()));
+        return Err(LuksError::Param(ParamError::NoData));
     }
     if !device_size.is_multiple_of(check_ss) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({check_ss} bytes)."
-        )));
+        return Err(LuksError::Param(ParamError::DataUnaligned { align: check_ss }));
     }
     if seg.size.is_some() || seg.iv_offset != 0 {
         return Err(LuksError::Unsupported(
@@ -219,7 +213,7 @@ fn add_reencrypt_metadata(
             block_size: alignment,
             shift: prev_offset,
         },
-        other => return Err(LuksError::Params(format!("Unsupported resilience mode {other}"))),
+        other => return Err(LuksError::Reencrypt(ReencryptError::Resilience(other.to_owned()))),
     };
     let rslot = first_free_keyslot(m)?;
     let (area_offset, area_size) = if matches!(resilience, Resilience::Datashift { .. }) {
@@ -234,8 +228,9 @@ fn add_reencrypt_metadata(
     // cryptsetup 2.6 marks a decryption with data shift `online-reencrypt-v3`.
     let version = if mode == ReencryptMode::Decrypt && rks.resilience.shift() != 0 { 3 } else { 2 };
     re::set_requirement(m, Some(version));
-    let st =
-        ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
+    let st = ReencryptState::from_metadata(m)
+        .map_err(meta_err)?
+        .ok_or(LuksError::Internal("the reencryption metadata just added does not parse back"))?;
     let vdata = st.verification_data(m, version, vk_old, vk_new).map_err(meta_err)?;
     let iterations = pbkdf.digest_iterations(vdata.len());
     let vdigest = make_digest(&vdata, pbkdf.hash, iterations)?;
@@ -267,7 +262,7 @@ pub fn plan_encrypt(
     size: u64,
     p: &ReencryptParams,
 ) -> Result<(crate::luks::FormatParams, u64, u64, Option<u64>), LuksError> {
-    let unsupported = || LuksError::Params("Unsupported LUKS2 metadata size options.".into());
+    let unsupported = || LuksError::Param(ParamError::MetadataSizeOptions);
     let l = &p.layout;
     let shift = l.reduce_device_size.filter(|&r| r != 0);
     let mut md = l.metadata_size;
@@ -278,7 +273,7 @@ pub fn plan_encrypt(
             ks = Some(r.checked_sub(2 * m).filter(|k| *k > 0).ok_or_else(unsupported)?);
         }
         if ks.is_some_and(|k| 2 * m + k > r) {
-            return Err(LuksError::Params("LUKS2 metadata size is larger than data shift value.".into()));
+            return Err(LuksError::Reencrypt(ReencryptError::MetadataLargerThanShift));
         }
     }
     if md.is_some_and(|m| !formats::luks2::METADATA_SIZES.contains(&m))
@@ -287,7 +282,7 @@ pub fn plan_encrypt(
         return Err(unsupported());
     }
     if l.offset.is_some_and(|o| !o.is_multiple_of(512)) {
-        return Err(LuksError::Params("Requested data offset is not a multiple of 512 bytes.".into()));
+        return Err(LuksError::Param(ParamError::DataOffsetUnaligned));
     }
     let (cipher_name, key_bytes, ss) = new_crypt(p)?;
     let offset = l.offset.map(|o| o / 512).filter(|o| *o != 0);
@@ -298,18 +293,14 @@ pub fn plan_encrypt(
         .filter(|d| *d > 0)
         .ok_or(LuksError::DeviceTooSmall { need: data_offset + u64::from(ss), have: size })?;
     if !data_size.is_multiple_of(u64::from(ss)) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({ss} bytes)."
-        )));
+        return Err(LuksError::Param(ParamError::DataUnaligned { align: u64::from(ss) }));
     }
     if let Some(r) = shift {
         if r > data_size {
-            return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+            return Err(LuksError::Reencrypt(ReencryptError::ShiftLargerThanData));
         }
         if !r.is_multiple_of(u64::from(ss)) {
-            return Err(LuksError::Params(format!(
-                "Data shift value is not aligned to encryption sector size ({ss} bytes)."
-            )));
+            return Err(LuksError::Reencrypt(ReencryptError::ShiftUnaligned { align: u64::from(ss) }));
         }
     }
     Ok((fp, 2 * md + ks, data_size, shift))
@@ -335,19 +326,17 @@ pub fn init_encrypt(
     let (fp, need, data_size, shift) = plan_encrypt(data.geometry().size, p)?;
     let resilience_name = if shift.is_some() { "datashift" } else { p.resilience.as_str() };
     if !matches!(resilience_name, "checksum" | "journal" | "none" | "datashift") {
-        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+        return Err(LuksError::Reencrypt(ReencryptError::Resilience(resilience_name.to_owned())));
     }
     let rhash = parse_hash(&p.resilience_hash)
-        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+        .map_err(|_| LuksError::Reencrypt(ReencryptError::ResilienceHash(p.resilience_hash.clone())))?;
     if crate::luks::probe(data)?.is_some() {
-        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::AlreadyLuks));
     }
     let g = data.geometry();
     let alignment = u64::from(fp.sector_size.max(g.logical_block).max(512));
     if !data_size.is_multiple_of(alignment) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({alignment} bytes)."
-        )));
+        return Err(LuksError::Param(ParamError::DataUnaligned { align: alignment }));
     }
     // The header is built in memory and written once, keyslots area first: a crash leaves
     // the header file as it was, or a header whose segment says the data is plaintext.
@@ -355,7 +344,7 @@ pub fn init_encrypt(
         return Err(LuksError::DeviceTooSmall { need, have: header.geometry().size });
     }
     let no_space = |e| match e {
-        LuksError::NoKeyslotSpace { .. } => LuksError::Params("No space for new keyslot.".into()),
+        LuksError::NoKeyslotSpace { .. } => LuksError::Reencrypt(ReencryptError::KeyslotsAreaFull),
         e => e,
     };
     let image = blockdev::MemDevice::new(need, 512);
@@ -363,7 +352,7 @@ pub fn init_encrypt(
     let s = v2(&mut luks)?;
     let mut next = s.clone();
     let m = &mut next.header.metadata;
-    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Internal("the new header has no segment 0"))?;
     let digest_new = m.segment_digest(0);
     let slot =
         digest_new.and_then(|d| m.digests.get(&d)).and_then(|d| d.keyslots.first().copied()).unwrap_or(0);
@@ -418,36 +407,32 @@ pub fn init_encrypt_shift(
     reduce: u64,
 ) -> Result<(Luks, u32), LuksError> {
     if crate::luks::probe(dev)?.is_some() {
-        return Err(LuksError::Params("Device is already LUKS device. Aborting operation.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::AlreadyLuks));
     }
     if reduce == 0 || !reduce.is_multiple_of(512) {
-        return Err(LuksError::Params("Reduce size must be multiple of 512 bytes sector.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::ReduceSize));
     }
     let g = dev.geometry();
     if reduce > g.size {
         return Err(LuksError::DeviceTooSmall { need: reduce, have: g.size });
     }
     if reduce == g.size {
-        return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::ShiftLargerThanData));
     }
     let shift = reduce / 2;
     if !shift.is_multiple_of(4096) {
-        return Err(LuksError::Params(format!(
-            "The header takes half of --reduce-device-size ({shift} bytes), which must be a multiple of 4096."
-        )));
+        return Err(LuksError::Reencrypt(ReencryptError::ShiftHeaderAlignment { shift }));
     }
     let (cipher_name, key_bytes, ss) = new_crypt(p)?;
     let data_size = g.size - reduce;
     let alignment = u64::from(ss.max(g.logical_block).max(512));
     if !data_size.is_multiple_of(alignment) || !g.size.is_multiple_of(alignment) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({alignment} bytes)."
-        )));
+        return Err(LuksError::Param(ParamError::DataUnaligned { align: alignment }));
     }
     let (md, ks) = shift_header_layout(&p.layout, shift)?;
     // The keyslot and the data shift's 4 KiB block must fit in the keyslots area.
     if ks < luks2::area_size(key_bytes) + 4096 {
-        return Err(LuksError::Params("No space for new keyslot.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::KeyslotsAreaFull));
     }
     let fp =
         detached_format(p, (cipher_name, key_bytes, ss), Some(shift / 512), Some(md), Some(ks), data_size);
@@ -458,7 +443,7 @@ pub fn init_encrypt_shift(
     let s = v2(&mut luks)?;
     let mut next = s.clone();
     let m = &mut next.header.metadata;
-    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Internal("the new header has no segment 0"))?;
     let digest_new = m.segment_digest(0);
     let slot =
         digest_new.and_then(|d| m.digests.get(&d)).and_then(|d| d.keyslots.first().copied()).unwrap_or(0);
@@ -508,7 +493,7 @@ fn new_crypt(p: &ReencryptParams) -> Result<(String, usize, u32), LuksError> {
     let key_bytes = p.key_bytes.unwrap_or_else(|| crate::luks::default_key_bits(&cipher) / 8);
     let ss = p.sector_size.unwrap_or(512);
     if ![512, 1024, 2048, 4096].contains(&ss) {
-        return Err(LuksError::Params("Unsupported encryption sector size.".into()));
+        return Err(LuksError::Param(ParamError::SectorSize { size: ss }));
     }
     Ok((cipher, key_bytes, ss))
 }
@@ -568,7 +553,7 @@ pub fn init_decrypt_shift(
 ) -> Result<Luks, LuksError> {
     let mut luks = Luks::load(dev, false)?;
     if status(&luks)?.is_some() {
-        return Err(LuksError::Params("LUKS2 reencryption already initialized. Aborting operation.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::AlreadyInitialized));
     }
     luks.check_supported()?;
     if luks.aead()?.is_some() {
@@ -578,12 +563,10 @@ pub fn init_decrypt_shift(
     }
     let journal = matches!(p.resilience.as_str(), "journal" | "datashift-journal");
     if !journal && p.resilience != "checksum" && p.resilience != "datashift-checksum" {
-        return Err(LuksError::Params(
-            "Requested --resilience option cannot be applied to current reencryption operation.".into(),
-        ));
+        return Err(LuksError::Reencrypt(ReencryptError::ResilienceNotApplicable(p.resilience.clone())));
     }
     let rhash = parse_hash(&p.resilience_hash)
-        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+        .map_err(|_| LuksError::Reencrypt(ReencryptError::ResilienceHash(p.resilience_hash.clone())))?;
     let seg = luks.segment()?;
     if seg.size.is_some() || seg.iv_offset != 0 {
         return Err(LuksError::Unsupported(
@@ -602,38 +585,30 @@ pub fn init_decrypt_shift(
         )));
     }
     if size <= shift {
-        return Err(LuksError::Params("Device is too small.".into()));
+        return Err(LuksError::Param(ParamError::NoData));
     }
     // The moved first segment: --hotzone-size (at most the shift, a multiple of the
     // checksum block), by default the shift up to 20 MiB; the whole data when shorter.
     let moved_size = match p.layout.hotzone_size.map(|h| h - h % 512).filter(|h| *h != 0) {
-        Some(h) if h > shift => {
-            return Err(LuksError::Params(
-                "Moved segment size can not be greater than data shift value.\n\
-                 Failed to initialize LUKS2 reencryption in metadata."
-                    .into(),
-            ))
-        }
+        Some(h) if h > shift => return Err(LuksError::Reencrypt(ReencryptError::MovedSegmentTooLarge)),
         Some(h) => h,
         None => shift.min(re::DEFAULT_NONE_HOTZONE_LENGTH),
     }
     .min(size - shift);
     if !moved_size.is_multiple_of(4096u64.max(ss)) && moved_size != size - shift {
-        return Err(LuksError::Params("Failed to initialize LUKS2 reencryption in metadata.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::MovedSegmentUnaligned));
     }
     if !size.is_multiple_of(ss) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({ss} bytes)."
-        )));
+        return Err(LuksError::Param(ParamError::DataUnaligned { align: ss }));
     }
     if journal {
         // cryptsetup's datashift-journal keeps the whole moved segment in the largest free
         // gap of the keyslots area, which is always smaller than the header.
         let avail = max_gap(&s.header.metadata).map_or(0, |(_, l)| l);
-        return Err(LuksError::Params(format!(
-            "Moved segment too large. Requested size {shift}, available space for: {avail}.\n\
-             Failed to initialize LUKS2 reencryption in metadata."
-        )));
+        return Err(LuksError::Reencrypt(ReencryptError::MovedSegmentNoRoom {
+            requested: shift,
+            available: avail,
+        }));
     }
     if new_hdr.geometry().size < hdr_len {
         return Err(LuksError::DeviceTooSmall { need: hdr_len, have: new_hdr.geometry().size });
@@ -643,7 +618,7 @@ pub fn init_decrypt_shift(
     let s = v2(&mut luks)?;
     let mut next = s.clone();
     let m = &mut next.header.metadata;
-    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Params("internal: no segment".into()))?;
+    let seg0 = m.segments.get(&0).cloned().ok_or(LuksError::Internal("the new header has no segment 0"))?;
     let c = seg0.crypt.clone().ok_or(LuksError::Unsupported("data segment is not crypt".into()))?;
     let d_old =
         m.segment_digest(0).ok_or_else(|| LuksError::Unsupported("data segment has no digest".into()))?;
@@ -679,8 +654,9 @@ pub fn init_decrypt_shift(
         None,
     )?;
     // The metadata is complete before anything is written.
-    let st =
-        ReencryptState::from_metadata(m).map_err(meta_err)?.ok_or(LuksError::Params("internal".into()))?;
+    let st = ReencryptState::from_metadata(m)
+        .map_err(meta_err)?
+        .ok_or(LuksError::Internal("the reencryption metadata just added does not parse back"))?;
     re::DecryptShiftGeometry::of(&st, m, size).map_err(meta_err)?;
     copy_range(dev, 0, new_hdr, 0, hdr_len, "copying the LUKS2 header")?;
     io::flush(new_hdr, "new LUKS2 header")?;
@@ -708,7 +684,7 @@ pub fn init_decrypt(
     p: &ReencryptParams,
 ) -> Result<(), LuksError> {
     if status(luks)?.is_some() {
-        return Err(LuksError::Params("LUKS2 reencryption already initialized. Aborting operation.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::AlreadyInitialized));
     }
     luks.check_supported()?;
     if luks.aead()?.is_some() {
@@ -718,10 +694,10 @@ pub fn init_decrypt(
     }
     let resilience_name = p.resilience.as_str();
     if !matches!(resilience_name, "checksum" | "journal" | "none") {
-        return Err(LuksError::Params(format!("Unsupported resilience mode {resilience_name}")));
+        return Err(LuksError::Reencrypt(ReencryptError::Resilience(resilience_name.to_owned())));
     }
     let rhash = parse_hash(&p.resilience_hash)
-        .map_err(|_| LuksError::Params(format!("Hash algorithm {} is not available.", p.resilience_hash)))?;
+        .map_err(|_| LuksError::Reencrypt(ReencryptError::ResilienceHash(p.resilience_hash.clone())))?;
     let (slot, vk_old) = luks.unlock_with(meta, passphrase, p.key_slot, &p.kdf_limits)?;
     log::info!("decrypt: keyslot {slot} opened the volume key");
     let seg = luks.segment()?;
@@ -733,12 +709,10 @@ pub fn init_decrypt(
     let check_ss = u64::from(seg.sector_size.max(512));
     let device_size = data_size.saturating_sub(seg.offset);
     if device_size == 0 {
-        return Err(LuksError::Params("Device is too small.".into()));
+        return Err(LuksError::Param(ParamError::NoData));
     }
     if !device_size.is_multiple_of(check_ss) {
-        return Err(LuksError::Params(format!(
-            "Data device is not aligned to encryption sector size ({check_ss} bytes)."
-        )));
+        return Err(LuksError::Param(ParamError::DataUnaligned { align: check_ss }));
     }
     let s = v2(luks)?;
     let mut next = s.clone();

@@ -45,7 +45,7 @@ use sector_crypto::kdf::{self, HashAlg};
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 
 use super::keyslot::digest_eq;
-use super::{parse_hash, KdfLimits, Luks, Luks2State, LuksError, LuksHeader, PbkdfParams};
+use super::{parse_hash, KdfLimits, Luks, Luks2State, LuksError, LuksHeader, PbkdfParams, ReencryptError};
 
 mod init;
 mod recover;
@@ -135,9 +135,7 @@ pub enum RunEnd {
 fn v2(luks: &mut Luks) -> Result<&mut Luks2State, LuksError> {
     match &mut luks.header {
         LuksHeader::V2(s) => Ok(s),
-        LuksHeader::V1(_) => Err(LuksError::Params(
-            "Reencryption is supported only for LUKS2 in this version of sealdisk.".into(),
-        )),
+        LuksHeader::V1(_) => Err(LuksError::Reencrypt(ReencryptError::NeedsLuks2)),
     }
 }
 

@@ -10,6 +10,7 @@ use sector_crypto::secure::SecretBuf;
 use super::run::{run_unlocked, Plan, ReencryptKeys, RunOptions};
 use super::shift::{is_shift_decrypting, is_shift_decryption, run_decrypt_shift};
 use super::{io_err, meta_err, status};
+use crate::luks::ReencryptError;
 use crate::luks::{io, luks2, Luks, Luks2State, LuksError};
 
 /// Recovers the last hotzone of a data-shift decryption (the moved ciphertext, decrypted
@@ -80,7 +81,10 @@ pub(super) fn recover(
         (Resilience::Datashift { .. }, _) if p.sums.is_some() => {
             // cryptsetup's own recovery of this hotzone copies the data below it over it;
             // sealdisk's checksums (when they are this hotzone's) say which blocks are old.
-            let a = p.sums.clone().ok_or(LuksError::Params("internal: no checksum area".into()))?;
+            let a = p
+                .sums
+                .clone()
+                .ok_or(LuksError::Internal("a detached data shift run without its checksum area"))?;
             let want = a.record(offset, len);
             let rec = io::read_bytes(meta, a.offset, re::HOTZONE_RECORD_SIZE as usize, "hotzone checksums")?;
             let sums = io::read_bytes(
@@ -90,12 +94,7 @@ pub(super) fn recover(
                 "hotzone checksums",
             )?;
             if !want.matches(&rec, &sums) {
-                return Err(LuksError::Params(format!(
-                    "Cannot recover the interrupted hotzone at {offset} ({len} bytes): its datashift \
-                     resilience keeps no copy of it with a detached header, and no sealdisk checksums of \
-                     it were found (was it interrupted in cryptsetup?). Its blocks may be partly \
-                     encrypted; restore the data from a backup."
-                )));
+                return Err(LuksError::Reencrypt(ReencryptError::HotzoneNoChecksums { offset, len }));
             }
             let hash = HashAlg::Sha256;
             let hl = hash.output_len();
@@ -121,11 +120,7 @@ pub(super) fn recover(
             data.write_at(data_offset + offset, &buf, blockdev::WriteFlags::empty())
                 .map_err(io_err("hotzone"))?;
         }
-        _ => {
-            return Err(LuksError::Params(
-                "Cannot recover the interrupted hotzone: resilience mode none keeps no copy.".into(),
-            ))
-        }
+        _ => return Err(LuksError::Reencrypt(ReencryptError::HotzoneNoCopy)),
     }
     data.flush().map_err(io_err("data device"))?;
     p.pos = if p.backward { offset } else { offset + len };
@@ -166,9 +161,7 @@ pub fn recover_interrupted(
     // A run that stops before its first new hotzone: what it does first is the recovery.
     run_unlocked(meta, data, luks, keys, &RunOptions::default(), None, &mut |_, _| false)?;
     if hot(luks)? {
-        return Err(LuksError::Params(
-            "internal: the interrupted hotzone is still flagged after its recovery".into(),
-        ));
+        return Err(LuksError::Internal("the interrupted hotzone is still flagged after its recovery"));
     }
     Ok(true)
 }

@@ -16,6 +16,7 @@ use super::shift::{is_shift_decryption, is_shift_encryption, run_datashift, run_
 use super::{
     block_sums, check_pbkdf2, cipher, crypto_err, in_pieces, io_err, max_gap, meta_err, status, v2, RunEnd,
 };
+use crate::luks::ReencryptError;
 use crate::luks::{io, luks2, parse_hash, KdfLimits, Luks, Luks2State, LuksError, LuksHeader};
 
 /// Unlocks the key of `digest` with `pass` from any `luks2` keyslot bound to it.
@@ -134,7 +135,7 @@ fn teardown_state(st: &ReencryptState, m: &Luks2Metadata) -> bool {
 /// segments nor the linear (plaintext) side of an encryption or decryption.
 pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
     let LuksHeader::V2(s) = &luks.header else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::NotInProgress));
     };
     let m = &s.header.metadata;
     let unknown = m.unknown_requirements();
@@ -144,7 +145,7 @@ pub fn check_openable(luks: &Luks) -> Result<ReencryptState, LuksError> {
             unknown.join(", ")
         )));
     }
-    let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let st = status(luks)?.ok_or_else(|| LuksError::Reencrypt(ReencryptError::NotInProgress))?;
     check_mode(&st)?;
     if is_shift_encryption(&st) {
         // Its segments are checked against the device by [`shift_activation`].
@@ -210,11 +211,11 @@ pub fn unlock_keys_with(
     limits: &KdfLimits,
 ) -> Result<ReencryptKeys, LuksError> {
     let Some(st) = status(luks)? else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::NotInProgress));
     };
     check_mode(&st)?;
     let LuksHeader::V2(s) = &luks.header else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::NotInProgress));
     };
     let pass = passphrase.as_bytes();
     let (d_old, d_new) = (st.digest_old, st.digest_new);
@@ -224,16 +225,16 @@ pub fn unlock_keys_with(
             .keyslot_digest(n)
             .filter(|_| m.keyslots.get(&n).is_some_and(|ks| ks.is_luks2()))
             .filter(|d| Some(*d) == d_old || Some(*d) == d_new)
-            .ok_or_else(|| LuksError::Params("No usable keyslot is available.".into()))?;
+            .ok_or_else(|| LuksError::Reencrypt(ReencryptError::NoUsableKeyslot))?;
         let needed = [d_new, d_old.filter(|_| !teardown_state(&st, m))];
         if let Some(missing) = needed.into_iter().flatten().find(|x| *x != d) {
             luks2::check_slot_costs(&s.header, n, limits)?;
             return match luks2::try_slot(&s.header, meta, n, pass)? {
                 None => Err(LuksError::WrongPassphrase),
-                Some(_) => Err(LuksError::Params(format!(
-                    "Key (digest id {missing}) required but not unlocked: keyslot {n} opens only one of the \
-                     two volume keys of the reencryption in progress."
-                ))),
+                Some(_) => Err(LuksError::Reencrypt(ReencryptError::KeyslotOpensOneKey {
+                    keyslot: n,
+                    digest: missing,
+                })),
             };
         }
     }
@@ -274,7 +275,7 @@ pub fn unlock_keys_with(
         None => false,
     };
     if !ok {
-        return Err(LuksError::Params("Reencryption metadata is invalid.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::MetadataInvalid));
     }
     Ok(ReencryptKeys { old: vk_old, new: vk_new, keyslot })
 }
@@ -354,7 +355,7 @@ impl SumsArea {
         let rec = self
             .record(start, chunk.len() as u64)
             .encode(&sums)
-            .ok_or(LuksError::Params("internal: hotzone record".into()))?;
+            .ok_or(LuksError::Internal("a hotzone record that does not encode"))?;
         io::write_bytes(meta, self.offset, &rec, "hotzone checksums")?;
         io::write_bytes(meta, self.offset + re::HOTZONE_RECORD_SIZE, &sums, "hotzone checksums")
     }
@@ -411,7 +412,7 @@ fn plan(
     hotzone_size: Option<u64>,
 ) -> Result<Plan, LuksError> {
     let Some(st) = status(luks)? else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::NotInProgress));
     };
     check_mode(&st)?;
     if is_shift_encryption(&st) {
@@ -425,7 +426,7 @@ fn plan(
         return Err(shift_decryption_not_openable());
     }
     let LuksHeader::V2(s) = &luks.header else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::NotInProgress));
     };
     let (d_old, d_new) = (st.digest_old, st.digest_new);
     let backward = st.keyslot.direction == Direction::Backward;
@@ -458,15 +459,11 @@ fn plan(
         _ => u64::from(old.sector_size.max(new.sector_size).max(data.geometry().logical_block)),
     };
     if !device_size.is_multiple_of(alignment) {
-        return Err(LuksError::Params(format!(
-            "Device size must be multiple of calculated zone alignment ({alignment} bytes)."
-        )));
+        return Err(LuksError::Reencrypt(ReencryptError::DeviceSizeAlignment(alignment)));
     }
     if let Some(h) = hotzone_size {
         if h == 0 || !h.is_multiple_of(alignment) {
-            return Err(LuksError::Params(format!(
-                "Hotzone size must be multiple of calculated zone alignment ({alignment} bytes)."
-            )));
+            return Err(LuksError::Reencrypt(ReencryptError::HotzoneAlignment(alignment)));
         }
     }
     let rk = &st.keyslot;
@@ -487,7 +484,7 @@ fn plan(
     }
     length -= length % alignment;
     if length == 0 {
-        return Err(LuksError::Params("Invalid reencryption length.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::InvalidLength));
     }
     let mut sums = None;
     if re::is_detached_shift_encryption(&st) {
@@ -498,10 +495,7 @@ fn plan(
         length = rk.resilience.shift().min(cap).min(64 << 20);
         length -= length % alignment;
         if length == 0 {
-            return Err(LuksError::Params(
-                "No room left in the keyslots area for the hotzone checksums of the data shift encryption."
-                    .into(),
-            ));
+            return Err(LuksError::Reencrypt(ReencryptError::NoRoomForChecksums));
         }
         sums = Some(SumsArea { offset, block: alignment, uuid: luks.uuid().to_owned() });
     }
@@ -550,8 +544,7 @@ pub fn run_unlocked(
     progress: &mut dyn FnMut(u64, u64) -> bool,
 ) -> Result<RunEnd, LuksError> {
     {
-        let st =
-            status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+        let st = status(luks)?.ok_or_else(|| LuksError::Reencrypt(ReencryptError::NotInProgress))?;
         let s = v2(luks)?;
         if teardown_state(&st, &s.header.metadata) {
             // The new key was checked against its digest by the unlock; it is what the
@@ -599,7 +592,7 @@ pub fn run_unlocked(
     while !stopped && left(pos) > 0 {
         let (offset, len) = match &p.sums {
             Some(_) => re::detached_shift_hotzone(pos, device_size, length)
-                .ok_or(LuksError::Params("internal: no hotzone".into()))?,
+                .ok_or(LuksError::Internal("no hotzone left before the end of a detached data shift"))?,
             None => {
                 let len = length.min(left(pos));
                 (if backward { pos - len } else { pos }, len)
@@ -707,21 +700,13 @@ pub fn prepare_activation(
 ) -> Result<Activation, LuksError> {
     if let (Some(st), LuksHeader::V2(s)) = (status(luks)?, &luks.header) {
         if teardown_state(&st, &s.header.metadata) {
-            return Err(LuksError::Params(
-                "The reencryption wrote every hotzone but was not finished (its old keyslots are gone): \
-                 finish it with `sealdisk reencrypt --resume-only` first."
-                    .into(),
-            ));
+            return Err(LuksError::Reencrypt(ReencryptError::NotFinished));
         }
     }
     let mut p = plan(data, luks, keys, None)?;
     if p.st.hot.is_some() {
         if read_only {
-            return Err(LuksError::Params(
-                "The reencryption was interrupted mid-hotzone and needs recovery, which writes: open it \
-                 read-write (or resume it with `sealdisk reencrypt`)."
-                    .into(),
-            ));
+            return Err(LuksError::Reencrypt(ReencryptError::NeedsRecovery));
         }
         let s = v2(luks)?;
         recover(meta, data, s, &mut p)?;

@@ -9,6 +9,7 @@ use sector_crypto::secure::SecretBuf;
 use super::run::{finish, ReencryptKeys};
 use super::{block_sums, cipher, crypto_err, io_err, meta_err, status, v2, EncryptLayout, RunEnd};
 use crate::luks::{io, luks2, parse_hash, Luks, LuksError, LuksHeader};
+use crate::luks::{ParamError, ReencryptError};
 
 /// The metadata and keyslots area sizes of an encryption with data shift whose header
 /// takes `shift` bytes on the device (cryptsetup's luksFormat with `--offset shift`):
@@ -16,7 +17,7 @@ use crate::luks::{io, luks2, parse_hash, Luks, LuksError, LuksHeader};
 /// and at most, the rest of the shift: a larger one is cut down to it, as cryptsetup does
 /// with its warning).
 pub fn shift_header_layout(l: &EncryptLayout, shift: u64) -> Result<(u64, u64), LuksError> {
-    let unsupported = || LuksError::Params("Unsupported LUKS2 metadata size options.".into());
+    let unsupported = || LuksError::Param(ParamError::MetadataSizeOptions);
     let md = l.metadata_size.unwrap_or(16 << 10);
     if !formats::luks2::METADATA_SIZES.contains(&md)
         || l.keyslots_size
@@ -55,9 +56,9 @@ fn shift_geometry(
     luks: &Luks,
     size: u64,
 ) -> Result<(ReencryptState, re::ShiftGeometry, formats::luks2::CryptParams), LuksError> {
-    let st = status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let st = status(luks)?.ok_or_else(|| LuksError::Reencrypt(ReencryptError::NotInProgress))?;
     let LuksHeader::V2(s) = &luks.header else {
-        return Err(LuksError::Params("Device reencryption not in progress.".into()));
+        return Err(LuksError::Reencrypt(ReencryptError::NotInProgress));
     };
     let g = re::ShiftGeometry::of(&st, &s.header.metadata).map_err(meta_err)?;
     let fin = &s.header.metadata.segments[&st.final_];
@@ -163,12 +164,7 @@ pub fn decrypt_shift_activation(luks: &Luks, size: u64) -> Result<Option<Decrypt
     let p = g.progress(m, &st).map_err(meta_err)?;
     let fwd = g.data_size - g.moved_size;
     if p >= fwd && st.hot.is_some() {
-        return Err(LuksError::Params(
-            "The decryption with data shift was interrupted while it decrypted its last hotzone in place, \
-             which needs recovery, which writes: open it read-write (or resume it with `sealdisk reencrypt \
-             --resume-only --header FILE DEVICE`)."
-                .into(),
-        ));
+        return Err(LuksError::Reencrypt(ReencryptError::ShiftNeedsRecovery));
     }
     let boundary = if p >= fwd { g.data_size } else { g.moved_size + p };
     let moved_plain = p == g.total();
@@ -326,8 +322,7 @@ pub(super) fn run_decrypt_shift(
     recover_only: bool,
 ) -> Result<RunEnd, LuksError> {
     let size = dev.geometry().size;
-    let mut st =
-        status(luks)?.ok_or_else(|| LuksError::Params("Device reencryption not in progress.".into()))?;
+    let mut st = status(luks)?.ok_or_else(|| LuksError::Reencrypt(ReencryptError::NotInProgress))?;
     let s = v2(luks)?;
     let g = re::DecryptShiftGeometry::of(&st, &s.header.metadata, size).map_err(meta_err)?;
     let prev = s.header.metadata.segments[&st.previous].clone();
