@@ -37,7 +37,7 @@ use targets::CryptMode;
 use volume::integrity::IntegrityParams;
 use volume::luks::CryptOptions;
 use volume::plain::PlainParams;
-use volume::{FormatSpec, Layer, Spec, Storage};
+use volume::{FormatSpec, Keys, Layer, Spec, Storage};
 
 use crate::locks::GlobalLocked;
 use crate::spec::{parse_bool, parse_size};
@@ -164,20 +164,7 @@ fn parse_integrity_mode(s: &str) -> Result<Mode, BenchError> {
 }
 
 fn parse_hash_mode(s: &str) -> Result<HashMode, BenchError> {
-    Ok(match s {
-        "inline" => HashMode::Inline,
-        "pool" => HashMode::Pool,
-        "auto" => HashMode::Auto,
-        _ => return Err(BenchError::usage(format!("hash-mode={s}: expected inline, pool or auto"))),
-    })
-}
-
-fn hash_mode_name(m: HashMode) -> &'static str {
-    match m {
-        HashMode::Inline => "inline",
-        HashMode::Pool => "pool",
-        HashMode::Auto => "auto",
-    }
+    s.parse().map_err(|_| BenchError::usage(format!("hash-mode={s}: expected inline, pool or auto")))
 }
 
 /// PBKDF2 iterations of the bench's LUKS2 keyslot: the minimum, so that opening costs nothing.
@@ -233,20 +220,7 @@ impl Default for StackSpec {
 }
 
 fn parse_mode(s: &str) -> Result<CryptMode, BenchError> {
-    Ok(match s {
-        "auto" => CryptMode::Auto,
-        "pool" => CryptMode::Pool,
-        "inline" => CryptMode::Inline,
-        _ => return Err(BenchError::usage(format!("crypt-mode={s}: expected auto, pool or inline"))),
-    })
-}
-
-fn mode_name(m: CryptMode) -> &'static str {
-    match m {
-        CryptMode::Auto => "auto",
-        CryptMode::Pool => "pool",
-        CryptMode::Inline => "inline",
-    }
+    s.parse().map_err(|_| BenchError::usage(format!("crypt-mode={s}: expected auto, pool or inline")))
 }
 
 impl StackSpec {
@@ -324,7 +298,7 @@ impl StackSpec {
                 self.key_bits,
                 self.sector_size,
                 if self.iv_large_sectors { ", iv_large_sectors" } else { "" },
-                mode_name(self.crypt_mode)
+                self.crypt_mode.name()
             )
         };
         let i = &self.integrity;
@@ -335,7 +309,7 @@ impl StackSpec {
                 i.mode.letter(),
                 i.block_size,
                 i.buffer_sectors,
-                hash_mode_name(i.hash_mode)
+                i.hash_mode.name()
             );
             if let Some(n) = i.interleave_sectors {
                 s.push_str(&format!(", interleave_sectors={n}"));
@@ -657,7 +631,8 @@ impl StackSpec {
                     return Ok(below);
                 }
                 let storage = Storage::new(below, storage.name);
-                return self.open(Spec::Plain(self.plain_params(&secrets.crypt_key)), storage, &opts, p);
+                let spec = Spec::Plain(self.plain_params(&secrets.crypt_key));
+                return self.open(spec, Keys::none(), storage, &opts, p);
             }
             StackKind::Integrity => Spec::Integrity(self.integrity_params(&secrets.hmac_key)),
             StackKind::CryptIntegrity => Spec::Layers(vec![
@@ -667,27 +642,30 @@ impl StackSpec {
             StackKind::Luks2 | StackKind::Luks2Integrity => {
                 let pass = secrets.passphrase();
                 let mut once = volume::OnePassphrase::new(&pass);
-                let mut l = volume::LuksSpec::new(&mut once);
-                l.version = Some(volume::luks::LuksVersion::V2);
-                l.integrity_no_journal =
-                    self.kind == StackKind::Luks2Integrity && self.integrity.mode == Mode::Direct;
+                let mut l = volume::LuksSpec {
+                    version: Some(volume::luks::LuksVersion::V2),
+                    integrity_no_journal: self.kind == StackKind::Luks2Integrity
+                        && self.integrity.mode == Mode::Direct,
+                    ..volume::LuksSpec::default()
+                };
                 if self.kind == StackKind::Luks2Integrity && !l.integrity_no_journal {
                     l.integrity_journal.watermark = self.integrity.journal_watermark;
                 }
-                return self.open(Spec::Luks(l), storage, &opts, p);
+                return self.open(Spec::Luks(l), Keys::passphrase(&mut once), storage, &opts, p);
             }
         };
-        self.open(spec, storage, &opts, p)
+        self.open(spec, Keys::none(), storage, &opts, p)
     }
 
     fn open(
         &self,
-        spec: Spec<'_>,
+        spec: Spec,
+        keys: Keys<'_>,
         storage: Storage,
         opts: &volume::OpenOptions,
         p: &str,
     ) -> Result<Arc<dyn BlockDevice>, BenchError> {
-        volume::open(spec, storage, opts)
+        volume::open_storage(storage, spec, keys, opts)
             .map(|v| v.device)
             .map_err(|e| BenchError::setup(format!("opening {} on {p}", self.describe()), e))
     }

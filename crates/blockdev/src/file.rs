@@ -275,6 +275,38 @@ impl FileDevice {
         })
     }
 
+    /// Grows the regular file under this device to `bytes` (sparse) and makes the new size
+    /// durable (`fsync`); a file already that long is left alone. This device keeps the size
+    /// it was opened with: [`remeasured`](Self::remeasured) sees the new one. A block
+    /// device's size is the device's: refused (`Unsupported`), as is growing a read-only
+    /// device (`ReadOnly`).
+    pub fn grow_file(&self, bytes: u64) -> BlockResult<()> {
+        if self.backing != BackingKind::RegularFile {
+            return Err(BlockError::new(
+                BlockErrorKind::Unsupported,
+                format!("{} is a block device: its size is the device's", self.path.display()),
+            ));
+        }
+        if self.options.read_only {
+            return Err(BlockError::new(
+                BlockErrorKind::ReadOnly,
+                format!("{} is open read-only", self.path.display()),
+            ));
+        }
+        let have = self
+            .file
+            .metadata()
+            .map_err(|e| BlockError::io(format!("stat of {}", self.path.display()), e))?
+            .len();
+        if bytes <= have {
+            return Ok(());
+        }
+        self.file
+            .set_len(bytes)
+            .and_then(|_| self.file.sync_all())
+            .map_err(|e| BlockError::io(format!("growing {} to {bytes} bytes", self.path.display()), e))
+    }
+
     /// The same open file measured again: a device of the size the file (or block device)
     /// has now, for a volume whose storage was grown underneath it (`truncate -s`,
     /// `lvextend`) and is being resized. The new device shares the open file description

@@ -327,46 +327,17 @@ fn listen_ublk(id: i64, args: &ServeArgs) -> Result<Listener> {
     Ok(Listener(Endpoint::Ublk { cfg }))
 }
 
-/// Serves `device` as export `name` on `listener` (or as the file `DIR/name` of a FUSE
-/// mount, or as `/dev/ublkbN`) until SIGINT or SIGTERM or `sealdisk close NAME`, then
-/// flushes and returns. With `rotational` (the volume's storage is on rotational media) the
-/// export says so (`NBD_FLAG_ROTATIONAL`, the ublk device's rotational attribute). The
-/// control socket answers `status` and `close` (a device without a volume behind it has
-/// nothing to refresh or suspend: see [`serve_volume`]).
+/// Serves the assembled volume `vol` as export `claim.name` on `listener` (NBD; or as the
+/// file `DIR/name` of a FUSE mount, or as `/dev/ublkbN`) until SIGINT or SIGTERM or
+/// `sealdisk close NAME`, then flushes and returns: the one way out, for every kind of
+/// volume. The control socket answers `status` (with the volume's real type, tables and
+/// device), and acts on what the volume's kind allows: `refresh` and `resize` rebuild a
+/// plain or LUKS stack on the storage `rebuild` keeps, `luksSuspend`/`luksResume` a LUKS
+/// one, and `resize` grows a standalone integrity volume (`rebuild.regrow`). When the
+/// volume's storage is on rotational media the export says so (`NBD_FLAG_ROTATIONAL`, the
+/// ublk device's rotational attribute). `claim` was taken (the name checked free) before
+/// the unlock.
 pub fn serve(
-    name: &str,
-    device: Arc<dyn BlockDevice>,
-    rotational: bool,
-    listener: Listener,
-    args: &ServeArgs,
-    read_only: bool,
-) -> Result<()> {
-    let claim = control::claim(name)?;
-    let (live, gate) = Live::basic(name, device, "INTEGRITY", read_only);
-    serve_live(claim, live, gate, rotational, listener, args, read_only)
-}
-
-/// Serves a standalone integrity volume as [`serve`] does; `resize NAME` grows it
-/// (`regrow`).
-pub fn serve_integrity(
-    name: &str,
-    device: Arc<dyn BlockDevice>,
-    regrow: control::server::IntegrityRegrow,
-    listener: Listener,
-    args: &ServeArgs,
-    read_only: bool,
-) -> Result<()> {
-    let claim = control::claim(name)?;
-    let rotational = regrow.storage.rotational;
-    let (live, gate) = Live::basic(name, device, "INTEGRITY", read_only);
-    live.set_regrow(regrow);
-    serve_live(claim, live, gate, rotational, listener, args, read_only)
-}
-
-/// Serves an assembled volume as [`serve`] does, with the whole control plane: `status`
-/// shows its tables, `refresh` and `luksSuspend`/`luksResume` rebuild its stack on the
-/// storage `rebuild` keeps. `claim` was taken (the name checked free) before the unlock.
-pub fn serve_volume(
     claim: control::Claim,
     vol: volume::Volume,
     rebuild: Rebuild,

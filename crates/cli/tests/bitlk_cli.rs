@@ -114,6 +114,8 @@ fn open_serves_what_dislocker_decrypts() {
             &["--type", "bitlk", "--readonly", "--key-file", s(&key), s(&img), "b"],
             None,
         );
+        // A BitLocker volume is served as what it is (its type and device in `status`).
+        common::status_names(dir.path(), "b", "BITLK", &img);
         let ours = dir.path().join("ours.out");
         common::run_tool(Command::new("nbdcopy").arg(srv.uri()).arg(&ours));
         srv.stop_ok();

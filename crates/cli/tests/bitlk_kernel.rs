@@ -24,7 +24,7 @@ use std::sync::Arc;
 use blockdev::{BlockDevice, MemDevice};
 use common::{bin, pattern, sha_hex};
 use sector_crypto::kdf::Passphrase;
-use volume::bitlk::{self, BitlkKey, BitlkSpec, SegmentKind};
+use volume::bitlk::{self, BitlkKey, SegmentKind};
 use volume::{OpenOptions, Spec, Storage};
 
 const PASSWORD: &str = "password12!@";
@@ -48,7 +48,7 @@ fn open_file(img: &Path) -> volume::Volume {
     let bytes = std::fs::read(img).unwrap();
     let storage = Storage::new(Arc::new(MemDevice::from_vec(bytes, 512)), "img");
     let key = BitlkKey::Passphrase(Passphrase::new(PASSWORD.as_bytes().to_vec()));
-    volume::open(Spec::Bitlk(BitlkSpec { key }), storage, &OpenOptions::default()).unwrap()
+    volume::open_storage(storage, Spec::Bitlk, key.into(), &OpenOptions::default()).unwrap()
 }
 
 fn read_all(v: &volume::Volume) -> Vec<u8> {
@@ -93,7 +93,7 @@ fn kernel_cryptsetup_and_sealdisk_agree_on_bitlocker_volumes() {
         let opts = OpenOptions::default();
         let storage = volume::storage::open(p.to_str().unwrap(), &opts.storage()).unwrap();
         let key = BitlkKey::Passphrase(Passphrase::new(PASSWORD.as_bytes().to_vec()));
-        let v = volume::open(Spec::Bitlk(BitlkSpec { key }), storage, &opts).unwrap();
+        let v = volume::open_storage(storage, Spec::Bitlk, key.into(), &opts).unwrap();
         v.device.write_at(2 << 20, &pattern(1 << 20, 3), blockdev::WriteFlags::empty()).unwrap();
         v.device.flush().unwrap();
     }

@@ -118,6 +118,23 @@ pub fn wait_for_socket(mut child: Child, sock: &Path) -> Child {
     }
 }
 
+/// `sealdisk status NAME` of a volume [`serve`] started in `dir`: its text, after checking
+/// that it names `kind` as its type and `device` (a path, shown canonical) as its device.
+pub fn status_names(dir: &Path, name: &str, kind: &str, device: &Path) -> String {
+    let o = Command::new(bin())
+        .args(["status", name])
+        .env("SEALDISK_RUNTIME_DIR", runtime_dir(dir))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sealdisk status");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "status {name}: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains(&format!("  type:    {kind}\n")), "status {name} should say type {kind}:\n{text}");
+    let dev = std::fs::canonicalize(device).unwrap();
+    assert!(text.contains(&format!("  device:  {}\n", dev.display())), "status {name}: device:\n{text}");
+    text
+}
+
 /// Runs `sealdisk ARGS` to completion.
 pub fn run(args: &[&str]) -> Output {
     Command::new(bin()).args(args).stdin(Stdio::null()).output().expect("run sealdisk")

@@ -134,6 +134,10 @@ fn served_read_only_with_the_kernels_bytes() {
         } else {
             serve(dir.path(), name, &a, Some(b"heslo123"))
         };
+        if name == "probed" {
+            let text = common::status_names(dir.path(), name, "FVAULT2", Path::new(img));
+            assert!(text.contains("  mode:    readonly"), "{text}");
+        }
         let out = Command::new("nbdcopy").arg(srv.uri()).arg("-").output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(out.stdout.len(), 167_772_160);

@@ -50,8 +50,14 @@ fn the_kernel_and_cryptsetup_agree_with_sealdisk_on_filevault2() {
     let storage = Storage::new(Arc::new(f), "/dev/vda");
     let pass = Passphrase::new(b"heslo123".to_vec());
     let mut one = OnePassphrase::new(&pass);
-    let spec = Fvault2Spec { kdf_limits: Default::default(), passphrase: &mut one };
-    let v = volume::open(Spec::Fvault2(spec), storage, &OpenOptions::default()).unwrap();
+    let spec = Fvault2Spec { kdf_limits: Default::default() };
+    let v = volume::open_storage(
+        storage,
+        Spec::Fvault2(spec),
+        volume::Keys::passphrase(&mut one),
+        &OpenOptions::default(),
+    )
+    .unwrap();
     let table = v.crypt_table().unwrap().to_string();
     let size = v.device.geometry().size;
     let mut data = vec![0u8; size as usize];

@@ -105,6 +105,9 @@ fn format_dump_serve_detect_and_refuse() {
     raw[l.data_sector(8) as usize * 512 + 17] ^= 0x20;
     std::fs::write(&img, &raw).unwrap();
     let s = serve(dir.path(), &img, &[]);
+    // Its type and device, as every kind's status.
+    let status = common::status_names(dir.path(), "vol", "INTEGRITY", Path::new(&img));
+    assert!(status.contains("  integrity: crc32c"), "{status}");
     let out = Command::new("nbdcopy").arg(&s.uri).arg(dir.path().join("bad.bin")).output().unwrap();
     assert!(!out.status.success(), "a corrupted block was read without error");
     let t0 = Instant::now();

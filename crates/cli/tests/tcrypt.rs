@@ -193,6 +193,8 @@ fn tcrypt_open_serves_the_cascade_over_nbd() {
     let mut args = vec!["--type", "tcrypt", "--hash", "sha512", "--readonly", "--print-table"];
     args.extend([path.to_str().unwrap(), "tc"]);
     let served = common::serve(dir.path(), "tc", &args, Some(b"sealdisk-tc2\n"));
+    let status = common::status_names(dir.path(), "tc", "TCRYPT", &path);
+    assert!(status.contains("  cipher:  aes-xts-plain64"), "the top layer's cipher: {status}");
     let out = common::run_tool(Command::new("nbdcopy").arg(served.uri()).arg("-"));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(out.stdout.len(), 3584 * 512);

@@ -162,15 +162,15 @@ fn sealdisk_writes_to_tcrypt_volumes_read_back_in_the_kernel() {
         std::fs::write(&img, xz.stdout).unwrap();
         let p = Passphrase::new(c.pass.as_bytes().to_vec());
         let mut src = OnePassphrase::new(&p);
-        let mut spec = TcryptSpec::new(&mut src);
+        let mut keyfiles = Vec::new();
         if c.keyfile {
-            spec.keyfiles = vec![Passphrase::new(std::fs::read(testdata().join("keyfile1")).unwrap())];
+            keyfiles = vec![Passphrase::new(std::fs::read(testdata().join("keyfile1")).unwrap())];
         }
-        spec.flags = c.flags;
-        spec.pim = c.pim;
-        spec.hash = Some(c.hash.to_owned());
+        let spec =
+            TcryptSpec { flags: c.flags, pim: c.pim, hash: Some(c.hash.to_owned()), ..TcryptSpec::default() };
+        let keys = volume::Keys::passphrase(&mut src).with_keyfiles(keyfiles);
         let storage = volume::storage::open(img.to_str().unwrap(), &StorageOptions::default()).unwrap();
-        let vol = volume::open(Spec::Tcrypt(spec), storage, &OpenOptions::default()).unwrap();
+        let vol = volume::open_storage(storage, Spec::Tcrypt(spec), keys, &OpenOptions::default()).unwrap();
         let data = pattern(LEN, 0x7c + i as u32);
         vol.device.write_at(OFFSET, &data, WriteFlags::empty()).unwrap();
         vol.device.flush().unwrap();
@@ -186,10 +186,10 @@ fn sealdisk_writes_to_tcrypt_volumes_read_back_in_the_kernel() {
         write_legacy(&img, l, 0x100 + j as u32);
         let p = Passphrase::new(LEGACY_PASS.as_bytes().to_vec());
         let mut src = OnePassphrase::new(&p);
-        let mut spec = TcryptSpec::new(&mut src);
-        spec.hash = Some("ripemd160".into());
+        let spec = TcryptSpec { hash: Some("ripemd160".into()), ..TcryptSpec::default() };
         let storage = volume::storage::open(img.to_str().unwrap(), &StorageOptions::default()).unwrap();
-        let vol = volume::open(Spec::Tcrypt(spec), storage, &OpenOptions::default()).unwrap();
+        let keys = volume::Keys::passphrase(&mut src);
+        let vol = volume::open_storage(storage, Spec::Tcrypt(spec), keys, &OpenOptions::default()).unwrap();
         assert_eq!(vol.layers.len(), find_chain(l.chain, l.mode).unwrap().ciphers.len());
         let data = pattern(LEN, 0x7c + i as u32);
         vol.device.write_at(OFFSET, &data, WriteFlags::empty()).unwrap();

@@ -51,6 +51,42 @@ pub enum Placement {
     Auto,
 }
 
+impl Placement {
+    /// Its name on command lines, in bench stack specs and in `status`: `inline`, `pool`,
+    /// `auto`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Placement::Inline => "inline",
+            Placement::Pool => "pool",
+            Placement::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not one of [`Placement`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected auto, pool or inline")]
+pub struct UnknownPlacement(pub String);
+
+impl std::str::FromStr for Placement {
+    type Err = UnknownPlacement;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "inline" => Ok(Placement::Inline),
+            "pool" => Ok(Placement::Pool),
+            "auto" => Ok(Placement::Auto),
+            _ => Err(UnknownPlacement(s.to_owned())),
+        }
+    }
+}
+
 /// Bytes per chunk: requests are cut into chunks of this size (never below one sector or
 /// block, see [`chunk_len`]).
 pub(crate) const CHUNK: usize = 64 * 1024;
@@ -316,6 +352,14 @@ mod tests {
     use super::*;
 
     const ALL: [Placement; 3] = [Placement::Inline, Placement::Pool, Placement::Auto];
+
+    #[test]
+    fn names_round_trip() {
+        for p in ALL {
+            assert_eq!(p.to_string().parse::<Placement>(), Ok(p));
+        }
+        assert_eq!("fast".parse::<Placement>(), Err(UnknownPlacement("fast".into())));
+    }
 
     #[test]
     fn route_follows_the_policy() {

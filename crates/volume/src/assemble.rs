@@ -32,6 +32,7 @@ use sector_crypto::kdf::Passphrase;
 use sector_crypto::VolumeKey;
 
 use crate::integrity::{IntegrityParams, IntegrityTarget};
+use crate::keys::Keys;
 use crate::luks::{self, KdfLimits, Luks, LuksError, LuksVersion, WipeEnd};
 use crate::plain::PlainParams;
 use crate::probe::Format;
@@ -72,8 +73,10 @@ impl PassphraseSource for OnePassphrase<'_> {
     }
 }
 
-/// How to unlock a LUKS volume (cryptsetup `open --type luks`).
-pub struct LuksSpec<'a> {
+/// How to unlock a LUKS volume (cryptsetup `open --type luks`). The passphrases come from
+/// the [`Keys`] given beside it.
+#[derive(Debug, Default)]
+pub struct LuksSpec {
     /// `--type luks1` / `luks2` (`None`: either).
     pub version: Option<LuksVersion>,
     /// A detached header (`--header`), already opened.
@@ -88,51 +91,35 @@ pub struct LuksSpec<'a> {
     pub integrity_journal: crate::luks::IntegrityJournalTuning,
     /// Bounds on the header's KDF costs.
     pub kdf_limits: KdfLimits,
-    /// Where passphrases come from.
-    pub passphrase: &'a mut dyn PassphraseSource,
 }
 
-impl std::fmt::Debug for LuksSpec<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LuksSpec")
-            .field("version", &self.version)
-            .field("header", &self.header)
-            .field("key_slot", &self.key_slot)
-            .field("flags", &self.flags)
-            .field("integrity_no_journal", &self.integrity_no_journal)
-            .field("integrity_journal", &self.integrity_journal)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'a> LuksSpec<'a> {
-    /// Either version, any keyslot, the header's own flags, default KDF bounds.
-    pub fn new(passphrase: &'a mut dyn PassphraseSource) -> Self {
-        LuksSpec {
-            version: None,
-            header: None,
-            key_slot: None,
-            flags: CryptOptions::default(),
-            integrity_no_journal: false,
-            integrity_journal: Default::default(),
-            kdf_limits: KdfLimits::default(),
-            passphrase,
-        }
-    }
-}
-
-/// How to unlock a FileVault2 volume (cryptsetup `open --type fvault2`).
-pub struct Fvault2Spec<'a> {
+/// How to unlock a FileVault2 volume (cryptsetup `open --type fvault2`), with the
+/// passphrases of the [`Keys`] given beside it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fvault2Spec {
     /// Bounds on the passphrase derivation's cost.
     pub kdf_limits: KdfLimits,
-    /// Where passphrases come from.
-    pub passphrase: &'a mut dyn PassphraseSource,
 }
 
-impl std::fmt::Debug for Fvault2Spec<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fvault2Spec").finish_non_exhaustive()
-    }
+/// What [`Spec::Auto`] opens: whatever the probe finds (`probe::Format`), with the
+/// options for each format it may find.
+///
+/// | found          | opened as                                                  |
+/// |----------------|------------------------------------------------------------|
+/// | LUKS1, LUKS2   | `luks` (also authenticated LUKS2); a detached `luks.header` means LUKS whatever the device holds |
+/// | dm-integrity   | `integrity` (its hash: integritysetup's default crc32c unless set) |
+/// | BitLocker      | BitLocker, with the keys' volume key, key file or passphrases |
+/// | FileVault2     | FileVault2, read-only, KDF bounded by `luks.kdf_limits`    |
+/// | no signature   | `tcrypt` when given (TrueCrypt/VeraCrypt have none), else LUKS, whose refusal says what was found |
+#[derive(Debug, Default)]
+pub struct AutoSpec {
+    /// Options for a LUKS volume (and the KDF bounds of every passphrase derivation).
+    pub luks: LuksSpec,
+    /// Options for a standalone dm-integrity volume.
+    pub integrity: IntegrityParams,
+    /// Try TrueCrypt/VeraCrypt on a device without a signature (cryptsetup needs
+    /// `--type tcrypt` for them too: trying them costs seconds of key derivation).
+    pub tcrypt: Option<crate::tcrypt::TcryptSpec>,
 }
 
 /// One layer of a [`Spec::Layers`] stack.
@@ -144,11 +131,17 @@ pub enum Layer {
     Plain(PlainParams),
 }
 
-/// What to assemble on the storage.
+/// What to assemble on the storage. Key material is not part of it: it comes from the
+/// [`Keys`] given beside it.
+// Built once per open and moved once: the size of the biggest variant costs nothing, and
+// boxing it would make every `Spec::Auto(..)` a caller writes noisier.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Spec<'a> {
+pub enum Spec {
+    /// Whatever the probe finds (see [`AutoSpec`]).
+    Auto(AutoSpec),
     /// A LUKS1 or LUKS2 volume (authenticated or not), unlocked by passphrase.
-    Luks(LuksSpec<'a>),
+    Luks(LuksSpec),
     /// Plain dm-crypt with cryptsetup's plain options.
     Plain(PlainParams),
     /// Plain dm-crypt from a table line (its device field is informational: the storage
@@ -159,11 +152,19 @@ pub enum Spec<'a> {
     /// Layers bottom first, each over the one below (e.g. plain crypt over integrity).
     Layers(Vec<Layer>),
     /// A TrueCrypt/VeraCrypt volume, unlocked by passphrase and keyfiles (`tcrypt.rs`).
-    Tcrypt(crate::tcrypt::TcryptSpec<'a>),
+    Tcrypt(crate::tcrypt::TcryptSpec),
     /// A FileVault2 (Core Storage) volume, unlocked by passphrase, always read-only.
-    Fvault2(Fvault2Spec<'a>),
-    /// A BitLocker volume (cryptsetup `--type bitlk`).
-    Bitlk(crate::bitlk::BitlkSpec),
+    Fvault2(Fvault2Spec),
+    /// A BitLocker volume (cryptsetup `--type bitlk`), unlocked by the keys' volume key,
+    /// key file or passphrases.
+    Bitlk,
+}
+
+impl Spec {
+    /// [`Spec::Auto`] with default options: probe, and open what is found.
+    pub fn auto() -> Spec {
+        Spec::Auto(AutoSpec::default())
+    }
 }
 
 /// What an assembled volume is.
@@ -188,6 +189,34 @@ pub enum VolumeKind {
     Fvault2,
     /// BitLocker.
     Bitlk,
+}
+
+impl VolumeKind {
+    /// The type `cryptsetup status` shows for it (`PLAIN`, `LUKS1`, `LUKS2`, `INTEGRITY`,
+    /// `TCRYPT`, `FVAULT2`, `BITLK`); an authenticated LUKS2 volume is `LUKS2`, a stack of
+    /// layers is named by its top layer (`PLAIN`).
+    pub fn type_name(self) -> &'static str {
+        match self {
+            VolumeKind::Plain | VolumeKind::Layers => "PLAIN",
+            VolumeKind::Luks1 => "LUKS1",
+            VolumeKind::Luks2 | VolumeKind::Luks2Aead => "LUKS2",
+            VolumeKind::Integrity => "INTEGRITY",
+            VolumeKind::Tcrypt => "TCRYPT",
+            VolumeKind::Fvault2 => "FVAULT2",
+            VolumeKind::Bitlk => "BITLK",
+        }
+    }
+
+    /// Whether it is LUKS (whose header `luksSuspend`, token and keyslot commands act on).
+    pub fn is_luks(self) -> bool {
+        matches!(self, VolumeKind::Luks1 | VolumeKind::Luks2 | VolumeKind::Luks2Aead)
+    }
+}
+
+impl std::fmt::Display for VolumeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.type_name())
+    }
 }
 
 /// A dm-integrity layer of a volume, as its table would describe it.
@@ -284,42 +313,105 @@ impl Volume {
     }
 }
 
-/// Assembles `spec` on `storage` (see the module docs). `opts` sets read-only and crypto
-/// placement; the storage was opened (and locked) by the caller.
-pub fn open(spec: Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+/// Opens the storage `locator` names ([`crate::storage::open`]: a path, a `file://` URI or
+/// an object-storage locator, with the lock `opts` ask for) and assembles `spec` on it with
+/// `keys`: the one way in.
+///
+/// ```no_run
+/// use sector_crypto::kdf::Passphrase;
+/// use volume::{Keys, OnePassphrase, OpenOptions, Spec};
+///
+/// let pass = Passphrase::new(b"correct horse".to_vec());
+/// let mut one = OnePassphrase::new(&pass);
+/// let opts = OpenOptions { read_only: true, ..OpenOptions::default() };
+/// let vol = volume::open("disk.img", Spec::auto(), Keys::passphrase(&mut one), &opts)?;
+/// let mut sector = vec![0u8; 512];
+/// vol.device.read_at(0, &mut sector)?;
+/// println!("{} volume, {} bytes", vol.kind, vol.device.geometry().size);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn open(locator: &str, spec: Spec, keys: Keys<'_>, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    let storage = crate::storage::open(locator, &opts.storage())?;
+    open_storage(storage, spec, keys, opts)
+}
+
+/// Assembles `spec` on `storage` with `keys` (see the module docs): [`open`] for a caller
+/// that opened (and locked) the storage itself, or built it (memory, a test device).
+pub fn open_storage(
+    storage: Storage,
+    spec: Spec,
+    mut keys: Keys<'_>,
+    opts: &OpenOptions,
+) -> Result<Volume, VolumeError> {
     let rotational = storage.rotational;
     let volume = match spec {
-        Spec::Luks(l) => open_luks(l, storage, opts),
+        Spec::Auto(a) => open_auto(a, storage, &mut keys, opts),
+        Spec::Luks(l) => open_luks(l, &mut keys, storage, opts),
         Spec::Plain(p) => {
             let table = crate::plain::table_on(&storage, &p)?;
             crypt_volume(storage, table, opts, VolumeKind::Plain, Vec::new(), None)
         }
         Spec::Table(t) => crypt_volume(storage, t, opts, VolumeKind::Plain, Vec::new(), None),
-        Spec::Integrity(p) => {
-            let t = crate::integrity::open_on(storage.device, &storage.name, &p)?;
-            let layer = crate::integrity::layer_table(&t, &storage.name, &p);
-            Ok(Volume {
-                device: t.clone(),
-                kind: VolumeKind::Integrity,
-                layers: vec![LayerTable::Integrity(layer)],
-                integrity: Some(t),
-                luks: None,
-                rotational: false,
-            })
-        }
+        Spec::Integrity(p) => open_integrity(&p, storage, opts),
         Spec::Layers(layers) => open_layers(layers, storage, opts),
-        Spec::Tcrypt(t) => crate::tcrypt::open(t, storage, opts),
-        Spec::Fvault2(f) => open_fvault2(f, storage, opts),
-        Spec::Bitlk(b) => crate::bitlk::open_on(&b, storage, opts).map(|(device, table, _)| Volume {
-            device,
-            kind: VolumeKind::Bitlk,
-            layers: vec![LayerTable::Crypt(table)],
-            integrity: None,
-            luks: None,
-            rotational: false,
-        }),
+        Spec::Tcrypt(t) => crate::tcrypt::open(t, &mut keys, storage, opts),
+        Spec::Fvault2(f) => open_fvault2(f, &mut keys, storage, opts),
+        Spec::Bitlk => open_bitlk(&mut keys, storage, opts),
     };
     volume.map(|v| Volume { rotational, ..v })
+}
+
+/// [`Spec::Auto`]: the probe's answer picks the arm (see [`AutoSpec`]).
+fn open_auto(
+    a: AutoSpec,
+    storage: Storage,
+    keys: &mut Keys<'_>,
+    opts: &OpenOptions,
+) -> Result<Volume, VolumeError> {
+    if a.luks.header.is_some() {
+        // A detached header: the device holds only ciphertext, the header says what it is.
+        return open_luks(a.luks, keys, storage, opts);
+    }
+    let found = crate::probe::probe(&*storage.device, &storage.name)?;
+    log::info!("{}: {} found.", storage.name, found.name());
+    match found {
+        Format::Luks1 | Format::Luks2 { .. } => open_luks(a.luks, keys, storage, opts),
+        Format::Integrity => open_integrity(&a.integrity, storage, opts),
+        Format::Bitlk => open_bitlk(keys, storage, opts),
+        Format::Fvault2 => open_fvault2(Fvault2Spec { kdf_limits: a.luks.kdf_limits }, keys, storage, opts),
+        _ => match a.tcrypt {
+            Some(t) => crate::tcrypt::open(t, keys, storage, opts),
+            // LUKS's refusal names what the device holds (plain dm-crypt: nothing).
+            None => open_luks(a.luks, keys, storage, opts),
+        },
+    }
+}
+
+/// A standalone dm-integrity volume; read-only when either `p` or `opts` says so.
+fn open_integrity(p: &IntegrityParams, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    let p = &IntegrityParams { read_only: p.read_only || opts.read_only, ..p.clone() };
+    let t = crate::integrity::open_on(storage.device, &storage.name, p)?;
+    let layer = crate::integrity::layer_table(&t, &storage.name, p);
+    Ok(Volume {
+        device: t.clone(),
+        kind: VolumeKind::Integrity,
+        layers: vec![LayerTable::Integrity(layer)],
+        integrity: Some(t),
+        luks: None,
+        rotational: false,
+    })
+}
+
+fn open_bitlk(keys: &mut Keys<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+    let (device, table, _) = crate::bitlk::open_on(keys, storage, opts)?;
+    Ok(Volume {
+        device,
+        kind: VolumeKind::Bitlk,
+        layers: vec![LayerTable::Crypt(table)],
+        integrity: None,
+        luks: None,
+        rotational: false,
+    })
 }
 
 fn crypt_volume(
@@ -379,16 +471,17 @@ fn open_layers(layers: Vec<Layer>, storage: Storage, opts: &OpenOptions) -> Resu
 /// first half of [`open`] for LUKS. For a volume mid-reencryption the key returned is the
 /// new one (the passphrase opened both).
 pub fn unlock_luks(
-    l: &mut LuksSpec<'_>,
+    l: &LuksSpec,
+    passphrases: &mut dyn PassphraseSource,
     meta: &Storage,
     read_only: bool,
 ) -> Result<(Unlocked, VolumeKey), VolumeError> {
-    let (unlocked, keys) = unlock_keys(l, meta, read_only)?;
+    let (unlocked, keys) = unlock_keys(l, passphrases, meta, read_only)?;
     Ok((
         unlocked,
         match keys {
-            Keys::One(k) => k,
-            Keys::Reencrypt(k) => match k.volume_key() {
+            Unlock::One(k) => k,
+            Unlock::Reencrypt(k) => match k.volume_key() {
                 Some(vk) => vk.clone(),
                 None => {
                     return Err(VolumeError::Luks {
@@ -402,7 +495,7 @@ pub fn unlock_luks(
 }
 
 /// The keys an unlock found.
-enum Keys {
+enum Unlock {
     /// The volume key.
     One(VolumeKey),
     /// Both keys of a reencryption in progress.
@@ -410,10 +503,11 @@ enum Keys {
 }
 
 fn unlock_keys(
-    l: &mut LuksSpec<'_>,
+    l: &LuksSpec,
+    passphrases: &mut dyn PassphraseSource,
     meta: &Storage,
     read_only: bool,
-) -> Result<(Unlocked, Keys), VolumeError> {
+) -> Result<(Unlocked, Unlock), VolumeError> {
     let path = meta.name.as_str();
     let wrap = |source| VolumeError::Luks { path: path.to_owned(), source };
     if luks::probe(&*meta.device).map_err(wrap)?.is_none() {
@@ -428,8 +522,8 @@ fn unlock_keys(
         header.check_supported().map_err(wrap)?;
     }
     let mut last = None;
-    while let Some(pass) = l.passphrase.next_passphrase()? {
-        let slots = l.passphrase.keyslots();
+    while let Some(pass) = passphrases.next_passphrase()? {
+        let slots = passphrases.keyslots();
         // One keyslot, any keyslot, or a token's keyslots in its order (a wrong passphrase
         // goes on to the next; any other error stops, as in cryptsetup).
         let unlock = |pass: &Passphrase| match &slots {
@@ -458,16 +552,16 @@ fn unlock_keys(
                         Some(_) => unlock(&pass)?.0,
                         None => k.keyslot,
                     };
-                    Ok((slot, Keys::Reencrypt(k)))
+                    Ok((slot, Unlock::Reencrypt(k)))
                 },
             )
         } else {
-            unlock(&pass).map(|(k, vk)| (k, Keys::One(vk)))
+            unlock(&pass).map(|(k, vk)| (k, Unlock::One(vk)))
         };
         match tried {
             Ok((keyslot, keys)) => return Ok((Unlocked { luks: header, keyslot }, keys)),
             Err(LuksError::WrongPassphrase) => {
-                l.passphrase.rejected();
+                passphrases.rejected();
                 last = Some(LuksError::WrongPassphrase);
             }
             Err(e) => return Err(wrap(e)),
@@ -476,13 +570,18 @@ fn unlock_keys(
     Err(wrap(last.unwrap_or(LuksError::WrongPassphrase)))
 }
 
-fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
+fn open_luks(
+    mut l: LuksSpec,
+    keys: &mut Keys<'_>,
+    storage: Storage,
+    opts: &OpenOptions,
+) -> Result<Volume, VolumeError> {
     let header = l.header.take();
     let meta = header.as_ref().unwrap_or(&storage);
-    let (unlocked, keys) = unlock_keys(&mut l, meta, opts.read_only)?;
-    let vk = match keys {
-        Keys::One(vk) => vk,
-        Keys::Reencrypt(k) => {
+    let (unlocked, found) = unlock_keys(&l, keys, meta, opts.read_only)?;
+    let vk = match found {
+        Unlock::One(vk) => vk,
+        Unlock::Reencrypt(k) => {
             let meta_dev = header.as_ref().map_or_else(|| storage.device.clone(), |h| h.device.clone());
             return open_reencrypting(&l, unlocked, &k, &*meta_dev, storage, opts);
         }
@@ -521,7 +620,7 @@ fn open_luks(mut l: LuksSpec<'_>, storage: Storage, opts: &OpenOptions) -> Resul
 /// activation). Layers: the new segment's table, then the old's (a linear layer for the
 /// plaintext side of an encryption or decryption).
 fn open_reencrypting(
-    l: &LuksSpec<'_>,
+    l: &LuksSpec,
     mut unlocked: Unlocked,
     keys: &luks::reencrypt::ReencryptKeys,
     meta: &dyn BlockDevice,
@@ -570,17 +669,18 @@ fn with_persistent_flags(luks: &Luks, extra: &CryptOptions) -> CryptOptions {
 /// unwraps the volume key: `open --test-passphrase`, and the first half of [`open`] for
 /// FileVault2. Nothing is written.
 pub fn unlock_fvault2(
-    f: &mut Fvault2Spec<'_>,
+    f: &Fvault2Spec,
+    passphrases: &mut dyn PassphraseSource,
     storage: &Storage,
 ) -> Result<(formats::fvault2::Fvault2Params, VolumeKey), VolumeError> {
     let wrap = |source| VolumeError::Fvault2 { path: storage.name.clone(), source };
     let params = crate::fvault2::read_params(&*storage.device).map_err(wrap)?;
     let mut last = None;
-    while let Some(pass) = f.passphrase.next_passphrase()? {
+    while let Some(pass) = passphrases.next_passphrase()? {
         match crate::fvault2::unlock(&params, &pass, &f.kdf_limits) {
             Ok(key) => return Ok((params, key)),
             Err(crate::fvault2::Fvault2VolumeError::WrongPassphrase) => {
-                f.passphrase.rejected();
+                passphrases.rejected();
                 last = Some(crate::fvault2::Fvault2VolumeError::WrongPassphrase);
             }
             Err(e) => return Err(wrap(e)),
@@ -589,8 +689,13 @@ pub fn unlock_fvault2(
     Err(wrap(last.unwrap_or(crate::fvault2::Fvault2VolumeError::WrongPassphrase)))
 }
 
-fn open_fvault2(mut f: Fvault2Spec<'_>, storage: Storage, opts: &OpenOptions) -> Result<Volume, VolumeError> {
-    let (params, key) = unlock_fvault2(&mut f, &storage)?;
+fn open_fvault2(
+    f: Fvault2Spec,
+    keys: &mut Keys<'_>,
+    storage: Storage,
+    opts: &OpenOptions,
+) -> Result<Volume, VolumeError> {
+    let (params, key) = unlock_fvault2(&f, keys, &storage)?;
     let table = crate::fvault2::table(&params, &storage.name, &key);
     // Read-only whatever was asked: FileVault2 is opened, never changed (as cryptsetup
     // never changes its metadata); the crypt layer refuses writes with a read-only error.

@@ -24,7 +24,9 @@ use sector_crypto::VolumeKey;
 use zeroize::Zeroizing;
 
 use crate::error::{block_kind, ErrorKind};
+use crate::keys::Keys;
 use crate::storage::Storage;
+use crate::PassphraseSource;
 use crate::{crypt_over, OpenOptions, VolumeError};
 
 /// Why a BitLocker volume could not be loaded or unlocked.
@@ -112,13 +114,6 @@ impl std::fmt::Debug for BitlkKey {
             BitlkKey::VolumeKey(_) => "BitlkKey::VolumeKey(redacted)",
         })
     }
-}
-
-/// How to open a BitLocker volume (`open --type bitlk`).
-#[derive(Debug)]
-pub struct BitlkSpec {
-    /// The key.
-    pub key: BitlkKey,
 }
 
 fn read(dev: &dyn BlockDevice, off: u64, len: usize) -> Result<Vec<u8>, BitlkVolumeError> {
@@ -407,16 +402,53 @@ impl BlockDevice for BitlkDevice {
     }
 }
 
+/// The keys a [`BitlkKey`] stands for: its passphrase, key file or volume key.
+impl From<BitlkKey> for Keys<'_> {
+    fn from(k: BitlkKey) -> Self {
+        match k {
+            BitlkKey::Passphrase(p) => Keys::none().with_passphrase(p),
+            BitlkKey::KeyFile(bytes) => Keys::none().with_key_file(bytes),
+            BitlkKey::VolumeKey(vk) => Keys::none().with_volume_key(vk),
+        }
+    }
+}
+
+/// Unlocks `b` with `keys`: the volume key if given, else the key file (a .BEK startup
+/// key, else a passphrase file), else each passphrase in turn until one opens a VMK. The
+/// metadata was loaded first, so a device that is not BitLocker is refused before a
+/// passphrase is asked for.
+/// `path` names the device in errors.
+pub fn unlock_with(b: &Bitlk, keys: &mut Keys<'_>, path: &str) -> Result<VolumeKey, VolumeError> {
+    let wrap = |source| VolumeError::Bitlk { path: path.to_owned(), source };
+    if let Some(k) = keys.volume_key() {
+        return b.unlock(&BitlkKey::VolumeKey(k.clone())).map_err(wrap);
+    }
+    if let Some(bytes) = keys.key_file() {
+        return b.unlock(&BitlkKey::KeyFile(bytes.clone())).map_err(wrap);
+    }
+    let mut last = BitlkVolumeError::WrongKey { eperm: true };
+    while let Some(pass) = keys.next_passphrase()? {
+        match b.unlock(&BitlkKey::Passphrase(pass)) {
+            Err(e @ BitlkVolumeError::WrongKey { .. }) => {
+                keys.rejected();
+                last = e;
+            }
+            r => return r.map_err(wrap),
+        }
+    }
+    Err(wrap(last))
+}
+
 /// Opens `storage` as BitLocker: load, unlock, map. Returns the device and the crypt table
 /// of the body (for status).
 pub(crate) fn open_on(
-    spec: &BitlkSpec,
+    keys: &mut Keys<'_>,
     storage: Storage,
     opts: &OpenOptions,
 ) -> Result<(Arc<dyn BlockDevice>, CryptTable, Bitlk), VolumeError> {
     let wrap = |source| VolumeError::Bitlk { path: storage.name.clone(), source };
     let b = load(&*storage.device).map_err(wrap)?;
-    let key = b.unlock(&spec.key).map_err(wrap)?;
+    let key = unlock_with(&b, keys, &storage.name)?;
     let size = storage.size();
     let sector_size = u32::from(b.header.sector_size);
     let mut options = CryptOptions::default();

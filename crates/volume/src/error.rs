@@ -100,6 +100,15 @@ pub enum VolumeError {
         /// The locator as given.
         locator: String,
     },
+    /// The storage cannot be grown by sealdisk: its size is its own (a block device, object
+    /// storage, a device the caller built).
+    #[error("{path} cannot be grown here: it is {what}, whose size is its own")]
+    NotGrowable {
+        /// The storage's name.
+        path: String,
+        /// What it is (`a block device`, `object storage`, `a device the caller built`).
+        what: &'static str,
+    },
     /// A storage file could not be created or grown.
     #[error("cannot create or grow {path}")]
     Create {
@@ -199,7 +208,9 @@ impl VolumeError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             VolumeError::Table(_) => ErrorKind::Usage,
-            VolumeError::Cipher { .. } | VolumeError::UnsupportedScheme { .. } => ErrorKind::Unsupported,
+            VolumeError::Cipher { .. }
+            | VolumeError::UnsupportedScheme { .. }
+            | VolumeError::NotGrowable { .. } => ErrorKind::Unsupported,
             VolumeError::Device { source, .. } => match block_kind(source) {
                 k @ (ErrorKind::Busy | ErrorKind::Permission) => k,
                 _ => ErrorKind::Io,

@@ -526,17 +526,6 @@ pub enum GrowError {
         /// The size asked for.
         want: u64,
     },
-    /// Growing the image file failed.
-    #[error("growing {path} to {bytes} bytes")]
-    File {
-        /// The image.
-        path: String,
-        /// The new size.
-        bytes: u64,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 impl GrowError {
@@ -545,7 +534,6 @@ impl GrowError {
         match self {
             GrowError::Volume(e) => e.kind(),
             GrowError::Shrink { .. } | GrowError::TooLarge { .. } => crate::ErrorKind::Usage,
-            GrowError::File { .. } => crate::ErrorKind::Io,
         }
     }
 }
@@ -633,14 +621,7 @@ pub fn grow_image(
     if !wipe {
         IntegrityTarget::prepare_grow(&storage.device, &cfg).map_err(target)?;
     }
-    if bytes > storage.size() {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .and_then(|f| f.set_len(bytes).and_then(|_| f.sync_all()));
-        f.map_err(|source| GrowError::File { path: path.clone(), bytes, source })?;
-    }
-    let grown = storage.remeasured().map_err(|e| IntegrityVolumeError::Storage(Box::new(e)))?;
+    let grown = storage.grow(bytes).map_err(|e| IntegrityVolumeError::Storage(Box::new(e)))?;
     let t = open_on(grown.device, &path, p)?;
     let new = t.superblock().provided_data_sectors;
     if wipe {

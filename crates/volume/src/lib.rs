@@ -1,24 +1,72 @@
-//! Probe, unlock, assemble: the one place where storage becomes a volume.
+//! Probe, unlock, assemble: the one place where storage becomes a volume, and sealdisk's
+//! library API.
 //!
 //! ```text
-//!   locator ──storage::open──► Storage (Arc<dyn BlockDevice>: file, block device; URIs later)
+//!   locator ──storage::open──► Storage (Arc<dyn BlockDevice>: file, block device, s3://…)
 //!                                 │
-//!   Spec (LUKS + passphrases,     ▼
-//!         plain, table line, ──► open() ──probe──unlock──stack──► Volume (top device, tables)
-//!         integrity, layers)                                          │
-//!                                          NBD server, bench, tests ◄─┘
+//!   Spec (Auto, LUKS, plain,      ▼
+//!         table line, integrity, open(locator, Spec, Keys, opts) ──probe──unlock──stack──► Volume
+//!         TrueCrypt, BitLocker,      ▲                                   (kind, top device, tables)
+//!         FileVault2, layers)        │                                          │
+//!   Keys (passphrases, keyfiles, ────┘                  serve (NBD, FUSE, ublk), bench, tests
+//!         key file, volume key)
 //!   FormatSpec (LUKS1/2, LUKS2+AEAD, integrity) ──► format() (one call per volume)
 //! ```
 //! Only this crate sees both `formats` and `targets`. Errors are typed by cause
 //! ([`ErrorKind`]). See `assemble` for the path in detail.
+//!
+//! # Examples
+//!
+//! Format a LUKS2 volume, add a second passphrase, probe it, open it by probing (the way
+//! `cryptsetup open` without `--type` does) and read a sector. A memory device stands in
+//! for a file here; [`open`] takes a path or URI instead.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use blockdev::{BlockDevice, MemDevice, WriteFlags};
+//! use sector_crypto::kdf::Passphrase;
+//! use volume::luks::{FormatParams, Luks, LuksVersion, PbkdfParams, PbkdfType};
+//! use volume::{Format, FormatSpec, Keys, OnePassphrase, OpenOptions, Spec, Storage, VolumeKind};
+//!
+//! let storage = Storage::new(Arc::new(MemDevice::new(32 << 20, 512)), "example.img");
+//! // LUKS2, aes-xts-plain64 with a 512-bit key; PBKDF2 with few iterations to keep the
+//! // example fast (real volumes keep the benchmarked Argon2id default).
+//! let mut params = FormatParams::for_cipher(LuksVersion::V2, "aes-xts-plain64", None, None)?;
+//! params.pbkdf = PbkdfParams {
+//!     kind: Some(PbkdfType::Pbkdf2),
+//!     force_iterations: Some(1000),
+//!     ..PbkdfParams::default()
+//! };
+//! let first = Passphrase::new(b"first passphrase".to_vec());
+//! let fmt = FormatSpec::Luks { params: params.clone(), header: None, passphrase: &first };
+//! volume::format(fmt, &storage, |_, _| std::ops::ControlFlow::Continue(()))?;
+//!
+//! // A second keyslot (`luksAddKey`): unlock with the first passphrase, store the key again.
+//! let mut luks = Luks::load(&*storage.device, false)?;
+//! let (_, key) = luks.unlock(&*storage.device, &first, None)?;
+//! let second = Passphrase::new(b"second passphrase".to_vec());
+//! let slot = luks.add_keyslot(&*storage.device, &key, &second, None, &params.pbkdf)?;
+//! assert_eq!((slot, luks.active_keyslots()), (1, vec![0, 1]));
+//!
+//! assert_eq!(volume::probe(&storage)?, Format::Luks2 { aead: false });
+//! let mut one = OnePassphrase::new(&second);
+//! let vol = volume::open_storage(storage, Spec::auto(), Keys::passphrase(&mut one), &OpenOptions::default())?;
+//! assert_eq!((vol.kind, vol.kind.type_name()), (VolumeKind::Luks2, "LUKS2"));
+//! vol.device.write_at(0, &[0xab; 4096], WriteFlags::FUA)?;
+//! let mut sector = [0u8; 512];
+//! vol.device.read_at(0, &mut sector)?;
+//! assert!(sector.iter().all(|&b| b == 0xab));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod assemble;
 pub mod bitlk;
 mod error;
 pub mod fvault2;
 pub mod integrity;
+mod keys;
 pub mod luks;
 pub mod plain;
 mod probe;
@@ -32,11 +80,12 @@ pub use targets::CryptMode;
 use targets::{CryptConfig, CryptTarget};
 
 pub use assemble::{
-    describe, format, open, probe, unlock_fvault2, unlock_luks, FormatSpec, Formatted, Fvault2Spec,
-    IntegrityLayer, Layer, LayerTable, LuksSpec, OnePassphrase, PassphraseSource, Spec, Unlocked, Volume,
-    VolumeKind,
+    describe, format, open, open_storage, probe, unlock_fvault2, unlock_luks, AutoSpec, FormatSpec,
+    Formatted, Fvault2Spec, IntegrityLayer, Layer, LayerTable, LuksSpec, OnePassphrase, PassphraseSource,
+    Spec, Unlocked, Volume, VolumeKind,
 };
 pub use error::{ErrorKind, VolumeError};
+pub use keys::Keys;
 pub use probe::{Description, Format};
 pub use storage::{Storage, StorageKind, StorageOptions};
 
@@ -79,10 +128,9 @@ impl OpenOptions {
 }
 
 /// Opens the storage `table.device` names and stacks the crypt layer of `table` on it:
-/// [`storage::open`] then [`open`] with [`Spec::Table`].
+/// [`open`] with [`Spec::Table`].
 pub fn open_crypt_table(table: &CryptTable, opts: &OpenOptions) -> Result<Volume, VolumeError> {
-    let storage = storage::open(&table.device, &opts.storage())?;
-    open(Spec::Table(table.clone()), storage, opts)
+    open(&table.device, Spec::Table(table.clone()), Keys::none(), opts)
 }
 
 /// Opens a backing file or block device by path (with the lock `opts` ask for), for

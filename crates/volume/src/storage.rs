@@ -87,6 +87,31 @@ impl Storage {
         Ok(Storage { device: dev.clone(), file: Some(dev), ..self.clone() })
     }
 
+    /// Grows the storage to at least `bytes` and returns it measured again
+    /// ([`remeasured`](Self::remeasured)): an image file is extended (sparse, synced); one
+    /// already that long, and other storage already that long, are returned as they are. A
+    /// block device, object storage and caller-built devices cannot be grown here
+    /// (`Unsupported`: grow the device, or the bucket's volume, by its own means).
+    pub fn grow(&self, bytes: u64) -> Result<Storage, VolumeError> {
+        if bytes <= self.size() {
+            return Ok(self.clone());
+        }
+        let what = match self.kind {
+            StorageKind::File => None,
+            StorageKind::BlockDevice => Some("a block device"),
+            StorageKind::Object => Some("object storage"),
+            StorageKind::Other => Some("a device the caller built"),
+        };
+        let (None, Some(file)) = (what, &self.file) else {
+            return Err(VolumeError::NotGrowable {
+                path: self.name.clone(),
+                what: what.unwrap_or("unknown"),
+            });
+        };
+        file.grow_file(bytes).map_err(|source| VolumeError::Device { path: self.name.clone(), source })?;
+        self.remeasured()
+    }
+
     /// Size in bytes.
     pub fn size(&self) -> u64 {
         self.device.geometry().size
@@ -207,6 +232,11 @@ mod tests {
         assert_eq!(s.size(), 1 << 20, "open storage keeps its size");
         let grown = s.remeasured().unwrap();
         assert_eq!((grown.size(), grown.kind, grown.name.as_str()), (2 << 20, StorageKind::File, p));
+        let bigger = s.grow(3 << 20).unwrap();
+        assert_eq!((bigger.size(), std::fs::metadata(p).unwrap().len()), (3 << 20, 3 << 20));
+        assert_eq!(bigger.grow(4096).unwrap().size(), 3 << 20, "never shrunk");
+        let e = Storage::new(Arc::new(blockdev::MemDevice::new(4096, 512)), "mem").grow(8192).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Unsupported);
         let e = open(&format!("{p}.missing"), &StorageOptions::default()).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Io);
     }

@@ -36,22 +36,22 @@ use formats::tcrypt::{
     self, chain_plan, data_layout, header_offsets, kdf_plan, ChainMode, CipherChain, DataLayout, HeaderFlags,
     KdfEntry, TcryptError, TcryptHeader, BLOCK_LEN, HDR_KEY_LEN, HDR_LEN, SALT_LEN,
 };
-use sector_crypto::kdf::{HashAlg, Passphrase};
+use sector_crypto::kdf::HashAlg;
 use sector_crypto::{CipherSpec, SectorCipher, SectorParams, VolumeKey};
 use zeroize::Zeroizing;
 
 use crate::assemble::{LayerTable, PassphraseSource, Volume, VolumeKind};
 use crate::error::{block_kind, ErrorKind};
+use crate::keys::Keys;
 use crate::storage::Storage;
 use crate::{crypt_over, OpenOptions, VolumeError};
 
 /// How to unlock a TrueCrypt/VeraCrypt volume (cryptsetup `open --type tcrypt`,
-/// `tcryptDump`).
-pub struct TcryptSpec<'a> {
-    /// Where passphrases come from (each is combined with the keyfiles).
-    pub passphrase: &'a mut dyn PassphraseSource,
-    /// The keyfiles' contents (`-d`, in order; only the first MiB of each counts).
-    pub keyfiles: Vec<Passphrase>,
+/// `tcryptDump`). Passphrases and keyfiles (`-d`, in order; only the first MiB of each
+/// counts) come from the [`Keys`] given beside it, each passphrase combined with the
+/// keyfiles.
+#[derive(Clone)]
+pub struct TcryptSpec {
     /// Also try VeraCrypt KDFs and the "VERA" magic (cryptsetup's default; off with
     /// `--disable-veracrypt`).
     pub veracrypt: bool,
@@ -69,10 +69,9 @@ pub struct TcryptSpec<'a> {
     pub options: CryptOptions,
 }
 
-impl std::fmt::Debug for TcryptSpec<'_> {
+impl std::fmt::Debug for TcryptSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcryptSpec")
-            .field("keyfiles", &self.keyfiles.len())
             .field("veracrypt", &self.veracrypt)
             .field("pim", &self.pim.map(|_| "<set>"))
             .field("flags", &self.flags)
@@ -83,13 +82,11 @@ impl std::fmt::Debug for TcryptSpec<'_> {
     }
 }
 
-impl<'a> TcryptSpec<'a> {
+impl Default for TcryptSpec {
     /// The normal header, VeraCrypt and legacy modes on, nothing restricted (the CLI's
     /// defaults).
-    pub fn new(passphrase: &'a mut dyn PassphraseSource) -> Self {
+    fn default() -> Self {
         TcryptSpec {
-            passphrase,
-            keyfiles: Vec::new(),
             veracrypt: true,
             pim: None,
             flags: HeaderFlags::default(),
@@ -349,9 +346,9 @@ fn search(
     best.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Finds and decodes the header on `meta` with the passphrases (and keyfiles, PIM) of
-/// `spec` (cryptsetup's `TCRYPT_read_phdr`). Nothing is written.
-pub fn unlock(spec: &mut TcryptSpec<'_>, meta: &Storage) -> Result<TcryptUnlocked, VolumeError> {
+/// Finds and decodes the header on `meta` with the passphrases and keyfiles of `keys`
+/// (and the PIM of `spec`; cryptsetup's `TCRYPT_read_phdr`). Nothing is written.
+pub fn unlock(spec: &TcryptSpec, keys: &mut Keys<'_>, meta: &Storage) -> Result<TcryptUnlocked, VolumeError> {
     let w = wrap(&meta.name);
     let offsets = header_offsets(spec.flags, meta.size()).map_err(|e| w(TcryptVolumeError::Header(e)))?;
     let mut blocks = Vec::new();
@@ -365,14 +362,16 @@ pub fn unlock(spec: &mut TcryptSpec<'_>, meta: &Storage) -> Result<TcryptUnlocke
         // cryptsetup tries nothing and fails with -EINVAL (exit 1), before any passphrase.
         return Err(w(TcryptVolumeError::NoChain(spec.cipher.clone().unwrap_or_default())));
     }
-    let keyfiles: Vec<&[u8]> = spec.keyfiles.iter().map(|k| k.as_bytes()).collect();
+    let keyfiles: Vec<Zeroizing<Vec<u8>>> =
+        keys.keyfiles().iter().map(|k| Zeroizing::new(k.as_bytes().to_vec())).collect();
+    let keyfiles: Vec<&[u8]> = keyfiles.iter().map(|k| k.as_slice()).collect();
     let mut last = TcryptVolumeError::NoHeader;
-    while let Some(pass) = spec.passphrase.next_passphrase()? {
+    while let Some(pass) = keys.next_passphrase()? {
         let password = match tcrypt::kdf_password(pass.as_bytes(), &keyfiles, spec.veracrypt) {
             Ok(p) => p,
             Err(e) => {
                 log::error!("{e}");
-                spec.passphrase.rejected();
+                keys.rejected();
                 last = TcryptVolumeError::Header(e);
                 continue;
             }
@@ -400,7 +399,7 @@ pub fn unlock(spec: &mut TcryptSpec<'_>, meta: &Storage) -> Result<TcryptUnlocke
                 header_offset: *offset,
             });
         }
-        spec.passphrase.rejected();
+        keys.rejected();
         last = TcryptVolumeError::NoHeader;
     }
     Err(w(last))
@@ -444,14 +443,15 @@ pub fn tables(
 
 /// Unlocks and assembles a TrueCrypt/VeraCrypt volume (the `Spec::Tcrypt` arm of `open`).
 pub(crate) fn open(
-    mut spec: TcryptSpec<'_>,
+    spec: TcryptSpec,
+    keys: &mut Keys<'_>,
     storage: Storage,
     opts: &OpenOptions,
 ) -> Result<Volume, VolumeError> {
     if spec.flags.hidden && spec.options.allow_discards {
         return Err(wrap(&storage.name)(TcryptVolumeError::HiddenDiscards));
     }
-    let u = unlock(&mut spec, &storage)?;
+    let u = unlock(&spec, keys, &storage)?;
     assemble(&u, storage, spec.options, opts)
 }
 

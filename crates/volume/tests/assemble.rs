@@ -10,8 +10,8 @@ use volume::integrity::IntegrityParams;
 use volume::luks::{FormatParams, LuksIntegrity, LuksVersion, PbkdfParams, PbkdfType};
 use volume::plain::PlainParams;
 use volume::{
-    ErrorKind, Format, FormatSpec, Formatted, Layer, LayerTable, LuksSpec, OpenOptions, PassphraseSource,
-    Spec, Storage, VolumeError, VolumeKind,
+    AutoSpec, ErrorKind, Format, FormatSpec, Formatted, Keys, Layer, LayerTable, LuksSpec, OpenOptions,
+    PassphraseSource, Spec, Storage, VolumeError, VolumeKind,
 };
 
 fn mem(bytes: u64) -> Storage {
@@ -66,8 +66,13 @@ fn luks_volumes_open_through_one_call_with_retried_passphrases() {
         let want = if version == LuksVersion::V1 { Format::Luks1 } else { Format::Luks2 { aead: false } };
         assert_eq!(volume::probe(&s).unwrap(), want);
         let mut tries = Tries(vec![b"wrong", b"right"], 0);
-        let v =
-            volume::open(Spec::Luks(LuksSpec::new(&mut tries)), s.clone(), &OpenOptions::default()).unwrap();
+        let v = volume::open_storage(
+            s.clone(),
+            Spec::Luks(LuksSpec::default()),
+            Keys::passphrase(&mut tries),
+            &OpenOptions::default(),
+        )
+        .unwrap();
         assert_eq!(tries.1, 1, "one rejection before the right passphrase");
         let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };
         assert_eq!(v.kind, kind);
@@ -76,7 +81,13 @@ fn luks_volumes_open_through_one_call_with_retried_passphrases() {
         round_trip(&*v.device);
         drop(v);
         let mut wrong = Tries(vec![b"no", b"nope"], 0);
-        let e = volume::open(Spec::Luks(LuksSpec::new(&mut wrong)), s, &OpenOptions::default()).unwrap_err();
+        let e = volume::open_storage(
+            s,
+            Spec::Luks(LuksSpec::default()),
+            Keys::passphrase(&mut wrong),
+            &OpenOptions::default(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::WrongKey, "{e:?}");
         assert_eq!(wrong.1, 2);
     }
@@ -93,7 +104,13 @@ fn authenticated_luks2_formats_in_one_call_and_opens_as_two_layers() {
     assert_eq!(volume::probe(&s).unwrap(), Format::Luks2 { aead: true });
     let pass = Passphrase::new(b"right".to_vec());
     let mut one = volume::OnePassphrase::new(&pass);
-    let v = volume::open(Spec::Luks(LuksSpec::new(&mut one)), s, &OpenOptions::default()).unwrap();
+    let v = volume::open_storage(
+        s,
+        Spec::Luks(LuksSpec::default()),
+        Keys::passphrase(&mut one),
+        &OpenOptions::default(),
+    )
+    .unwrap();
     assert_eq!(v.kind, VolumeKind::Luks2Aead);
     assert!(
         matches!(&v.layers[..], [LayerTable::Integrity(i), LayerTable::Crypt(_)] if i.internal_hash.is_none())
@@ -121,9 +138,10 @@ fn plain_crypt_over_integrity_is_a_stack_of_layers() {
         size: None,
         options: Default::default(),
     };
-    let v = volume::open(
-        Spec::Layers(vec![Layer::Integrity(ip.clone()), Layer::Plain(plain.clone())]),
+    let v = volume::open_storage(
         s.clone(),
+        Spec::Layers(vec![Layer::Integrity(ip.clone()), Layer::Plain(plain.clone())]),
+        Keys::none(),
         &OpenOptions::default(),
     )
     .unwrap();
@@ -138,15 +156,21 @@ fn plain_crypt_over_integrity_is_a_stack_of_layers() {
     // A LUKS open of it names what is there.
     let pass = Passphrase::new(b"x".to_vec());
     let mut one = volume::OnePassphrase::new(&pass);
-    let e =
-        volume::open(Spec::Luks(LuksSpec::new(&mut one)), s.clone(), &OpenOptions::default()).unwrap_err();
+    let e = volume::open_storage(
+        s.clone(),
+        Spec::Luks(LuksSpec::default()),
+        Keys::passphrase(&mut one),
+        &OpenOptions::default(),
+    )
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Usage);
     assert_eq!(e.to_string(), "Device mem0 is not a valid LUKS device: it holds a dm-integrity superblock.");
     // Integrity alone, then an empty stack.
-    let v = volume::open(Spec::Integrity(ip), s.clone(), &OpenOptions::default()).unwrap();
+    let v =
+        volume::open_storage(s.clone(), Spec::Integrity(ip), Keys::none(), &OpenOptions::default()).unwrap();
     assert_eq!(v.kind, VolumeKind::Integrity);
     drop(v);
-    let e = volume::open(Spec::Layers(vec![]), s, &OpenOptions::default()).unwrap_err();
+    let e = volume::open_storage(s, Spec::Layers(vec![]), Keys::none(), &OpenOptions::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Usage);
 }
 
@@ -162,11 +186,12 @@ fn plain_errors_are_typed() {
         size: None,
         options: Default::default(),
     };
-    let e = volume::open(Spec::Plain(p.clone()), s.clone(), &OpenOptions::default()).unwrap_err();
+    let e = volume::open_storage(s.clone(), Spec::Plain(p.clone()), Keys::none(), &OpenOptions::default())
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Usage);
     assert_eq!(e.to_string(), "device mem0 (2048 sectors) is smaller than the offset (4096 sectors)");
     let bad = PlainParams { cipher: "nonsense-xts".into(), offset: 0, ..p };
-    let e = volume::open(Spec::Plain(bad), s, &OpenOptions::default()).unwrap_err();
+    let e = volume::open_storage(s, Spec::Plain(bad), Keys::none(), &OpenOptions::default()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e:?}");
 }
 
@@ -186,9 +211,8 @@ fn authenticated_luks2_takes_the_journal_commit_time_and_watermark() {
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
     let open = |s: Storage, t: volume::luks::IntegrityJournalTuning| {
         let mut one = volume::OnePassphrase::new(&pass);
-        let mut spec = LuksSpec::new(&mut one);
-        spec.integrity_journal = t;
-        volume::open(Spec::Luks(spec), s, &OpenOptions::default())
+        let spec = LuksSpec { integrity_journal: t, ..LuksSpec::default() };
+        volume::open_storage(s, Spec::Luks(spec), Keys::passphrase(&mut one), &OpenOptions::default())
     };
     // What a crash now would leave: the block as written, or not.
     let committed = |image: Vec<u8>| {
@@ -234,4 +258,76 @@ fn chain(e: &dyn std::error::Error) -> String {
         c = x.source();
     }
     s
+}
+
+/// `Spec::Auto`: one call opens whatever the probe finds, with the same keys, and the volume
+/// knows its kind; a device without a signature gets LUKS's refusal, which says so.
+#[test]
+fn auto_opens_what_the_probe_finds() {
+    let luks = mem(20 << 20);
+    format_luks(&luks, FormatParams::for_cipher(LuksVersion::V1, "aes-xts-plain64", None, None).unwrap());
+    let mut tries = Tries(vec![b"wrong", b"right"], 0);
+    let v = volume::open_storage(
+        luks.clone(),
+        Spec::auto(),
+        Keys::passphrase(&mut tries),
+        &OpenOptions::default(),
+    )
+    .unwrap();
+    assert_eq!((v.kind, v.kind.type_name(), tries.1), (VolumeKind::Luks1, "LUKS1", 1));
+    round_trip(&*v.device);
+    drop(v);
+
+    let integ = mem(16 << 20);
+    let ip = IntegrityParams { integrity: "crc32c".into(), sector_size: 4096, ..IntegrityParams::default() };
+    volume::format(FormatSpec::Integrity { params: ip.clone(), salt: [9; 16], no_wipe: false }, &integ, go)
+        .unwrap();
+    let auto = AutoSpec { integrity: ip, ..AutoSpec::default() };
+    let v = volume::open_storage(integ, Spec::Auto(auto), Keys::none(), &OpenOptions::default()).unwrap();
+    assert_eq!((v.kind, v.kind.to_string().as_str()), (VolumeKind::Integrity, "INTEGRITY"));
+    round_trip(&*v.device);
+    drop(v);
+
+    // Nothing there: LUKS's refusal, typed as the caller's mistake, before any key is asked for.
+    let mut never = Tries(vec![], 0);
+    let e = volume::open_storage(
+        mem(1 << 20),
+        Spec::auto(),
+        Keys::passphrase(&mut never),
+        &OpenOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Usage, "{e:?}");
+    assert_eq!(e.to_string(), "Device mem0 is not a valid LUKS device.");
+}
+
+/// The locator form: a file by path (and as a `file://` URI), read-only, with no keys for a
+/// volume that needs none.
+#[test]
+fn open_by_locator_reads_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("integrity.img");
+    std::fs::File::create(&path).unwrap().set_len(16 << 20).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    // Direct mode: what was written is on the data area once flushed, so the read-only
+    // open below has no journal to replay.
+    let ip = IntegrityParams {
+        integrity: "crc32c".into(),
+        mode: volume::integrity::Mode::Direct,
+        ..IntegrityParams::default()
+    };
+    let rw = OpenOptions::default();
+    let s = volume::storage::open(&path, &rw.storage()).unwrap();
+    volume::format(FormatSpec::Integrity { params: ip.clone(), salt: [1; 16], no_wipe: false }, &s, go)
+        .unwrap();
+    let v = volume::open(&path, Spec::Integrity(ip.clone()), Keys::none(), &rw).unwrap();
+    v.device.write_at(0, &[0x42; 4096], WriteFlags::FUA).unwrap();
+    drop((v, s));
+    let ro = OpenOptions { read_only: true, ..OpenOptions::default() };
+    let auto = AutoSpec { integrity: ip, ..AutoSpec::default() };
+    let v = volume::open(&format!("file://{path}"), Spec::Auto(auto), Keys::none(), &ro).unwrap();
+    let mut r = vec![0u8; 4096];
+    v.device.read_at(0, &mut r).unwrap();
+    assert!(r.iter().all(|&b| b == 0x42));
+    assert!(v.device.write_at(0, &r, WriteFlags::empty()).is_err(), "read-only");
 }

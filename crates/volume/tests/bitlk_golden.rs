@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use blockdev::{BlockDevice, MemDevice, WriteFlags};
 use sector_crypto::kdf::Passphrase;
-use volume::bitlk::{self, BitlkKey, BitlkSpec, BitlkVolumeError};
+use volume::bitlk::{self, BitlkKey, BitlkVolumeError};
 use volume::{ErrorKind, OpenOptions, Spec, Storage, VolumeError, VolumeKind};
 use zeroize::Zeroizing;
 
@@ -43,7 +43,7 @@ fn storage(bytes: Vec<u8>) -> Storage {
 
 fn open(bytes: Vec<u8>, key: BitlkKey, read_only: bool) -> Result<volume::Volume, VolumeError> {
     let opts = OpenOptions { read_only, ..OpenOptions::default() };
-    volume::open(Spec::Bitlk(BitlkSpec { key }), storage(bytes), &opts)
+    volume::open_storage(storage(bytes), Spec::Bitlk, key.into(), &opts)
 }
 
 fn pass(p: &str) -> BitlkKey {

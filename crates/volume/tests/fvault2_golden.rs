@@ -9,7 +9,7 @@ use std::sync::Arc;
 use blockdev::{BlockDevice, FileDevice, FileOptions, WriteFlags};
 use sector_crypto::kdf::Passphrase;
 use sha2::{Digest, Sha256};
-use volume::{ErrorKind, Format, Fvault2Spec, OnePassphrase, OpenOptions, Spec, Storage, VolumeKind};
+use volume::{ErrorKind, Format, Fvault2Spec, Keys, OnePassphrase, OpenOptions, Spec, Storage, VolumeKind};
 
 /// The values cryptsetup's tests/fvault2-compat-test checks for this image.
 const DUMP: &str = "Header information for FVAULT2 device small.\n\
@@ -52,8 +52,8 @@ fn storage(path: &Path) -> Storage {
 fn open(s: Storage, pass: &[u8]) -> Result<volume::Volume, volume::VolumeError> {
     let p = Passphrase::new(pass.to_vec());
     let mut one = OnePassphrase::new(&p);
-    let spec = Fvault2Spec { kdf_limits: Default::default(), passphrase: &mut one };
-    volume::open(Spec::Fvault2(spec), s, &OpenOptions::default())
+    let spec = Fvault2Spec { kdf_limits: Default::default() };
+    volume::open_storage(s, Spec::Fvault2(spec), Keys::passphrase(&mut one), &OpenOptions::default())
 }
 
 /// A sparse copy of the image, for mangling.

@@ -14,7 +14,7 @@ use sector_crypto::{CipherSpec, SectorCipher, SectorParams};
 use testkit::CrashDevice;
 use volume::luks::reencrypt::{self, ReencryptParams, RunEnd, RunOptions};
 use volume::luks::{Luks, LuksError, LuksHeader, PbkdfParams, PbkdfType};
-use volume::{LuksSpec, OnePassphrase, OpenOptions, Spec, Storage};
+use volume::{Keys, LuksSpec, OnePassphrase, OpenOptions, Spec, Storage};
 
 const MIB: u64 = 1 << 20;
 /// Size of the detached header (cryptsetup's default LUKS2 header).
@@ -361,10 +361,15 @@ fn reads_writes_and_finishes(hdr: &Arc<MemDevice>, data: &Arc<MemDevice>, what: 
 fn open_volume(hdr: &Arc<MemDevice>, data: &Arc<MemDevice>, read_only: bool) -> volume::Volume {
     let p = pass();
     let mut src = OnePassphrase::new(&p);
-    let mut spec = LuksSpec::new(&mut src);
-    spec.header = Some(Storage::new(hdr.clone(), "hdr"));
+    let spec = LuksSpec { header: Some(Storage::new(hdr.clone(), "hdr")), ..LuksSpec::default() };
     let opts = OpenOptions { read_only, ..OpenOptions::default() };
-    volume::open(Spec::Luks(spec), Storage::new(data.clone(), "data"), &opts).unwrap()
+    volume::open_storage(
+        Storage::new(data.clone(), "data"),
+        Spec::Luks(spec),
+        Keys::passphrase(&mut src),
+        &opts,
+    )
+    .unwrap()
 }
 
 /// A volume stopped mid-encryption (linear old side, forward) or mid-decryption (linear
@@ -719,7 +724,8 @@ fn a_volume_mid_data_shift_encryption_opens_reads_and_writes() {
             let p = pass();
             let mut src = OnePassphrase::new(&p);
             let opts = OpenOptions { read_only, ..OpenOptions::default() };
-            volume::open(Spec::Luks(LuksSpec::new(&mut src)), Storage::new(dev.clone(), "dev"), &opts)
+            let spec = Spec::Luks(LuksSpec::default());
+            volume::open_storage(Storage::new(dev.clone(), "dev"), spec, Keys::passphrase(&mut src), &opts)
                 .unwrap_or_else(|e| panic!("{what}: open: {e}"))
         };
         let v = open(true);

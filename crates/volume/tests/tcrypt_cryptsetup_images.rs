@@ -16,7 +16,7 @@ use formats::tcrypt::HeaderFlags;
 use sector_crypto::kdf::Passphrase;
 use volume::tcrypt::TcryptSpec;
 use volume::tcrypt::TcryptVolumeError;
-use volume::{OnePassphrase, OpenOptions, Spec, StorageOptions};
+use volume::{Keys, OnePassphrase, OpenOptions, Spec, StorageOptions};
 
 /// cryptsetup's tests/tcrypt-compat-test: `PASSWORD`.
 const PASSWORD: &str = "aaaaaaaaaaaa";
@@ -49,16 +49,19 @@ fn open_with(
 ) -> Result<volume::Volume, volume::VolumeError> {
     let p = Passphrase::new(pass.as_bytes().to_vec());
     let mut src = OnePassphrase::new(&p);
-    let mut spec = TcryptSpec::new(&mut src);
-    spec.hash = Some(hash.into());
-    spec.cipher = cipher.map(str::to_owned);
-    spec.flags = HeaderFlags { hidden: false, system: false, backup: false };
+    let spec = TcryptSpec {
+        hash: Some(hash.into()),
+        cipher: cipher.map(str::to_owned),
+        flags: HeaderFlags { hidden: false, system: false, backup: false },
+        ..TcryptSpec::default()
+    };
     let storage = volume::storage::open(
         path.to_str().unwrap(),
         &StorageOptions { read_only: true, ..Default::default() },
     )
     .unwrap();
-    volume::open(Spec::Tcrypt(spec), storage, &OpenOptions { read_only: true, ..Default::default() })
+    let opts = OpenOptions { read_only: true, ..Default::default() };
+    volume::open_storage(storage, Spec::Tcrypt(spec), Keys::passphrase(&mut src), &opts)
 }
 
 /// The FAT boot sector's volume serial (`blkid`'s UUID), FAT12/16 or FAT32 layout.

@@ -11,7 +11,7 @@ use std::process::Command;
 use formats::tcrypt::{ChainMode, HeaderFlags, TcryptError};
 use sector_crypto::kdf::Passphrase;
 use volume::tcrypt::{TcryptSpec, TcryptUnlocked, TcryptVolumeError};
-use volume::{ErrorKind, OnePassphrase, OpenOptions, Spec, Storage, StorageOptions, VolumeError};
+use volume::{ErrorKind, Keys, OnePassphrase, OpenOptions, Spec, Storage, StorageOptions, VolumeError};
 
 fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tcrypt")
@@ -144,19 +144,13 @@ const CASES: &[Case] = &[
     },
 ];
 
-fn spec<'a>(
-    src: &'a mut OnePassphrase<'a>,
-    keyfiles: &[&str],
-    flags: HeaderFlags,
-    pim: Option<u32>,
-    hash: Option<&str>,
-) -> TcryptSpec<'a> {
-    let mut spec = TcryptSpec::new(src);
-    spec.keyfiles = keyfiles.iter().map(|k| keyfile(k)).collect();
-    spec.flags = flags;
-    spec.pim = pim;
-    spec.hash = hash.map(str::to_owned);
-    spec
+/// The passphrase of `src` and the keyfiles named.
+fn keys<'a>(src: &'a mut OnePassphrase<'_>, keyfiles: &[&str]) -> Keys<'a> {
+    Keys::passphrase(src).with_keyfiles(keyfiles.iter().map(|k| keyfile(k)).collect())
+}
+
+fn spec(flags: HeaderFlags, pim: Option<u32>, hash: Option<&str>) -> TcryptSpec {
+    TcryptSpec { flags, pim, hash: hash.map(str::to_owned), ..TcryptSpec::default() }
 }
 
 fn storage(path: &Path, read_only: bool) -> Storage {
@@ -174,8 +168,8 @@ fn unlock(
 ) -> Result<TcryptUnlocked, VolumeError> {
     let p = Passphrase::new(pass.as_bytes().to_vec());
     let mut src = OnePassphrase::new(&p);
-    let mut spec = spec(&mut src, keyfiles, flags, pim, hash);
-    volume::tcrypt::unlock(&mut spec, &storage(path, true))
+    let spec = spec(flags, pim, hash);
+    volume::tcrypt::unlock(&spec, &mut keys(&mut src, keyfiles), &storage(path, true))
 }
 
 fn unlock_truecrypt(
@@ -186,18 +180,19 @@ fn unlock_truecrypt(
 ) -> Result<TcryptUnlocked, VolumeError> {
     let p = Passphrase::new(pass.as_bytes().to_vec());
     let mut src = OnePassphrase::new(&p);
-    let mut spec = spec(&mut src, keyfiles, NORMAL, None, Some(hash));
+    let mut spec = spec(NORMAL, None, Some(hash));
     spec.veracrypt = false;
-    volume::tcrypt::unlock(&mut spec, &storage(path, true))
+    volume::tcrypt::unlock(&spec, &mut keys(&mut src, keyfiles), &storage(path, true))
 }
 
 fn open(path: &Path, c: &Case, read_only: bool) -> volume::Volume {
     let p = Passphrase::new(c.pass.as_bytes().to_vec());
     let mut src = OnePassphrase::new(&p);
-    let spec = spec(&mut src, c.keyfiles, c.flags, c.pim, Some(c.hash));
-    volume::open(
-        Spec::Tcrypt(spec),
+    let spec = spec(c.flags, c.pim, Some(c.hash));
+    volume::open_storage(
         storage(path, read_only),
+        Spec::Tcrypt(spec),
+        keys(&mut src, c.keyfiles),
         &OpenOptions { read_only, ..Default::default() },
     )
     .unwrap()
@@ -320,9 +315,9 @@ fn bad_input_gets_cryptsetups_errors() {
     {
         let p = Passphrase::new(b"sealdisk-vc1".to_vec());
         let mut src = OnePassphrase::new(&p);
-        let mut s = spec(&mut src, &[], NORMAL, None, Some("sha512"));
+        let mut s = spec(NORMAL, None, Some("sha512"));
         s.veracrypt = false;
-        let e = volume::tcrypt::unlock(&mut s, &storage(&vc, true)).unwrap_err();
+        let e = volume::tcrypt::unlock(&s, &mut keys(&mut src, &[]), &storage(&vc, true)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::WrongKey);
     }
     // A damaged key area: the magic decrypts, the key CRC does not match (exit code 1).
@@ -363,10 +358,11 @@ fn bad_input_gets_cryptsetups_errors() {
     assert_eq!(e.kind(), ErrorKind::Corrupt, "{e:?}");
     let p = Passphrase::new(b"sealdisk-tc1".to_vec());
     let mut src = OnePassphrase::new(&p);
-    let s = spec(&mut src, &[], NORMAL, None, Some("sha512"));
-    let e = volume::open(
-        Spec::Tcrypt(s),
+    let s = spec(NORMAL, None, Some("sha512"));
+    let e = volume::open_storage(
         storage(&bad, true),
+        Spec::Tcrypt(s),
+        keys(&mut src, &[]),
         &OpenOptions { read_only: true, ..Default::default() },
     )
     .unwrap_err();
@@ -389,11 +385,12 @@ fn bad_input_gets_cryptsetups_errors() {
     // --tcrypt-hidden with --allow-discards is refused before anything is read.
     let p = Passphrase::new(b"x".to_vec());
     let mut src = OnePassphrase::new(&p);
-    let mut s = spec(&mut src, &[], HIDDEN, None, None);
+    let mut s = spec(HIDDEN, None, None);
     s.options.allow_discards = true;
-    let e = volume::open(
-        Spec::Tcrypt(s),
+    let e = volume::open_storage(
         storage(&img, true),
+        Spec::Tcrypt(s),
+        keys(&mut src, &[]),
         &OpenOptions { read_only: true, ..Default::default() },
     )
     .unwrap_err();

@@ -8,13 +8,14 @@ use std::io::Write;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use sector_crypto::kdf::Passphrase;
-use volume::bitlk::{self, BitlkKey, BitlkSpec};
+use volume::bitlk::{self, BitlkKey};
 use volume::{OpenOptions, Spec, VolumeError};
 use zeroize::Zeroizing;
 
 use super::luks::{confirm, KeyArgs};
 use super::open::{masked, OpenArgs, OpenTarget};
 use super::UsageError;
+use crate::control::server::Rebuild;
 use crate::serve::serve;
 
 /// The largest key file read (a .BEK file is a few hundred bytes; a passphrase 512).
@@ -102,7 +103,7 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
             .map_err(|source| VolumeError::Bitlk { path: device.clone(), source })?;
         return Ok(());
     };
-    let vol = volume::open(Spec::Bitlk(BitlkSpec { key: k }), storage, opts)
+    let vol = volume::open_storage(storage.clone(), Spec::Bitlk, k.into(), opts)
         .with_context(|| format!("opening {device} as BITLK"))?;
     if a.print_table {
         if let Some(t) = vol.crypt_table() {
@@ -113,5 +114,6 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
             }
         }
     }
-    serve(&name.unwrap_or_default(), vol.device, vol.rotational, listener, &a.serve, a.readonly)
+    let claim = crate::control::claim(&name.unwrap_or_default())?;
+    serve(claim, vol, Rebuild::on(storage, *opts), listener, &a.serve, a.readonly)
 }

@@ -12,6 +12,7 @@ use volume::{Fvault2Spec, OpenOptions, VolumeError};
 use super::luks::{open_meta, Passphrases};
 use super::open::{masked, OpenArgs, OpenTarget};
 use super::UsageError;
+use crate::control::server::Rebuild;
 use crate::serve::serve;
 
 /// Arguments of `fvault2Dump DEVICE`.
@@ -44,12 +45,13 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
     let storage = volume::storage::open(&device, &opts.storage())?;
     let keys = a.key_args();
     let mut passphrases = Passphrases::new(&keys, format!("Enter passphrase for {device}: "));
-    let mut spec = Fvault2Spec { kdf_limits: a.kdf_limits.limits(), passphrase: &mut passphrases };
+    let spec = Fvault2Spec { kdf_limits: a.kdf_limits.limits() };
     let Some(listener) = listener else {
-        volume::unlock_fvault2(&mut spec, &storage)?;
+        volume::unlock_fvault2(&spec, &mut passphrases, &storage)?;
         return Ok(());
     };
-    let vol = volume::open(volume::Spec::Fvault2(spec), storage, &opts)
+    let keys = volume::Keys::passphrase(&mut passphrases);
+    let vol = volume::open_storage(storage.clone(), volume::Spec::Fvault2(spec), keys, &opts)
         .with_context(|| format!("opening {device} as FVAULT2"))?;
     if let (true, Some(t)) = (a.print_table, vol.crypt_table()) {
         // Straight to stdout: no String copy of the key.
@@ -59,5 +61,6 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
             println!("{}", masked(t));
         }
     }
-    serve(&name.unwrap_or_default(), vol.device, vol.rotational, listener, &a.serve, true)
+    let claim = crate::control::claim(&name.unwrap_or_default())?;
+    serve(claim, vol, Rebuild::on(storage, opts), listener, &a.serve, true)
 }

@@ -441,15 +441,19 @@ fn open(a: OpenArgs) -> Result<()> {
         lock: if p.read_only { blockdev::FileLock::Shared } else { blockdev::FileLock::Exclusive },
     };
     let storage = volume::storage::open(&a.device, &so).with_context(|| format!("opening {}", a.device))?;
-    let vol =
-        volume::open(volume::Spec::Integrity(p.clone()), storage.clone(), &volume::OpenOptions::default())
-            .with_context(|| format!("opening {}", a.device))?;
+    let mut vol = volume::open_storage(
+        storage.clone(),
+        volume::Spec::Integrity(p.clone()),
+        volume::Keys::none(),
+        &volume::OpenOptions::default(),
+    )
+    .with_context(|| format!("opening {}", a.device))?;
     let Some(target) = vol.integrity.clone() else {
         bail!("{}: no dm-integrity layer was opened", a.device);
     };
     // The target served now: `resize NAME` replaces it (control::server::IntegrityRegrow).
     let slot: crate::control::server::IntegritySlot = Arc::new(std::sync::Mutex::new(Some(target)));
-    drop(vol.integrity);
+    vol.integrity = None;
     let current = |slot: &crate::control::server::IntegritySlot| {
         slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     };
@@ -479,9 +483,19 @@ fn open(a: OpenArgs) -> Result<()> {
             })
             .context("starting the status thread")?
     };
-    let regrow =
-        crate::control::server::IntegrityRegrow { storage, params: p.clone(), current: slot.clone() };
-    let r = crate::serve::serve_integrity(&a.name, vol.device, regrow, listener, &a.serve, p.read_only);
+    let regrow = crate::control::server::IntegrityRegrow {
+        storage: storage.clone(),
+        params: p.clone(),
+        current: slot.clone(),
+    };
+    let opened =
+        volume::OpenOptions { read_only: p.read_only, direct: p.direct, ..volume::OpenOptions::default() };
+    let rebuild = crate::control::server::Rebuild {
+        regrow: Some(regrow),
+        ..crate::control::server::Rebuild::on(storage, opened)
+    };
+    let r = crate::control::claim(&a.name)
+        .and_then(|claim| crate::serve::serve(claim, vol, rebuild, listener, &a.serve, p.read_only));
     done.store(true, Ordering::Relaxed);
     let _ = reporter.join();
     if let (Some(path), Some(t)) = (&a.status_file, current(&slot)) {

@@ -12,7 +12,7 @@ use super::luks::Passphrases;
 use super::open::{masked, OpenArgs, OpenTarget};
 use super::UsageError;
 use crate::control::server::{LuksResume, Rebuild};
-use crate::serve::serve_volume;
+use crate::serve::serve;
 
 /// cryptsetup's refusal of a device without a LUKS header, with a hint for what it holds.
 fn not_luks(e: VolumeError) -> anyhow::Error {
@@ -38,12 +38,7 @@ fn not_luks(e: VolumeError) -> anyhow::Error {
 }
 
 /// Runs the LUKS branch of `open`.
-pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
-    let version = match kind {
-        "luks1" => Some(LuksVersion::V1),
-        "luks2" => Some(LuksVersion::V2),
-        _ => None,
-    };
+pub fn run(a: &OpenArgs, version: Option<LuksVersion>, opts: &OpenOptions) -> Result<()> {
     let OpenTarget { device, name, listener } = a.target()?;
     // Everything cheap before the KDF: the socket, then the devices (opened and locked).
     let header = match &a.header {
@@ -86,21 +81,26 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         integrity_no_journal: a.integrity_no_journal,
         integrity_journal: journal_tuning(a),
         kdf_limits: a.kdf_limits.limits(),
-        passphrase: &mut passphrases,
     };
     let Some(listener) = listener else {
         // --test-passphrase: the header is opened (and locked) once, before the prompt.
         let meta = spec.header.take().unwrap_or(data);
-        let (unlocked, _key) = volume::unlock_luks(&mut spec, &meta, opts.read_only).map_err(not_luks)?;
+        let (unlocked, _key) =
+            volume::unlock_luks(&spec, &mut passphrases, &meta, opts.read_only).map_err(not_luks)?;
         log::info!("Key slot {} unlocked.", unlocked.keyslot);
         return Ok(());
     };
     let (storage, header) = (data.clone(), spec.header.clone());
     let persistent =
         lc.persistent.then(|| super::luks_token::persistent_flags(&spec.flags, a.integrity_no_journal));
-    let vol = volume::open(volume::Spec::Luks(spec), data, opts)
-        .map_err(not_luks)
-        .with_context(|| format!("opening {device} as LUKS"))?;
+    let vol = volume::open_storage(
+        data,
+        volume::Spec::Luks(spec),
+        volume::Keys::passphrase(&mut passphrases),
+        opts,
+    )
+    .map_err(not_luks)
+    .with_context(|| format!("opening {device} as LUKS"))?;
     if let Some(flags) = persistent {
         // `--persistent`: after the unlock, the flags become the header's.
         super::luks_token::store_persistent(header.as_ref().unwrap_or(&storage), &flags)?;
@@ -129,8 +129,8 @@ pub fn run(a: &OpenArgs, kind: &str, opts: &OpenOptions) -> Result<()> {
         integrity_journal: journal_tuning(a),
         kdf_limits: a.kdf_limits.limits(),
     });
-    let rebuild = Rebuild { storage, header, opts: *opts, flags: CryptOptions::default(), table: None, luks };
-    serve_volume(claim, vol, rebuild, listener, &a.serve, a.readonly)
+    let rebuild = Rebuild { header, luks, ..Rebuild::on(storage, *opts) };
+    serve(claim, vol, rebuild, listener, &a.serve, a.readonly)
 }
 
 /// `--journal-watermark`, `--journal-commit-time` for the dm-integrity layer of an

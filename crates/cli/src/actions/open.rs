@@ -16,7 +16,7 @@ use volume::{Format, OpenOptions, Spec};
 use super::UsageError;
 use crate::control::server::Rebuild;
 use crate::keys::{read_key, KeySource};
-use crate::serve::{listen, serve_volume, ServeArgs};
+use crate::serve::{listen, serve, ServeArgs};
 
 /// Arguments of `sealdisk open`.
 #[derive(Debug, Args)]
@@ -160,6 +160,44 @@ impl From<CryptModeArg> for volume::CryptMode {
     }
 }
 
+/// What `open --type` names (or the probe found): parsed once, so no branch of `open`
+/// compares strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceType {
+    /// `luks` (either version), `luks1`, `luks2`.
+    Luks(Option<volume::luks::LuksVersion>),
+    /// `plain`: dm-crypt without a header.
+    Plain,
+    /// `tcrypt`: TrueCrypt/VeraCrypt.
+    Tcrypt,
+    /// `bitlk`: BitLocker.
+    Bitlk,
+    /// `fvault2`: FileVault2.
+    Fvault2,
+}
+
+impl std::str::FromStr for DeviceType {
+    type Err = UsageError;
+
+    fn from_str(s: &str) -> Result<Self, UsageError> {
+        use volume::luks::LuksVersion;
+        Ok(match s {
+            "luks" => DeviceType::Luks(None),
+            "luks1" => DeviceType::Luks(Some(LuksVersion::V1)),
+            "luks2" => DeviceType::Luks(Some(LuksVersion::V2)),
+            "plain" => DeviceType::Plain,
+            "tcrypt" => DeviceType::Tcrypt,
+            "bitlk" => DeviceType::Bitlk,
+            "fvault2" => DeviceType::Fvault2,
+            _ => {
+                return Err(UsageError(format!(
+                    "device type {s:?} is not supported (supported: luks, luks1, luks2, plain, tcrypt, bitlk, fvault2, or --table-file)"
+                )))
+            }
+        })
+    }
+}
+
 /// Runs `sealdisk open`.
 pub fn run(a: OpenArgs) -> Result<()> {
     let plain = a.table_file.is_some() || a.kind.as_deref() == Some("plain");
@@ -186,33 +224,30 @@ pub fn run(a: OpenArgs) -> Result<()> {
         }
         None => {
             let kind = match a.kind.as_deref() {
-                Some(k) => k,
+                Some(k) => k.parse::<DeviceType>()?,
                 None => probed_type(&a)?,
             };
-            if kind == "tcrypt" {
+            // TrueCrypt takes several keyfiles; every other type one key file, and only an
+            // authenticated LUKS2 volume the journal options (checked in this order, as
+            // cryptsetup does).
+            if kind == DeviceType::Tcrypt {
                 return super::tcrypt::open(&a, &opts);
             }
             if a.key_file.len() > 1 {
                 bail!(UsageError("Only one --key-file argument is allowed.".into()));
             }
-            if matches!(kind, "luks" | "luks1" | "luks2") {
-                return super::luks_open::run(&a, kind, &opts);
+            if let DeviceType::Luks(version) = kind {
+                return super::luks_open::run(&a, version, &opts);
             }
             if a.journal_watermark.is_some() || a.journal_commit_time.is_some() {
                 bail!(UsageError(
                     "--journal-watermark and --journal-commit-time apply to LUKS2 volumes with --integrity only".into()
                 ));
             }
-            if kind == "fvault2" {
-                return super::fvault2::open(&a, &opts);
-            }
-            if kind == "bitlk" {
-                return super::bitlk::open(&a, &opts);
-            }
-            if kind != "plain" {
-                bail!(UsageError(format!(
-                    "device type {kind:?} is not supported (supported: luks, luks1, luks2, plain, tcrypt, bitlk, fvault2, or --table-file)"
-                )));
+            match kind {
+                DeviceType::Fvault2 => return super::fvault2::open(&a, &opts),
+                DeviceType::Bitlk => return super::bitlk::open(&a, &opts),
+                DeviceType::Plain | DeviceType::Tcrypt | DeviceType::Luks(_) => {}
             }
             let [device, name] = a.positional.as_slice() else {
                 bail!(UsageError("plain mode needs DEVICE and NAME".into()));
@@ -226,7 +261,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
     };
     let storage = volume::storage::open(&device, &opts.storage())
         .with_context(|| format!("opening {device} as dm-crypt"))?;
-    let opened = volume::open(spec, storage.clone(), &opts)
+    let opened = volume::open_storage(storage.clone(), spec, volume::Keys::none(), &opts)
         .with_context(|| format!("opening {device} as dm-crypt"))?;
     if let (true, Some(table)) = (a.print_table, opened.crypt_table()) {
         // Straight to stdout: no String copy of the key.
@@ -237,9 +272,7 @@ pub fn run(a: OpenArgs) -> Result<()> {
         }
     }
     let claim = crate::control::claim(&name)?;
-    let rebuild =
-        Rebuild { storage, header: None, opts, flags: CryptOptions::default(), table: None, luks: None };
-    serve_volume(claim, opened, rebuild, listener, &a.serve, a.readonly)
+    serve(claim, opened, Rebuild::on(storage, opts), listener, &a.serve, a.readonly)
 }
 
 /// What every `open` of a volume with a passphrase does before its unlock: DEVICE and NAME
@@ -290,7 +323,7 @@ const PLAIN_CIPHER: &str = "aes-cbc-essiv:sha256";
 /// `open` without `--type`: what the probe finds on DEVICE (`volume::probe`, LUKS first as
 /// blkid). A device with no signature is taken as LUKS, whose refusal explains plain
 /// dm-crypt; formats that `open` does not serve say which command does.
-fn probed_type(a: &OpenArgs) -> Result<&'static str> {
+fn probed_type(a: &OpenArgs) -> Result<DeviceType> {
     let Some(device) = a.positional.first() else {
         bail!(UsageError("open needs DEVICE and NAME".into()));
     };
@@ -301,9 +334,9 @@ fn probed_type(a: &OpenArgs) -> Result<&'static str> {
         Format::Integrity => bail!(UsageError(format!(
             "Device {device} holds a dm-integrity superblock: open it with `sealdisk integrity open {device} NAME --listen ADDR`."
         ))),
-        Format::Bitlk => "bitlk",
-        Format::Fvault2 => "fvault2",
-        _ => "luks",
+        Format::Bitlk => DeviceType::Bitlk,
+        Format::Fvault2 => DeviceType::Fvault2,
+        _ => DeviceType::Luks(None),
     })
 }
 

@@ -167,15 +167,12 @@ pub fn resize(path: &str, size: Option<u64>, kind: Option<&str>, o: &OfflineArgs
         bail!(UsageError("Device size is not aligned to requested sector size.".into()));
     }
     let new_len = size.checked_mul(512).and_then(|b| b.checked_add(offset)).context("--size too large")?;
-    let file =
-        std::fs::OpenOptions::new().write(true).open(path).with_context(|| format!("opening {path}"))?;
-    let md = file.metadata().with_context(|| format!("reading the size of {path}"))?;
-    if !md.is_file() {
+    if data.kind != volume::StorageKind::File {
         bail!(UsageError(format!(
             "{path} is not an image file: a block device's size is the device's (resize the device, then the running volume)"
         )));
     }
-    let have = md.len();
+    let have = data.size();
     if new_len < have {
         bail!(UsageError(format!(
             "Shrinking {path} from {} to {size} sectors would cut off its data: refused (shrink the filesystem, \
@@ -183,8 +180,7 @@ pub fn resize(path: &str, size: Option<u64>, kind: Option<&str>, o: &OfflineArgs
             have.saturating_sub(offset) / 512
         )));
     }
-    file.set_len(new_len).with_context(|| format!("growing {path} to {new_len} bytes"))?;
-    file.sync_all().with_context(|| format!("syncing {path}"))?;
+    data.grow(new_len).with_context(|| format!("growing {path} to {new_len} bytes"))?;
     drop(data);
     log::info!("{path}: data area now {size} sectors ({new_len} bytes in all)");
     Ok(())

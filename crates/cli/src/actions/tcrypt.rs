@@ -16,6 +16,7 @@ use super::luks::{confirm, prompt, SourceError};
 
 use super::open::{masked, OpenArgs, OpenTarget};
 use super::UsageError;
+use crate::control::server::Rebuild;
 use crate::serve::serve;
 
 /// The TrueCrypt/VeraCrypt options shared by `open --type tcrypt` and `tcryptDump`.
@@ -171,14 +172,17 @@ fn unlock(
     let pim = src.pim.or(t.veracrypt_pim);
     let mut one = first.map(Some);
     let mut replay = Replay { first: &mut one, rest: &mut src };
-    let mut spec = TcryptSpec::new(&mut replay);
-    spec.keyfiles = read_keyfiles(keyfiles)?;
-    spec.veracrypt = !t.disable_veracrypt;
-    spec.pim = pim;
-    spec.flags = t.flags();
-    spec.hash = t.hash.clone();
-    spec.cipher = cipher.map(str::to_owned);
-    Ok(volume::tcrypt::unlock(&mut spec, storage)?)
+    let keyfiles = read_keyfiles(keyfiles)?;
+    let spec = TcryptSpec {
+        veracrypt: !t.disable_veracrypt,
+        pim,
+        flags: t.flags(),
+        hash: t.hash.clone(),
+        cipher: cipher.map(str::to_owned),
+        ..TcryptSpec::default()
+    };
+    let mut keys = volume::Keys::passphrase(&mut replay).with_keyfiles(keyfiles);
+    Ok(volume::tcrypt::unlock(&spec, &mut keys, storage)?)
 }
 
 /// A passphrase already read (with its PIM), then the source's own.
@@ -310,7 +314,7 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
         no_write_workqueue: a.perf_no_write_workqueue,
         ..CryptOptions::default()
     };
-    let vol = volume::tcrypt::assemble(&u, storage, options, opts)
+    let vol = volume::tcrypt::assemble(&u, storage.clone(), options, opts)
         .with_context(|| format!("opening {device} as TCRYPT"))?;
     if a.print_table {
         for t in vol.layers.iter().filter_map(|l| match l {
@@ -324,5 +328,6 @@ pub fn open(a: &OpenArgs, opts: &OpenOptions) -> Result<()> {
             }
         }
     }
-    serve(&name.unwrap_or_default(), vol.device, vol.rotational, listener, &a.serve, a.readonly)
+    let claim = crate::control::claim(&name.unwrap_or_default())?;
+    serve(claim, vol, Rebuild::on(storage, *opts), listener, &a.serve, a.readonly)
 }

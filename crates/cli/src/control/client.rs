@@ -292,14 +292,7 @@ pub fn refresh(a: RefreshArgs) -> Result<()> {
         submit_from_crypt_cpus: a.perf_submit_from_crypt_cpus,
         no_read_workqueue: a.perf_no_read_workqueue,
         no_write_workqueue: a.perf_no_write_workqueue,
-        crypt_mode: a.crypt_mode.map(|m| {
-            match m {
-                CryptModeArg::Auto => "auto",
-                CryptModeArg::Pool => "pool",
-                CryptModeArg::Inline => "inline",
-            }
-            .to_owned()
-        }),
+        crypt_mode: a.crypt_mode.map(|m| volume::CryptMode::from(m).to_string()),
         allow_discards: a.allow_discards,
     };
     call(&a.name, Command::Refresh(r), &[], Some(Duration::from_secs(60)))?;

@@ -16,7 +16,7 @@ use formats::dm::{CryptOptions, CryptTable};
 use sector_crypto::kdf::Passphrase;
 use sector_crypto::secure::SecretBuf;
 use volume::luks::{KdfLimits, LuksVersion};
-use volume::{LayerTable, LuksSpec, OnePassphrase, OpenOptions, Spec, Storage, Volume, VolumeKind};
+use volume::{Keys, LayerTable, LuksSpec, OnePassphrase, OpenOptions, Spec, Storage, Volume, VolumeKind};
 
 use super::gate::Gate;
 use super::proto::{self, Command, ReencryptProgress, Refresh, Response, Status, MAX_SECRET};
@@ -71,6 +71,24 @@ pub struct Rebuild {
     pub table: Option<CryptTable>,
     /// LUKS volumes: what `luksResume` needs.
     pub luks: Option<LuksResume>,
+    /// Standalone integrity volumes: how `resize` grows them.
+    pub regrow: Option<IntegrityRegrow>,
+}
+
+impl Rebuild {
+    /// What the control plane keeps of a volume on `storage` opened with `opts` whose kind
+    /// needs nothing else (no detached header, no LUKS resume, no integrity regrow).
+    pub fn on(storage: Storage, opts: OpenOptions) -> Rebuild {
+        Rebuild {
+            storage,
+            header: None,
+            opts,
+            flags: CryptOptions::default(),
+            table: None,
+            luks: None,
+            regrow: None,
+        }
+    }
 }
 
 /// Where the served volume is reached, filled in by `serve` once it is listening.
@@ -148,23 +166,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn mode_name(m: volume::CryptMode) -> &'static str {
-    match m {
-        volume::CryptMode::Auto => "auto",
-        volume::CryptMode::Pool => "pool",
-        volume::CryptMode::Inline => "inline",
-    }
-}
-
-fn parse_mode(s: &str) -> Option<volume::CryptMode> {
-    match s {
-        "auto" => Some(volume::CryptMode::Auto),
-        "pool" => Some(volume::CryptMode::Pool),
-        "inline" => Some(volume::CryptMode::Inline),
-        _ => None,
-    }
-}
-
 /// The flag words of `cryptsetup status` for `o`.
 fn flag_words(o: &CryptOptions) -> Vec<String> {
     [
@@ -182,40 +183,13 @@ fn flag_words(o: &CryptOptions) -> Vec<String> {
 }
 
 impl Live {
-    /// A volume served with no control beyond `status` and `close` (a standalone
-    /// dm-integrity volume, or any device a caller built).
-    pub fn basic(
-        name: &str,
-        device: Arc<dyn BlockDevice>,
-        kind: &str,
-        read_only: bool,
-    ) -> (Arc<Live>, Arc<Gate>) {
-        let g = device.geometry();
-        let base = Status {
-            name: name.to_owned(),
-            kind: kind.to_owned(),
-            device: "n/a".to_owned(),
-            sector_size: g.logical_block,
-            size: g.size / 512,
-            read_only,
-            ..Status::default()
-        };
-        Self::with(name, device, base, None)
-    }
-
     /// A volume assembled by `volume::open` on `rebuild.storage`. Every table of `vol`
     /// (they hold the key) is dropped here, but the one `rebuild` keeps for `refresh`.
     pub fn from_volume(name: &str, vol: Volume, mut rebuild: Rebuild) -> (Arc<Live>, Arc<Gate>) {
+        let regrow = rebuild.regrow.take();
         let mut base = Status {
             name: name.to_owned(),
-            kind: match vol.kind {
-                VolumeKind::Luks1 => "LUKS1",
-                VolumeKind::Luks2 | VolumeKind::Luks2Aead => "LUKS2",
-                VolumeKind::Plain => "PLAIN",
-                VolumeKind::Integrity => "INTEGRITY",
-                _ => "n/a",
-            }
-            .to_owned(),
+            kind: vol.kind.type_name().to_owned(),
             // cryptsetup shows the device's full path.
             device: std::fs::canonicalize(&rebuild.storage.name)
                 .map(|p| p.display().to_string())
@@ -231,12 +205,15 @@ impl Live {
             base.offset = t.offset;
             base.size = t.len;
             base.skipped = t.iv_offset;
-            base.crypt_mode = Some(mode_name(rebuild.opts.crypt_mode).into());
+            base.crypt_mode = Some(rebuild.opts.crypt_mode.name().into());
             rebuild.flags = CryptOptions { integrity_aead: None, ..t.options };
             // One table cannot rebuild a volume mid-reencryption (two segments, two keys):
-            // `refresh` and `resize` refuse it as they refuse an authenticated one.
+            // `refresh` and `resize` refuse it as they refuse an authenticated one, and the
+            // kinds whose stack is more than a crypt table on the storage (BitLocker's
+            // remapped segments, FileVault2's read-only volume, TrueCrypt's offsets).
             let data_layers = vol.layers.iter().filter(|l| !matches!(l, LayerTable::Integrity(_))).count();
-            if vol.kind != VolumeKind::Luks2Aead && data_layers == 1 {
+            let one_table = matches!(vol.kind, VolumeKind::Plain | VolumeKind::Luks1 | VolumeKind::Luks2);
+            if one_table && data_layers == 1 {
                 rebuild.table = Some(t.clone());
             }
         } else {
@@ -261,7 +238,9 @@ impl Live {
             }
         }
         let Volume { device, .. } = vol;
-        Self::with(name, device, base, Some(rebuild))
+        let (live, gate) = Self::with(name, device, base, Some(rebuild));
+        *lock(&live.regrow) = regrow;
+        (live, gate)
     }
 
     fn with(
@@ -283,11 +262,6 @@ impl Live {
             reenc: Arc::new(Mutex::new(Job::default())),
         });
         (live, gate)
-    }
-
-    /// Lets `resize` grow this standalone integrity volume.
-    pub fn set_regrow(&self, r: IntegrityRegrow) {
-        *lock(&self.regrow) = Some(r);
     }
 
     /// Tells the control plane how the volume is served.
@@ -325,7 +299,7 @@ impl Live {
         if let Some(r) = &*lock(&self.rebuild) {
             s.flags = flag_words(&r.flags);
             if s.crypt_mode.is_some() {
-                s.crypt_mode = Some(mode_name(r.opts.crypt_mode).into());
+                s.crypt_mode = Some(r.opts.crypt_mode.name().into());
             }
         }
         if s.suspended {
@@ -383,10 +357,16 @@ impl Live {
         self.finished_cv.notify_all();
     }
 
+    /// Whether `refresh` and `resize` may rebuild this volume's stack from its crypt table
+    /// (plain dm-crypt and LUKS; a standalone integrity volume grows through its regrow).
+    fn rebuildable(&self) -> bool {
+        matches!(self.base.kind.as_str(), "PLAIN" | "LUKS1" | "LUKS2")
+    }
+
     fn refresh(&self, want: &Refresh) -> Response {
         let mut guard = lock(&self.rebuild);
         self.adopt_reencrypted(guard.as_mut());
-        let Some(r) = guard.as_mut() else {
+        let Some(r) = guard.as_mut().filter(|_| self.rebuildable()) else {
             return Response::err(
                 exit::BAD_ARGS,
                 format!("Device {} ({}) has no crypt flags to refresh.", self.name, self.base.kind),
@@ -436,7 +416,7 @@ impl Live {
         }
         let mut opts = r.opts;
         if let Some(m) = &want.crypt_mode {
-            match parse_mode(m) {
+            match m.parse::<volume::CryptMode>().ok() {
                 Some(m) => opts.crypt_mode = m,
                 None => return Response::err(exit::BAD_ARGS, format!("invalid --crypt-mode {m:?}")),
             }
@@ -446,7 +426,7 @@ impl Live {
         t.options.submit_from_crypt_cpus = want.submit_from_crypt_cpus;
         t.options.no_read_workqueue = want.no_read_workqueue;
         t.options.no_write_workqueue = want.no_write_workqueue;
-        let vol = match volume::open(Spec::Table(t.clone()), r.storage.clone(), &opts) {
+        let vol = match volume::open_storage(r.storage.clone(), Spec::Table(t.clone()), Keys::none(), &opts) {
             Ok(v) => v,
             Err(e) => return Response::err(exit::FAILURE, format!("rebuilding {}: {e}", self.name)),
         };
@@ -475,7 +455,7 @@ impl Live {
         }
         let mut guard = lock(&self.rebuild);
         self.adopt_reencrypted(guard.as_mut());
-        let Some(r) = guard.as_mut() else {
+        let Some(r) = guard.as_mut().filter(|_| self.rebuildable()) else {
             return Response::err(
                 exit::BAD_ARGS,
                 format!("Device {} ({}) cannot be resized.", self.name, self.base.kind),
@@ -530,7 +510,7 @@ impl Live {
         }
         let mut t = table.clone();
         t.len = len;
-        let vol = match volume::open(Spec::Table(t.clone()), storage.clone(), &r.opts) {
+        let vol = match volume::open_storage(storage.clone(), Spec::Table(t.clone()), Keys::none(), &r.opts) {
             Ok(v) => v,
             Err(e) => return Response::err(exit::FAILURE, format!("rebuilding {}: {e}", self.name)),
         };
@@ -760,9 +740,13 @@ impl Live {
             integrity_no_journal: l.integrity_no_journal,
             integrity_journal: l.integrity_journal,
             kdf_limits: l.kdf_limits,
-            passphrase: &mut one,
         };
-        let vol = match volume::open(Spec::Luks(spec), r.storage.clone(), &r.opts) {
+        let vol = match volume::open_storage(
+            r.storage.clone(),
+            Spec::Luks(spec),
+            Keys::passphrase(&mut one),
+            &r.opts,
+        ) {
             Ok(v) => v,
             Err(e) => {
                 let code = crate::actions::luks::kind_code(e.kind());

@@ -109,9 +109,9 @@ pub fn open(p: &OpenParams, passphrase: &Passphrase) -> Result<Opened, crate::Vo
         integrity_no_journal: p.integrity_no_journal,
         integrity_journal: p.integrity_journal,
         kdf_limits: p.kdf_limits,
-        passphrase: &mut once,
     };
-    let mut volume = crate::open(crate::Spec::Luks(spec), data, &p.open)?;
+    let mut volume =
+        crate::open_storage(data, crate::Spec::Luks(spec), crate::Keys::passphrase(&mut once), &p.open)?;
     let crate::Unlocked { luks, keyslot } =
         volume.luks.take().ok_or(crate::VolumeError::Stack("a LUKS volume without its header"))?;
     Ok(Opened { volume, luks, keyslot })
