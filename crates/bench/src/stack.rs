@@ -404,7 +404,9 @@ impl StackSpec {
                     ));
                 }
                 let spec = self.aead_spec()?;
-                if !spec.valid_key_sizes().contains(&((self.key_bits / 8) as usize)) {
+                if !volume::luks::key_bytes(self.key_bits as usize)
+                    .is_ok_and(|b| spec.valid_key_sizes().contains(&b))
+                {
                     return Err(BenchError::usage(format!(
                         "key-size={}: {} takes {} bits",
                         self.key_bits,

@@ -8,6 +8,7 @@ mod actions;
 mod args;
 mod control;
 mod daemon;
+mod errors;
 mod hardening;
 mod keys;
 mod serve;
@@ -245,13 +246,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.downcast_ref::<actions::Quiet>().is_some() => ExitCode::from(actions::exit_code(&e)),
+        Err(e) if e.downcast_ref::<actions::Quiet>().is_some() => ExitCode::from(errors::exit_code(&e)),
         Err(e) => {
-            eprintln!("sealdisk: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
-            ExitCode::from(actions::exit_code(&e))
+            errors::report(&e);
+            ExitCode::from(errors::exit_code(&e))
         }
     }
 }

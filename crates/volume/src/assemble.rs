@@ -486,7 +486,7 @@ pub fn unlock_luks(
                 None => {
                     return Err(VolumeError::Luks {
                         path: meta.name.clone(),
-                        source: LuksError::Params("the reencryption in progress has no volume key".into()),
+                        source: LuksError::Internal("the reencryption in progress has no volume key"),
                     })
                 }
             },
@@ -608,10 +608,7 @@ fn open_luks(
         });
     }
     if l.integrity_journal.is_set() {
-        return Err(wrap(LuksError::Params(
-            "--journal-watermark and --journal-commit-time apply to LUKS2 volumes with --integrity only"
-                .into(),
-        )));
+        return Err(wrap(crate::luks::ParamError::JournalTuningWithoutIntegrity.into()));
     }
     let table = unlocked.luks.table(&storage.name, storage.size(), &vk, &l.flags).map_err(wrap)?;
     let kind = if version == LuksVersion::V1 { VolumeKind::Luks1 } else { VolumeKind::Luks2 };

@@ -37,6 +37,9 @@ pub enum ErrorKind {
     Io,
     /// Anything else (e.g. the system's random source failed).
     Other,
+    /// A broken internal invariant: a bug in this implementation, not the caller's fault
+    /// nor the disk's (cryptsetup's internal errors; its tools exit 1 for them).
+    Internal,
 }
 
 /// The kind of a storage error.

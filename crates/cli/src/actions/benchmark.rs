@@ -46,7 +46,7 @@ pub fn run(a: BenchmarkArgs) -> Result<()> {
                 .parse()
                 .with_context(|| format!("Cipher {name} is not available."))?;
             let bits = bits.unwrap_or(spec.default_key_bits() as u32);
-            if bits % 8 != 0 || !spec.valid_key_sizes().contains(&(bits as usize / 8)) {
+            if !volume::luks::key_bytes(bits as usize).is_ok_and(|b| spec.valid_key_sizes().contains(&b)) {
                 bail!(
                     "Cipher {name} (with {bits} bits key) is not available: key sizes are {}.",
                     spec.key_sizes_text()

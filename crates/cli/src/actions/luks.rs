@@ -18,10 +18,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use sector_crypto::kdf::{HashAlg, Passphrase};
 use volume::luks::{KdfLimits, LuksError, PbkdfParams, PbkdfType};
-use volume::{ErrorKind, PassphraseSource, Storage, VolumeError};
+use volume::{PassphraseSource, Storage, VolumeError};
 
 use super::UsageError;
-use crate::exit;
 
 /// cryptsetup's default ceiling on key-file size (`DEFAULT_KEYFILE_SIZE_MAXKB`, 8 MiB).
 const KEYFILE_MAX: usize = 8 << 20;
@@ -326,35 +325,7 @@ pub fn luks_err(path: &str) -> impl Fn(LuksError) -> anyhow::Error + '_ {
     move |source| VolumeError::Luks { path: path.to_owned(), source }.into()
 }
 
-/// cryptsetup's exit code for a LUKS error in the chain, if there is one.
-pub fn exit_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
-    if cause.downcast_ref::<Aborted>().is_some() || cause.downcast_ref::<Mismatch>().is_some() {
-        return Some(exit::PERMISSION);
-    }
-    if let Some(v) = cause.downcast_ref::<VolumeError>() {
-        // A wrong BitLocker key exits as cryptsetup's search ends: 2 or 1 (volume::bitlk).
-        if let VolumeError::Bitlk { source, .. } = v {
-            if let Some(eperm) = source.exits_as_eperm() {
-                return Some(if eperm { exit::PERMISSION } else { exit::BAD_ARGS });
-            }
-        }
-        return Some(kind_code(v.kind()));
-    }
-    if let Some(i) = cause.downcast_ref::<volume::integrity::IntegrityVolumeError>() {
-        return Some(kind_code(i.kind()));
-    }
-    Some(kind_code(cause.downcast_ref::<LuksError>()?.kind()))
-}
-
-/// cryptsetup's exit code for an error of `kind` (README, "Exit codes").
-pub fn kind_code(kind: ErrorKind) -> u8 {
-    match kind {
-        ErrorKind::WrongKey | ErrorKind::Permission => exit::PERMISSION,
-        ErrorKind::Io | ErrorKind::TooSmall => exit::DEVICE,
-        ErrorKind::Busy => exit::BUSY,
-        _ => exit::BAD_ARGS,
-    }
-}
+pub use crate::errors::kind_code;
 
 /// Parses a size with an optional k/m/g suffix (powers of 1024), as cryptsetup's
 /// `--luks2-metadata-size 64k`.

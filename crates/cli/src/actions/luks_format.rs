@@ -89,8 +89,8 @@ pub fn run(a: LuksFormatArgs) -> Result<()> {
         "luks1" => LuksVersion::V1,
         other => bail!(UsageError(format!("luksFormat --type {other:?}: use luks1 or luks2"))),
     };
-    if let Some(bits) = a.key_size.filter(|b| !b.is_multiple_of(8)) {
-        bail!(UsageError(format!("--key-size {bits} is not a multiple of 8 bits")));
+    if let Some(bits) = a.key_size {
+        volume::luks::key_bytes(bits)?;
     }
     let integrity = match &a.integrity {
         Some(alg) => {

@@ -179,7 +179,8 @@ pub fn config(a: ConfigArgs) -> Result<()> {
     }
     let priority = match &a.priority {
         Some(p) => {
-            let p: KeyslotPriority = p.parse().map_err(|e: LuksError| UsageError(e.to_string()))?;
+            let p: KeyslotPriority =
+                p.parse().map_err(|e: LuksError| UsageError(crate::errors::message(&e)))?;
             let Some(slot) = a.key_slot else {
                 bail!(UsageError("Keyslot specification is required.".into()));
             };

@@ -22,10 +22,6 @@ pub mod resize_offline;
 pub mod tcrypt;
 pub mod wipe;
 
-use blockdev::{BlockError, BlockErrorKind};
-
-use crate::exit;
-
 /// A usage error (exit code 1), e.g. conflicting options.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -58,56 +54,4 @@ pub fn ensure_device(path: &str) -> anyhow::Result<()> {
         }
         Err(_) => Ok(()),
     }
-}
-
-/// Maps an error chain to cryptsetup's exit codes (src/utils_tools.c `translate_errno`):
-/// 1 wrong parameters or other failure, 2 permission or passphrase, 4 wrong device,
-/// 5 busy (the storage or the listening socket is in use).
-pub fn exit_code(e: &anyhow::Error) -> u8 {
-    // A passphrase source's own failure (a key file, a prompt) decides by its own chain.
-    if let Some(inner) = luks::source_error(e) {
-        return exit_code(inner);
-    }
-    // Some causes decide wherever they are in the chain.
-    for cause in e.chain() {
-        if let Some(Quiet(code)) = cause.downcast_ref::<Quiet>() {
-            return *code;
-        }
-        if cause.downcast_ref::<NoDevice>().is_some() || cause.is::<crate::control::client::Inactive>() {
-            return exit::DEVICE;
-        }
-        if let Some(r) = cause.downcast_ref::<crate::control::client::Refused>() {
-            return r.code;
-        }
-        if cause.is::<crate::control::NameInUse>() {
-            return exit::BUSY;
-        }
-        if cause.downcast_ref::<BlockError>().is_some_and(|b| b.kind() == BlockErrorKind::Busy) {
-            return exit::BUSY;
-        }
-        if cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
-        {
-            return exit::BUSY;
-        }
-    }
-    for cause in e.chain() {
-        if cause.downcast_ref::<wipe::WipeInterrupted>().is_some() {
-            return wipe::WIPE_INTERRUPTED;
-        }
-        // Typed volume errors decide by their kind (`volume::ErrorKind`).
-        if let Some(code) = luks::exit_code(cause) {
-            return code;
-        }
-        if cause.downcast_ref::<UsageError>().is_some() {
-            return exit::BAD_ARGS;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            return match io.kind() {
-                std::io::ErrorKind::NotFound => exit::DEVICE,
-                std::io::ErrorKind::PermissionDenied => exit::PERMISSION,
-                _ => continue,
-            };
-        }
-    }
-    exit::FAILURE
 }

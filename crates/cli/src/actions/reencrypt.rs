@@ -411,7 +411,7 @@ fn encrypt(a: ReencryptArgs) -> Result<()> {
         bail!(UsageError(format!("Device {header} is already LUKS device. Aborting operation.")));
     }
     let (fp, _, _, _) = reencrypt::plan_encrypt(data.device.geometry().size, &params)
-        .map_err(|e| anyhow::Error::from(UsageError(e.to_string())))?;
+        .map_err(|e| anyhow::Error::from(UsageError(crate::errors::message(&e))))?;
     let asked = params.layout.keyslots_size.or_else(|| {
         params.layout.reduce_device_size.map(|r| r - 2 * params.layout.metadata_size.unwrap_or(16 << 10))
     });
@@ -474,7 +474,7 @@ fn encrypt_shift(a: ReencryptArgs, mut reduce: u64) -> Result<()> {
     let mut params = params(&a)?;
     params.resilience = "datashift".into();
     let (_, ks) = reencrypt::shift_header_layout(&params.layout, reduce / 2)
-        .map_err(|e| anyhow::Error::from(UsageError(e.to_string())))?;
+        .map_err(|e| anyhow::Error::from(UsageError(crate::errors::message(&e))))?;
     super::luks::keyslots_warnings(ks, a.luks2_keyslots_size);
     let (mut luks, pass) = with_passphrase(&a.key, "Enter passphrase: ", |p| {
         let (luks, slot) = reencrypt::init_encrypt_shift(&*dev.device, p, &params, reduce)
@@ -544,7 +544,7 @@ fn decrypt_shift(a: ReencryptArgs, header: String) -> Result<()> {
 
 /// `--key-size` in whole bytes.
 fn check_key_size(a: &ReencryptArgs) -> Result<()> {
-    if a.key_size.is_some_and(|b| b % 8 != 0) {
+    if a.key_size.is_some_and(|b| volume::luks::key_bytes(b).is_err()) {
         bail!(UsageError("Key size must be a multiple of 8 bits".into()));
     }
     Ok(())

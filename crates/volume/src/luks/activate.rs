@@ -147,10 +147,11 @@ impl Luks {
             None => data_size.saturating_sub(seg.offset) / per * per,
         };
         if len == 0 {
-            return Err(LuksError::Params(format!(
-                "device {data_device} is too small: no data after the LUKS data offset ({} bytes)",
-                seg.offset
-            )));
+            return Err(super::ParamError::NoDataAfterOffset {
+                device: data_device.to_string(),
+                offset: seg.offset,
+            }
+            .into());
         }
         let options = CryptOptions {
             sector_size: (seg.sector_size != 512).then_some(seg.sector_size),

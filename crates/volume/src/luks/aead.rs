@@ -100,14 +100,15 @@ pub(super) fn check_format(
     sp: SectorParams,
 ) -> Result<(), LuksError> {
     if p.version != LuksVersion::V2 {
-        return Err(LuksError::Params("--integrity needs LUKS2".into()));
+        return Err(super::ParamError::IntegrityNeedsLuks2.into());
     }
     let (enc, _) = i.spec.luks2_names();
     if enc != p.cipher {
-        return Err(LuksError::Params(format!(
-            "cipher {} does not match the authenticated cipher {enc}",
-            p.cipher
-        )));
+        return Err(super::ParamError::AeadCipherMismatch {
+            cipher: p.cipher.clone(),
+            aead: enc.to_string(),
+        }
+        .into());
     }
     AeadSectorCipher::new(&i.spec, vk, sp, i.spec.tuple_size()).map_err(cipher_err(&i.spec))?;
     Ok(())
@@ -162,7 +163,7 @@ pub(crate) fn open(
 ) -> Result<(Arc<dyn BlockDevice>, Vec<LayerTable>), LuksError> {
     let seg = luks.segment()?;
     if p.flags.allow_discards || seg.flags.iter().any(|f| f == "allow-discards") {
-        return Err(LuksError::Params("discards are not supported with authenticated encryption".into()));
+        return Err(super::ParamError::AeadDiscards.into());
     }
     let no_journal = p.no_journal || seg.flags.iter().any(|f| f == "no-journal");
     let mode = if no_journal { Mode::Direct } else { Mode::Journal };
@@ -170,7 +171,7 @@ pub(crate) fn open(
     let mut cfg = integrity_config(spec, seg.sector_size, seg.offset / 512, mode, read_only);
     if let Some(w) = p.journal.watermark {
         if w > 100 {
-            return Err(LuksError::Params(format!("journal watermark {w}% is above 100%")));
+            return Err(super::ParamError::JournalWatermark(w).into());
         }
         cfg.journal_watermark = w;
     }
@@ -271,18 +272,15 @@ pub fn format_integrity_until<D: BlockDevice + 'static>(
     i: &LuksIntegrity,
     progress: impl FnMut(u64, u64) -> ControlFlow<()>,
 ) -> Result<WipeEnd, LuksError> {
-    let spec =
-        luks.aead()?.ok_or_else(|| LuksError::Params("the LUKS2 header has no integrity segment".into()))?;
+    let spec = luks.aead()?.ok_or(super::ParamError::NoIntegritySegment)?;
     let seg = luks.segment()?;
     let mut params = IntegrityFormatParams::new(spec.tuple_size() as u32, seg.sector_size);
     // cryptsetup passes fix_padding; fix_hmac only matters with a keyed internal hash or a
     // journal MAC, neither of which authenticated encryption uses.
     params.fix_hmac = false;
     if let Some(b) = i.journal_size {
-        params.journal_sectors = Some(
-            u32::try_from(b / 512)
-                .map_err(|_| LuksError::Params(format!("a journal of {b} bytes is too large")))?,
-        );
+        params.journal_sectors =
+            Some(u32::try_from(b / 512).map_err(|_| super::ParamError::JournalTooLarge(b))?);
     }
     let opts = FormatOptions {
         params,
@@ -315,8 +313,7 @@ pub fn wipe_integrity<D: BlockDevice + 'static>(
     from: u64,
     mut progress: impl FnMut(u64, u64) -> ControlFlow<()>,
 ) -> Result<WipeEnd, LuksError> {
-    let spec =
-        luks.aead()?.ok_or_else(|| LuksError::Params("the LUKS2 header has no integrity segment".into()))?;
+    let spec = luks.aead()?.ok_or(super::ParamError::NoIntegritySegment)?;
     let seg = luks.segment()?;
     let no_journal = no_journal || seg.flags.iter().any(|f| f == "no-journal");
     let mode = if no_journal { Mode::Direct } else { Mode::Journal };
@@ -326,10 +323,9 @@ pub fn wipe_integrity<D: BlockDevice + 'static>(
         aead_over(below, &spec, vk, seg.sector_size, seg.iv_offset, seg.size, CryptConfig::default())?;
     let total = target.geometry().size;
     if from > total || !from.is_multiple_of(u64::from(seg.sector_size)) {
-        return Err(LuksError::Params(format!(
-            "wipe offset {from} is not a multiple of the sector size {} within the volume's {total} bytes",
-            seg.sector_size
-        )));
+        return Err(
+            super::ParamError::WipeOffset { offset: from, sector_size: seg.sector_size, total }.into()
+        );
     }
     let io_err = |source| LuksError::Io { what: "authenticated volume (format wipe)", source };
     let chunk = 1u64 << 20;

@@ -52,7 +52,7 @@ const SHIFT: u64 = 2 * HDR_16K - LUKS1_KEYSLOTS_START;
 const LUKSMETA: &[u8; 8] = b"LUKSMETA";
 
 fn refuse(msg: impl Into<String>) -> LuksError {
-    LuksError::Params(msg.into())
+    LuksError::CannotConvert { reason: msg.into() }
 }
 
 impl Luks {

@@ -69,16 +69,14 @@ impl FormatParams {
         integrity: Option<LuksIntegrity>,
     ) -> Result<Self, LuksError> {
         let bits = key_bits.unwrap_or_else(|| default_key_bits(cipher));
-        if !bits.is_multiple_of(8) {
-            return Err(LuksError::Params(format!("--key-size {bits} is not a multiple of 8 bits")));
-        }
+        let key_bytes = super::key_bytes(bits)?;
         if integrity.is_some() && version != LuksVersion::V2 {
-            return Err(LuksError::Params("--integrity needs LUKS2".into()));
+            return Err(super::ParamError::IntegrityNeedsLuks2.into());
         }
         Ok(FormatParams {
             version,
             cipher: cipher.to_owned(),
-            key_bytes: bits / 8 + integrity.map_or(0, |i| i.spec.mac_key_size()),
+            key_bytes: key_bytes + integrity.map_or(0, |i| i.spec.mac_key_size()),
             integrity,
             ..FormatParams::default()
         })
@@ -119,11 +117,7 @@ pub fn format(
     let vk = match &params.volume_key {
         Some(k) => {
             if k.len() != params.key_bytes {
-                return Err(LuksError::Params(format!(
-                    "volume key file holds {} bytes, --key-size asks for {}",
-                    k.len(),
-                    params.key_bytes
-                )));
+                return Err(super::ParamError::KeyLength { have: k.len(), want: params.key_bytes }.into());
             }
             k.clone()
         }
@@ -190,10 +184,7 @@ fn check_keyslot_cipher(params: &FormatParams) -> Result<(), LuksError> {
     }
     let xts = params.cipher.to_ascii_lowercase().starts_with("aes-xts-");
     if xts && params.key_bytes != 32 && params.key_bytes != 64 {
-        return Err(LuksError::Params(format!(
-            "Cannot use {} cipher for keyslot encryption.",
-            params.cipher
-        )));
+        return Err(super::ParamError::KeyslotCipher { cipher: params.cipher.clone() }.into());
     }
     Ok(())
 }

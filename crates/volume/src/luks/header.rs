@@ -465,9 +465,7 @@ impl Luks {
         let backup = Self::load_image(image)?;
         if let LuksHeader::V2(_) = backup.header {
             if backup.needs_repair.is_some() {
-                return Err(LuksError::Params(
-                    "the LUKS2 header backup has a damaged or stale copy; refusing to restore it".into(),
-                ));
+                return Err(super::ParamError::BackupStale.into());
             }
         }
         let need = backup.metadata_bytes().min(image.len() as u64);
@@ -478,11 +476,11 @@ impl Luks {
         if let Ok(current) = Self::load(meta, false) {
             let (a, b) = (current.segment().map(|s| s.offset).ok(), backup.segment().map(|s| s.offset).ok());
             if a != b {
-                return Err(LuksError::Params(format!(
-                    "data offset of the backup ({} bytes) differs from the device's ({} bytes)",
-                    b.unwrap_or(0),
-                    a.unwrap_or(0)
-                )));
+                return Err(super::ParamError::BackupOffset {
+                    backup: b.unwrap_or(0),
+                    device: a.unwrap_or(0),
+                }
+                .into());
             }
         }
         io::write_bytes(meta, 0, &image[..need as usize], "LUKS header")?;
@@ -502,7 +500,7 @@ pub fn check_uuid(u: &str) -> Result<(), LuksError> {
     if ok {
         Ok(())
     } else {
-        Err(LuksError::Params(format!("Wrong LUKS UUID format provided: {u:?}")))
+        Err(super::ParamError::Uuid(u.to_owned()).into())
     }
 }
 

@@ -39,7 +39,7 @@ impl std::str::FromStr for KeyslotPriority {
             "ignore" => Ok(Self::Ignore),
             "normal" => Ok(Self::Normal),
             "prefer" => Ok(Self::Prefer),
-            _ => Err(LuksError::Params("Option --priority can be only ignore/normal/prefer.".into())),
+            _ => Err(super::ParamError::Priority(s.to_owned()).into()),
         }
     }
 }
@@ -90,10 +90,10 @@ impl Luks {
         let m = &self.v2()?.header.metadata;
         if let Some(i) = id {
             if i >= LUKS2_TOKENS {
-                return Err(LuksError::Params(format!("Token {i} is invalid.")));
+                return Err(super::ParamError::TokenInvalid(i).into());
             }
             if m.tokens.contains_key(&i) && !replace {
-                return Err(LuksError::Params(format!("Token {i} in use.")));
+                return Err(super::ParamError::TokenInUse(i).into());
             }
         }
         for k in &token.keyslots {
@@ -103,9 +103,9 @@ impl Luks {
         }
         let id = match id {
             Some(i) => i,
-            None => (0..LUKS2_TOKENS)
-                .find(|i| !m.tokens.contains_key(i))
-                .ok_or_else(|| LuksError::Params("No free token slot.".into()))?,
+            None => {
+                (0..LUKS2_TOKENS).find(|i| !m.tokens.contains_key(i)).ok_or(super::ParamError::NoFreeToken)?
+            }
         };
         let mut token = token;
         token.keyslots.sort_unstable();
@@ -120,10 +120,10 @@ impl Luks {
     /// Removes token `id` (cryptsetup `token remove`).
     pub fn token_remove(&mut self, meta: &dyn BlockDevice, id: u32) -> Result<(), LuksError> {
         if id >= LUKS2_TOKENS {
-            return Err(LuksError::Params(format!("Token {id} is invalid.")));
+            return Err(super::ParamError::TokenInvalid(id).into());
         }
         if !self.v2()?.header.metadata.tokens.contains_key(&id) {
-            return Err(LuksError::Params(format!("Token {id} is not in use.")));
+            return Err(super::ParamError::TokenNotInUse(id).into());
         }
         self.rewrite(meta, |s| {
             s.header.metadata.tokens.remove(&id);
@@ -139,7 +139,7 @@ impl Luks {
             .tokens
             .get(&id)
             .map(Token::to_json_string)
-            .ok_or_else(|| LuksError::Params(format!("Failed to get token {id} for export.")))
+            .ok_or(super::ParamError::TokenMissing(id).into())
     }
 
     /// Sets the LUKS2 label and/or subsystem (`config --label`, `--subsystem`; an empty
@@ -152,7 +152,7 @@ impl Luks {
     ) -> Result<(), LuksError> {
         for (what, v) in [("label", label), ("subsystem", subsystem)] {
             if v.is_some_and(|v| v.len() > 47) {
-                return Err(LuksError::Params(format!("LUKS2 {what} is longer than 47 bytes.")));
+                return Err(super::ParamError::LabelTooLong { what }.into());
             }
         }
         self.rewrite(meta, |s| {
@@ -196,7 +196,7 @@ impl Luks {
         self.v2()?;
         for f in flags {
             if !formats::luks2::KNOWN_FLAGS.contains(f) {
-                return Err(LuksError::Params(format!("unknown persistent activation flag {f:?}")));
+                return Err(super::ParamError::PersistentFlag((*f).to_owned()).into());
             }
         }
         let list: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();

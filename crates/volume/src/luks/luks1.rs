@@ -150,7 +150,7 @@ pub(super) fn write_header(h: &Luks1Header, meta: &dyn BlockDevice) -> Result<()
 pub(super) fn slot_key(h: &Luks1Header, pass: &[u8], pbkdf: &PbkdfParams) -> Result<SlotKey, LuksError> {
     let kdf = pbkdf.resolve(true, h.key_bytes as usize)?;
     let Kdf::Pbkdf2 { iterations, .. } = kdf else {
-        return Err(LuksError::Params("LUKS1 keyslots use pbkdf2 only".into()));
+        return Err(super::ParamError::Luks1KeyslotKdf.into());
     };
     // LUKS1 has one hash for the whole header: the keyslot KDF uses it, whatever --hash says.
     let kdf = Kdf::Pbkdf2 { hash: parse_hash(&h.hash_spec)?, iterations };
@@ -165,7 +165,7 @@ pub(super) fn add_keyslot(
     key: &SlotKey,
 ) -> Result<(), LuksError> {
     let Kdf::Pbkdf2 { iterations, .. } = key.kdf else {
-        return Err(LuksError::Params("LUKS1 keyslots use pbkdf2 only".into()));
+        return Err(super::ParamError::Luks1KeyslotKdf.into());
     };
     let salt = key.salt;
     let spec = h.cipher_spec();
@@ -217,10 +217,10 @@ pub(super) fn format(
     pass: &[u8],
 ) -> Result<(Luks, SlotKey), LuksError> {
     if p.sector_size != 512 {
-        return Err(LuksError::Params("LUKS1 supports only 512-byte sectors".into()));
+        return Err(super::ParamError::Luks1SectorSize.into());
     }
     if p.label.is_some() || p.subsystem.is_some() {
-        return Err(LuksError::Params("labels and subsystems need LUKS2".into()));
+        return Err(super::ParamError::LabelNeedsLuks2.into());
     }
     if !p.pbkdf.hash.luks1_allowed() {
         // cryptsetup: "Requested LUKS hash md5 is not supported." (digest under 20 bytes).
@@ -230,23 +230,22 @@ pub(super) fn format(
             sector_crypto::hash::LUKS1_MIN_DIGEST
         )));
     }
-    let (cipher_name, cipher_mode) = p.cipher.split_once('-').ok_or_else(|| {
-        LuksError::Params(format!("cipher {:?} has no mode (expected e.g. aes-xts-plain64)", p.cipher))
-    })?;
-    let key_bytes = u32::try_from(p.key_bytes).map_err(|_| LuksError::Params("key size too large".into()))?;
+    let (cipher_name, cipher_mode) = p
+        .cipher
+        .split_once('-')
+        .ok_or_else(|| super::ParamError::CipherNoMode { cipher: p.cipher.clone() })?;
+    let key_bytes =
+        u32::try_from(p.key_bytes).map_err(|_| super::ParamError::KeyTooLarge { bytes: p.key_bytes })?;
     let (offsets, end) = luks1::standard_keyslot_layout(key_bytes);
     let payload = match (p.offset, p.detached) {
         (Some(o), false) if o < end => {
-            return Err(LuksError::Params(format!(
-                "requested data offset {o} sectors is too small: the LUKS1 header and keyslots need {end}"
-            )))
+            return Err(super::ParamError::Luks1DataOffsetTooSmall { offset: o, need: end }.into())
         }
         (Some(o), _) => o,
         (None, true) => 0,
         (None, false) => end.div_ceil(ALIGN_SECTORS) * ALIGN_SECTORS,
     };
-    let payload_offset =
-        u32::try_from(payload).map_err(|_| LuksError::Params("data offset too large".into()))?;
+    let payload_offset = u32::try_from(payload).map_err(|_| super::ParamError::DataOffsetTooLarge)?;
     let mkd_iterations = match p.pbkdf.force_iterations {
         Some(_) => kdf::PBKDF2_MIN_ITERATIONS,
         None => p.pbkdf.digest_iterations(p.key_bytes),

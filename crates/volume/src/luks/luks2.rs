@@ -460,7 +460,7 @@ pub(super) fn new_keyslot_for(
 ) -> Result<Keyslot, LuksError> {
     let (cipher, area_key_len) = keyslot_cipher(h, cipher_key_len);
     if key.area_key.len() != area_key_len {
-        return Err(LuksError::Params("keyslot key derived for another cipher".into()));
+        return Err(LuksError::Internal("keyslot key derived for another cipher"));
     }
     let m = Material { offset, cipher: &cipher, af_hash, stripes: STRIPES, key_len: vk.len() };
     m.store(meta, &key.area_key, vk)?;
@@ -594,22 +594,16 @@ pub(super) fn change_keyslot(
 pub(super) fn storage(p: &FormatParams) -> Result<(u64, u64, u64), LuksError> {
     let md = p.metadata_size.unwrap_or(METADATA_SIZES[0]);
     if !METADATA_SIZES.contains(&md) {
-        return Err(LuksError::Params(format!(
-            "Unsupported LUKS2 metadata size options. (metadata size {md}: 16k, 32k, 64k, 128k, 256k, \
-             512k, 1m, 2m or 4m)"
-        )));
+        return Err(super::ParamError::MetadataSize { size: md }.into());
     }
     // As cryptsetup's crypt_set_metadata_size: an asked keyslots area is refused, not rounded.
     if let Some(k) = p.keyslots_size.filter(|&k| k != 0 && (!k.is_multiple_of(4096) || k > MAX_KEYSLOTS_SIZE))
     {
-        return Err(LuksError::Params(format!(
-            "Unsupported LUKS2 metadata size options. (keyslots size {k}: a multiple of 4096 bytes, at most \
-             {MAX_KEYSLOTS_SIZE})"
-        )));
+        return Err(super::ParamError::KeyslotsSize { size: k, max: MAX_KEYSLOTS_SIZE }.into());
     }
     let mut data_offset = p.offset.map_or(0, |o| o * 512);
     if data_offset != 0 && data_offset < 2 * md {
-        return Err(LuksError::Params("Requested data offset is too small.".into()));
+        return Err(super::ParamError::DataOffsetTooSmall.into());
     }
     let mut ks = p.keyslots_size.unwrap_or(0);
     if ks == 0 && data_offset != 0 {
@@ -639,14 +633,13 @@ pub(super) fn format(
     pass: &[u8],
 ) -> Result<(Luks, SlotKey), LuksError> {
     if ![512, 1024, 2048, 4096].contains(&p.sector_size) {
-        return Err(LuksError::Params(format!("unsupported encryption sector size {}", p.sector_size)));
+        return Err(super::ParamError::SectorSize { size: p.sector_size }.into());
     }
     let (md, ks_size, data_offset) = storage(p)?;
     if data_offset % u64::from(p.sector_size) != 0 {
-        return Err(LuksError::Params(format!(
-            "data offset {data_offset} is not aligned to the encryption sector size {}",
-            p.sector_size
-        )));
+        return Err(
+            super::ParamError::DataOffsetSector { offset: data_offset, sector_size: p.sector_size }.into()
+        );
     }
     if let Some(size) = p.data_size {
         if !p.detached && size <= data_offset {

@@ -17,7 +17,7 @@
 //!
 //!  format(FormatParams) ── header + keyslot 0                             format.rs
 //!      (crate::format adds the dm-integrity area of --integrity: aead.rs)
-//!  reencrypt: init / run / recover / finish (cryptsetup's on-disk state)  reencrypt.rs
+//!  reencrypt: init / shift / run / recover (cryptsetup's on-disk state)  reencrypt/
 //!  LuksError (typed by cause: LuksError::kind)                            error.rs
 //! ```
 //!
@@ -63,7 +63,7 @@ pub use aead::{
     LuksIntegrity, WipeEnd,
 };
 pub use dump::{dump, dump_json_metadata, dump_unbound_key, dump_volume_key};
-pub use error::LuksError;
+pub use error::{key_bytes, LuksError, ParamError, ReencryptError};
 pub use format::{default_key_bits, format, header_size, luks2_layout, open_header_for_format, FormatParams};
 pub(crate) use format::{parse_hash, SlotKey};
 /// Activation flags of [`OpenParams::flags`] (re-exported for callers that do not use `formats`).

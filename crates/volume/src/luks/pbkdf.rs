@@ -30,7 +30,7 @@ impl std::str::FromStr for PbkdfType {
             "pbkdf2" => Ok(Self::Pbkdf2),
             "argon2i" => Ok(Self::Argon2i),
             "argon2id" => Ok(Self::Argon2id),
-            other => Err(LuksError::Params(format!("unknown PBKDF {other:?} (pbkdf2, argon2i, argon2id)"))),
+            other => Err(super::ParamError::UnknownPbkdf(other.to_owned()).into()),
         }
     }
 }
@@ -79,7 +79,7 @@ impl PbkdfParams {
             (None, false) => Ok(PbkdfType::Argon2id),
             (Some(PbkdfType::Pbkdf2), _) => Ok(PbkdfType::Pbkdf2),
             (Some(k), true) => {
-                Err(LuksError::Params(format!("LUKS1 keyslots use pbkdf2 only, not {k:?}").to_lowercase()))
+                Err(super::ParamError::Luks1Pbkdf2Only { kdf: format!("{k:?}").to_lowercase() }.into())
             }
             (Some(k), false) => Ok(k),
         }
@@ -91,9 +91,11 @@ impl PbkdfParams {
         if kind == PbkdfType::Pbkdf2 {
             let iterations = match self.force_iterations {
                 Some(i) if i < PBKDF2_MIN_ITERATIONS => {
-                    return Err(LuksError::Params(format!(
-                        "forced iteration count is too low for pbkdf2 (minimum is {PBKDF2_MIN_ITERATIONS})"
-                    )))
+                    return Err(super::ParamError::IterationsTooLow {
+                        kdf: "pbkdf2",
+                        min: PBKDF2_MIN_ITERATIONS,
+                    }
+                    .into())
                 }
                 Some(i) => i,
                 None => kdf::benchmark_pbkdf2(self.hash, key_len, self.iter_time),
@@ -105,10 +107,9 @@ impl PbkdfParams {
         let memory = self.memory_kib.unwrap_or(ARGON2_DEFAULT_MAX_MEMORY_KIB);
         let p = match self.force_iterations {
             Some(t) if t < ARGON2_MIN_TIME => {
-                return Err(LuksError::Params(format!(
-                    "forced iteration count is too low for {} (minimum is {ARGON2_MIN_TIME})",
-                    variant.name()
-                )))
+                return Err(
+                    super::ParamError::IterationsTooLow { kdf: variant.name(), min: ARGON2_MIN_TIME }.into()
+                )
             }
             Some(t) => Argon2Params { variant, time: t, memory_kib: memory, parallel },
             None => {

@@ -110,7 +110,7 @@ pub fn activate(
             (Some(spec), Some(vk)) => {
                 Ok(SegmentTable::Crypt(segment_table(storage, spec, vk, flags, act.data_offset, act.size)))
             }
-            (Some(_), None) => Err(wrap(LuksError::Params("internal: no key for a crypt segment".into()))),
+            (Some(_), None) => Err(wrap(LuksError::Internal("no key for a crypt segment"))),
         }
     };
     let (tn, to) = (table(&act.new, &keys.new)?, table(&act.old, &keys.old)?);
@@ -167,7 +167,7 @@ fn activate_shift(
     let g = &sa.geometry;
     let vk = keys.new.as_ref().ok_or_else(|| VolumeError::Luks {
         path: storage.name.clone(),
-        source: LuksError::Params("internal: no key for the new segment".into()),
+        source: LuksError::Internal("no key for the new segment"),
     })?;
     log::info!(
         "{}: encryption with data shift in progress: {} of {} bytes still plaintext",
@@ -218,7 +218,7 @@ fn activate_decrypt_shift(
     let g = &da.geometry;
     let vk = keys.old.as_ref().ok_or_else(|| VolumeError::Luks {
         path: storage.name.clone(),
-        source: LuksError::Params("internal: no key for the old segment".into()),
+        source: LuksError::Internal("no key for the old segment"),
     })?;
     log::info!(
         "{}: decryption with data shift in progress: {} of {} bytes of data decrypted or moved",
