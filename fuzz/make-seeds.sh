@@ -2,7 +2,7 @@
 # Rebuilds fuzz/seeds/<target>/ for the format targets from testdata/ (headers made by
 # cryptsetup, superblocks and journals made by the kernel, table lines of the kernel golden
 # set), cut to the bytes each decoder reads. The NBD seeds are made by
-# `SEALDISK_WRITE_SEEDS=1 cargo test -p nbd --test fuzz_corpus`.
+# `SEALDISK_WRITE_SEEDS=1 cargo test -p nbd --test nbd fuzz_corpus::`.
 # No pipefail: `head -c` ends its producers early by design.
 set -eu
 cd "$(dirname "$0")/.."
@@ -100,7 +100,7 @@ for name, h in [
 PY
 # FileVault2: cryptsetup's image (testdata/fvault2), its metadata decrypted (needs AES-XTS,
 # so the test that checks the image writes them).
-SEALDISK_WRITE_SEEDS=1 cargo test -q -p volume --test fvault2_golden fuzz_seeds
+SEALDISK_WRITE_SEEDS=1 cargo test -q -p volume --test volume fvault2_golden::fuzz_seeds
 # BitLocker (Windows-made images, testdata/bitlk): sector 0, the first FVE metadata block
 # cut to 4 KiB (it holds every entry), and a .BEK startup key file.
 mkdir -p $S/bitlk_metadata

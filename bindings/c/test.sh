@@ -6,7 +6,7 @@
 #
 #   bindings/c/test.sh                        builds libsealdisk.so first (cargo, dev profile)
 #   SEALDISK_LIB_DIR=DIR bindings/c/test.sh   uses DIR/libsealdisk.so (and .a): what the
-#                                             cargo test tests/c_program.rs does, so the
+#                                             cargo test tests/capi/c_program.rs does, so the
 #                                             test suite (scripts/test.sh) runs this script
 
 set -euo pipefail

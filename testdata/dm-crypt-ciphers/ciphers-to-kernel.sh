@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest half of crates/cli/tests/ciphers_kernel.rs (run through
+# Guest half of crates/cli/tests/cli/ciphers_kernel.rs (run through
 # /work/shared/oracle/kernel-run): the kernel reads volumes sealdisk wrote.
 #
 # 1. Plain dm-crypt: /kr/plain.txt has one line per case,

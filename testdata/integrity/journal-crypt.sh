@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of the journal_crypt interop check, one boot (run by
-# crates/cli/tests/integrity_journal_crypt.rs through /work/shared/oracle/kernel-run).
+# crates/cli/tests/cli/integrity_journal_crypt.rs through /work/shared/oracle/kernel-run).
 #
 # /kr/jc-cases.txt: "kind|name|/dev/vdX|integritysetup options" per disk.
 #   sealdisk: a volume sealdisk formatted and wrote, journal committed but not copied out.

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of the sealdisk → kernel dm-integrity interop check (run by
-# crates/cli/tests/integrity_kernel.rs through /work/shared/oracle/kernel-run).
+# crates/cli/tests/cli/integrity_kernel.rs through /work/shared/oracle/kernel-run).
 #
 # /kr/cases.txt: one line per disk, "name|/dev/vdX|integritysetup open options".
 # For each volume sealdisk formatted and wrote: open it with the kernel (a journal sealdisk

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest half of the kernel filesystem test (crates/cli/tests/fs_kernel.rs, run through
+# Guest half of the kernel filesystem test (crates/cli/tests/cli/fs_kernel.rs, run through
 # /work/shared/oracle/kernel-run --kernel 6.12): ext4 on a block device the guest kernel
 # makes from a volume sealdisk serves from a virtio disk, for every case in /kr/cases.txt.
 #

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest half of the ublk test (crates/cli/tests/ublk_kernel.rs, run through
+# Guest half of the ublk test (crates/cli/tests/cli/ublk_kernel.rs, run through
 # /work/shared/oracle/kernel-run --kernel 6.12): sealdisk serves each stack in
 # /kr/cases.txt as /dev/ublkbN (`--ublk`) from a virtio disk.
 #

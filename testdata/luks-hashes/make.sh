@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerates the per-hash LUKS golden images used by crates/volume/tests/luks_hashes_golden.rs.
+# Regenerates the per-hash LUKS golden images used by crates/volume/tests/volume/luks_hashes_golden.rs.
 # Needs cryptsetup (2.6.1, OpenSSL 3 backend, was used; no root, no device-mapper) and openssl.
 #
 # For every hash Debian's cryptsetup accepts, one LUKS1 image (hashes of at least 20 bytes)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of the sealdisk → kernel LUKS2 authenticated-encryption check (run by
-# crates/cli/tests/luks_integrity_kernel.rs through /work/shared/oracle/kernel-run).
+# crates/cli/tests/cli/luks_integrity_kernel.rs through /work/shared/oracle/kernel-run).
 #
 # /kr/cases.txt: one line per disk, "name|/dev/vdX|wiped(yes/no)". For each volume sealdisk
 # formatted (luksFormat --integrity ...) and wrote (2 MiB at offset 0): `cryptsetup open` it

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Regenerates the AF splitter known-answer images used by
-# crates/sector-crypto/tests/luks_af_kat.rs. Needs cryptsetup (2.6 was used; no root).
+# crates/sector-crypto/tests/sector-crypto/luks_af_kat.rs. Needs cryptsetup (2.6 was used; no root).
 # Each af-*.img is a cryptsetup-made LUKS1 image cut right after keyslot 0's key material
 # (phdr, padding, the encrypted AF-split volume key); af-*.key is the volume key that
 # `cryptsetup luksDump --dump-volume-key` prints for it. The passphrase is "sealdisk-af".

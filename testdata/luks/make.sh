@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerates the golden LUKS headers used by crates/formats/tests/luks_golden.rs.
+# Regenerates the golden LUKS headers used by crates/formats/tests/formats/luks_golden.rs.
 # Needs cryptsetup (2.6 was used: no root or device-mapper needed for luksFormat on files).
 # Each *.hdr is the metadata prefix of a cryptsetup-made image (LUKS1: the 1024-byte phdr;
 # LUKS2: both metadata copies, 2 x hdr_size bytes); each *.dump is `cryptsetup luksDump`

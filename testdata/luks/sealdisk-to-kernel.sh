@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of the sealdisk → kernel LUKS interop check (run by
-# crates/cli/tests/luks_kernel.rs through /work/shared/oracle/kernel-run).
+# crates/cli/tests/cli/luks_kernel.rs through /work/shared/oracle/kernel-run).
 #
 # /kr/cases.txt: one line per disk, "name|/dev/vdX|passphrase file". For each volume sealdisk
 # formatted and wrote: `cryptsetup open` it with the kernel's dm-crypt, print the table

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest half of crates/cli/tests/tcrypt_kernel.rs. /kr/cases.txt has one line per volume:
+# Guest half of crates/cli/tests/cli/tcrypt_kernel.rs. /kr/cases.txt has one line per volume:
 #   NAME|DEVICE|PASSPHRASE|cryptsetup options (commas for spaces)|OFFSET|LENGTH
 # For each, cryptsetup maps it through dm-crypt and prints "SHA NAME <sha256>" of the
 # LENGTH bytes at OFFSET of the mapped volume (what sealdisk wrote there), and

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Regenerates the kernel-made Adiantum and ESSIV golden images used by
-# crates/sector-crypto/tests/wide_golden.rs and crates/volume/tests/wide_luks_golden.rs.
+# crates/sector-crypto/tests/sector-crypto/wide_golden.rs and crates/volume/tests/volume/wide_luks_golden.rs.
 # One boot of the real kernel (Linux 6.1 dm-crypt, cryptsetup 2.6.1) through
 # /work/shared/oracle/kernel-run (or $KERNEL_RUN): for each case the kernel maps the image
 # with dm-crypt, writes pattern.bin (64 KiB) through it and prints the sha256 it reads back.

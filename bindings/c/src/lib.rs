@@ -1,5 +1,5 @@
 //! sealdisk's C ABI: `libsealdisk.so` / `libsealdisk.a` and `include/sealdisk.h` (generated
-//! from this file by cbindgen; `tests/header.rs` checks it is up to date).
+//! from this file by cbindgen; `tests/capi/header.rs` checks it is up to date).
 //!
 //! Every function returns an `int`: `SEALDISK_OK` (0) or a negative `SEALDISK_E_*` code,
 //! and then `sealdisk_last_error()` says what failed. Strings are UTF-8 and

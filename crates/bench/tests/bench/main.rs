@@ -1,0 +1,6 @@
+//! The `bench` crate's integration tests, one test binary (docs/TESTING.md): each module
+//! below was a test binary of its own; the shared helpers are declared once, here.
+
+mod engine;
+mod nbd;
+mod schema;

@@ -1,0 +1,52 @@
+//! The `cli` crate's integration tests, one test binary (docs/TESTING.md): each module
+//! below was a test binary of its own; the shared helpers are declared once, here.
+
+mod common;
+mod durable;
+
+mod bench_cli;
+mod bench_fs;
+mod bench_scripts;
+mod bitlk_cli;
+mod bitlk_kernel;
+mod ciphers_kernel;
+mod control_cli;
+mod cryptsetup_compat;
+mod durability;
+mod emulators_cli;
+mod encrypt_interop;
+mod fault_soak;
+mod first_hour;
+mod fs_kernel;
+mod fuse_cli;
+mod fvault2_cli;
+mod fvault2_kernel;
+mod hostile_images;
+mod integrity_cli;
+mod integrity_journal_crypt;
+mod integrity_kernel;
+mod kernel_volumes;
+mod lifecycle_kernel;
+mod loop_devices;
+mod luks_hashes;
+mod luks_integrity_cli;
+mod luks_integrity_kernel;
+mod luks_interop;
+mod luks_kernel;
+mod luks_keyslot_cli;
+mod luks_lifecycle;
+mod plain_interop;
+mod probe_cli;
+mod readme_walkthrough;
+mod reencrypt_interop;
+mod reencrypt_kernel;
+mod reencrypt_online;
+mod repair;
+mod s3_cli;
+mod secrets_cli;
+mod serve_tls;
+mod tcrypt;
+mod tcrypt_kernel;
+mod ublk_cli;
+mod ublk_kernel;
+mod wide_kernel;

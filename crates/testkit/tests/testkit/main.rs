@@ -1,0 +1,7 @@
+//! The `testkit` crate's integration tests, one test binary (docs/TESTING.md): each module
+//! below was a test binary of its own; the shared helpers are declared once, here.
+
+mod common;
+
+mod conformance;
+mod model;
