@@ -146,7 +146,7 @@ pub fn volume_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
     Some(kind_code(cause.downcast_ref::<LuksError>()?.kind()))
 }
 
-/// cryptsetup's exit code for an error of `kind` (README, "Exit codes"). An internal error
+/// cryptsetup's exit code for an error of `kind` (docs/book/src/exit-codes.md). An internal error
 /// exits 1, as cryptsetup's do (`-EINVAL`).
 pub fn kind_code(kind: ErrorKind) -> u8 {
     match kind {

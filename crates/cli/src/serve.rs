@@ -134,7 +134,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub insecure_listen: bool,
 
-    // Running in the background (README "Running volumes").
+    // Running in the background (docs/book/src/running.md).
     /// Detach once the volume is served: the command exits 0 when the server is ready (or
     /// with the server's error), and the server runs on in its own session.
     #[arg(long)]

@@ -212,7 +212,7 @@ macro_rules! with_hash {
 }
 
 impl HashAlg {
-    /// Every hash, in the order of the README table.
+    /// Every hash, in the order of the table in docs/book/src/ciphers.md.
     pub const ALL: &'static [HashAlg] = &[
         Self::Sha1,
         Self::Sha224,

@@ -16,7 +16,7 @@
 //! `formats::limits::FVAULT2_MAX_METADATA_OFFSET`), the PBKDF2 iterations are checked against
 //! [`KdfLimits`] before the derivation, and the logical volume must lie inside the device.
 //! The mapping is read-only whatever the caller asked: sealdisk, like cryptsetup, never
-//! changes FileVault2 metadata, and refuses data writes too (see README, "FileVault2").
+//! changes FileVault2 metadata, and refuses data writes too (see docs/book/src/fvault2.md).
 use blockdev::{BlockDevice, BlockError};
 use formats::dm::{CryptOptions, CryptTable};
 use formats::fvault2::{

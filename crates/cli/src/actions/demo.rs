@@ -1,4 +1,4 @@
-//! `sealdisk demo`: the README's first command until `sealdisk bench` lands.
+//! `sealdisk demo`, one of the README's first commands: a temporary volume served to a real NBD client.
 //!
 //! Makes a temporary plain volume (aes-xts-plain64, 512-bit random key, 4096-byte sectors,
 //! a 1 MiB payload offset), serves it over a unix socket in-process, has a real NBD client
