@@ -207,9 +207,12 @@ impl VolumeKind {
         }
     }
 
-    /// Whether it is LUKS (whose header `luksSuspend`, token and keyslot commands act on).
-    pub fn is_luks(self) -> bool {
-        matches!(self, VolumeKind::Luks1 | VolumeKind::Luks2 | VolumeKind::Luks2Aead)
+    /// Whether its stack is at most one dm-crypt table over the storage (plain, LUKS1, LUKS2
+    /// without integrity), so that a server can rebuild it from that table with new flags
+    /// or a new size (`refresh`, `resize`). BitLocker remaps segments, TrueCrypt may
+    /// cascade, FileVault2 is read-only, authenticated LUKS2 sits on dm-integrity.
+    pub fn rebuilds_from_its_table(self) -> bool {
+        matches!(self, VolumeKind::Plain | VolumeKind::Luks1 | VolumeKind::Luks2)
     }
 }
 

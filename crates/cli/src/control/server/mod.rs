@@ -133,6 +133,8 @@ pub struct IntegrityRegrow {
 /// A running volume, as the control plane sees it.
 pub struct Live {
     pub name: String,
+    /// What the volume is (what `refresh` and `resize` may rebuild).
+    kind: VolumeKind,
     gate: Arc<Gate>,
     /// The status fields fixed at open (flags and suspension are filled in when asked).
     base: Status,
@@ -220,8 +222,7 @@ impl Live {
             // kinds whose stack is more than a crypt table on the storage (BitLocker's
             // remapped segments, FileVault2's read-only volume, TrueCrypt's offsets).
             let data_layers = vol.layers.iter().filter(|l| !matches!(l, LayerTable::Integrity(_))).count();
-            let one_table = matches!(vol.kind, VolumeKind::Plain | VolumeKind::Luks1 | VolumeKind::Luks2);
-            if one_table && data_layers == 1 {
+            if vol.kind.rebuilds_from_its_table() && data_layers == 1 {
                 rebuild.table = Some(t.clone());
             }
         } else {
@@ -245,25 +246,15 @@ impl Live {
                 );
             }
         }
-        let Volume { device, .. } = vol;
-        let (live, gate) = Self::with(name, device, base, Some(rebuild));
-        *lock(&live.regrow) = regrow;
-        (live, gate)
-    }
-
-    fn with(
-        name: &str,
-        device: Arc<dyn BlockDevice>,
-        base: Status,
-        rebuild: Option<Rebuild>,
-    ) -> (Arc<Live>, Arc<Gate>) {
+        let Volume { device, kind, .. } = vol;
         let gate = Arc::new(Gate::new(device));
         let live = Arc::new(Live {
             name: name.to_owned(),
+            kind,
             gate: gate.clone(),
             base,
-            rebuild: Mutex::new(rebuild),
-            regrow: Mutex::new(None),
+            rebuild: Mutex::new(Some(rebuild)),
+            regrow: Mutex::new(regrow),
             transport: OnceLock::new(),
             finished: Mutex::new((None, false)),
             finished_cv: Condvar::new(),

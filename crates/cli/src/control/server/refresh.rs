@@ -4,10 +4,11 @@
 use super::*;
 
 impl Live {
-    /// Whether `refresh` and `resize` may rebuild this volume's stack from its crypt table
-    /// (plain dm-crypt and LUKS; a standalone integrity volume grows through its regrow).
+    /// Whether `refresh` and `resize` take this volume on: plain dm-crypt and LUKS (an
+    /// authenticated LUKS2 volume goes on to their own refusal in cryptsetup's words; a
+    /// standalone integrity volume grows through its regrow). Other kinds are refused at once.
     pub(super) fn rebuildable(&self) -> bool {
-        matches!(self.base.kind.as_str(), "PLAIN" | "LUKS1" | "LUKS2")
+        self.kind.rebuilds_from_its_table() || self.kind == VolumeKind::Luks2Aead
     }
 
     pub(super) fn refresh(&self, want: &Refresh) -> Response {
